@@ -1,0 +1,3 @@
+"""adwin: adaptive-window controller for on-policy distillation."""
+
+__version__ = "0.1.0"

@@ -1,0 +1,73 @@
+"""``adwin`` command line. Each command lives in its own module exposing ``add_arguments(parser)``
+and ``main(args) -> int``; modules keep heavy imports (torch, transformers) inside ``main`` so that
+``--help`` stays fast."""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import logging
+import sys
+
+# (command path, module, one-line help)
+COMMANDS: list[tuple[tuple[str, ...], str, str]] = [
+    (("train",), "adwin.commands.train", "distill a student with adaptive prefix windows (built-in task by default)"),
+    (("prepare",), "adwin.tasks.prepare", "build the built-in task's tokenizer, teacher(s) and student init"),
+    (("controller", "serve"), "adwin.controller.serve", "serve the controller HTTP API and dashboard"),
+    (("bench", "audit"), "adwin.bench.audit", "time and memory of the alignment audit methods"),
+    (("bench", "controller"), "adwin.bench.controller", "latency and throughput of the controller service"),
+]
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="adwin",
+        description="ADWIN: on-policy distillation on adaptively chosen rollout prefixes, "
+        "audited by delayed full-rollout probes.",
+    )
+    parser.add_argument("-v", "--verbose", action="store_true", help="debug logging")
+    top = parser.add_subparsers(dest="command", metavar="COMMAND")
+    groups: dict[str, argparse._SubParsersAction] = {}
+    for path, module, help_text in COMMANDS:
+        subs = top
+        for depth, name in enumerate(path[:-1]):
+            key = " ".join(path[: depth + 1])
+            if key not in groups:
+                group_parser = subs.add_parser(name, help=f"{name} commands")
+                groups[key] = group_parser.add_subparsers(dest=f"{name}_command", metavar="SUBCOMMAND")
+            subs = groups[key]
+        try:
+            mod = importlib.import_module(module)
+        except ModuleNotFoundError as e:
+            if e.name and module.startswith(e.name):
+                continue  # command not built yet
+            raise
+        p = subs.add_parser(path[-1], help=help_text, description=(mod.__doc__ or help_text).strip())
+        mod.add_arguments(p)
+        p.set_defaults(_module=mod)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    logging.basicConfig(
+        level=logging.DEBUG if args.verbose else logging.INFO,
+        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+    )
+    mod = getattr(args, "_module", None)
+    if mod is None:
+        parser.print_help()
+        return 2
+    try:
+        return int(mod.main(args) or 0)
+    except KeyboardInterrupt:
+        return 130
+    except (ValueError, FileNotFoundError) as e:  # bad input: one line, non-zero exit
+        logging.getLogger("adwin").debug("failed", exc_info=True)
+        sys.stderr.write(f"adwin: error: {e}\n")
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,190 @@
+"""Typed run configuration. YAML presets in ``configs/`` map onto ``TrainConfig`` one to one.
+
+Math layer: imports nothing from the controller, probes or application modules. Every invalid value
+fails at load time with a pydantic ``ValidationError`` naming the field and its allowed range.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any, Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+from adwin.window import WindowConfigError, build_policy, parse_policy_spec
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", validate_assignment=True)
+
+
+class ModelConfig(_Strict):
+    """Student and teacher checkpoints. ``builtin`` means the built-in task's cached tiny models."""
+
+    student: str = "builtin"
+    # routing key -> teacher path; a single teacher uses the key "default".
+    teachers: dict[str, str] = Field(default_factory=lambda: {"default": "builtin"})
+    dtype: Literal["float32", "bfloat16", "float16"] = "float32"
+    device: str = "cpu"
+
+
+class DataConfig(_Strict):
+    task: Literal["builtin", "jsonl"] = "builtin"
+    path: str | None = None  # JSONL with "prompt", optional "answer", optional routing key
+    eval_path: str | None = None
+    route_key: str = "teacher"
+    n_eval: int = Field(64, ge=1, le=100_000)
+    max_prompt_len: int = Field(128, ge=1, le=131_072)
+
+    @model_validator(mode="after")
+    def _jsonl_needs_path(self) -> DataConfig:
+        if self.task == "jsonl" and not self.path:
+            raise ValueError("data.path is required when data.task is 'jsonl'")
+        return self
+
+
+class RolloutConfig(_Strict):
+    backend: Literal["hf", "vllm"] = "hf"
+    prompts_per_step: int = Field(16, ge=1, le=65_536)
+    samples_per_prompt: int = Field(2, ge=1, le=1024)
+    max_response_len: int = Field(320, ge=1, le=1_048_576)
+    temperature: float = Field(1.0, gt=0.0, le=10.0)
+    top_p: float = Field(1.0, gt=0.0, le=1.0)
+
+
+class WindowSection(_Strict):
+    """Window policy: ``adwin`` (default), ``full``, ``fixed`` (``window``), ``linear`` (``start``, ``step``)."""
+
+    policy: Literal["adwin", "full", "fixed", "linear"] = "adwin"
+    candidates: list[int] = Field(default_factory=lambda: [32, 64, 128, 192, 256])
+    threshold: float = Field(0.7, gt=0.0, le=1.0)
+    initial: int | None = Field(None, ge=1)
+    window: int | None = Field(None, ge=1)
+    start: int | None = Field(None, ge=1)
+    step: int | None = Field(None, ge=0)
+
+
+class ProbeConfig(_Strict):
+    batch_size: int = Field(8, ge=1, le=65_536, description="P: completed probes per audit")
+    staleness_limit: int = Field(5, ge=1, le=10_000, description="S: optimizer steps before forced completion")
+    offers_per_step: int = Field(4, ge=0, le=65_536, description="unfinished prefixes the controller may take per step")
+    max_active: int = Field(32, ge=1, le=1_000_000)
+    backend: Literal["inline", "thread", "ray"] = "inline"
+    selection: Literal["uniform", "stratified"] = "uniform"
+    lookahead: int = Field(4, ge=0, le=65_536, description="windowed-FIFO look-ahead over completed probes")
+    is_method: Literal["none", "clip", "cap", "icepop"] = "none"
+    is_low: float = Field(0.5, ge=0.0)
+    is_high: float = Field(2.0, gt=0.0)
+    ray_address: str | None = None
+
+
+class AuditConfig(_Strict):
+    method: Literal["fast", "reference", "sketch"] = "fast"
+    metric: Literal["identity", "adam"] = "identity"
+    sketch_dim: int = Field(16_384, ge=1, le=1 << 24)
+    loss: Literal["reverse_kl_pg"] = "reverse_kl_pg"
+
+
+class LossConfig(_Strict):
+    name: Literal["reverse_kl_pg", "forward_kl", "reverse_kl", "jsd", "forward_kl_topk"] = "reverse_kl_pg"
+    aggregation: Literal["token-mean", "seq-mean-token-mean", "seq-mean-token-sum"] = "token-mean"
+    jsd_beta: float = Field(0.5, ge=0.0, le=1.0)
+    topk: int = Field(20, ge=1, le=1_000_000)
+    clip_low: float | None = Field(None, gt=0.0, lt=1.0)
+    clip_high: float | None = Field(None, gt=0.0)
+
+
+class OptimConfig(_Strict):
+    lr: float = Field(1e-4, gt=0.0, le=1.0)
+    weight_decay: float = Field(0.0, ge=0.0, le=1.0)
+    betas: tuple[float, float] = (0.9, 0.999)
+    eps: float = Field(1e-8, gt=0.0)
+    grad_clip: float = Field(1.0, ge=0.0)
+    warmup_steps: int = Field(0, ge=0)
+    schedule: Literal["constant", "cosine", "linear"] = "constant"
+
+
+class EvalConfig(_Strict):
+    every: int = Field(10, ge=0, le=1_000_000, description="0 = only at start and end")
+    n_problems: int = Field(64, ge=1, le=1_000_000)
+    k: int = Field(1, ge=1, le=1024, description="mean@k samples per problem")
+    temperature: float = Field(1.0, ge=0.0, le=10.0)
+    top_p: float = Field(1.0, gt=0.0, le=1.0)
+
+
+class ControllerSection(_Strict):
+    url: str | None = None  # None = embedded controller in-process
+    serve: bool = True  # serve the embedded controller's API + dashboard on 127.0.0.1
+    port: int = Field(8470, ge=0, le=65_535)
+    token: str | None = None
+
+
+class LoggingConfig(_Strict):
+    wandb: Literal["off", "offline", "online"] = "off"
+    stdout: bool = False
+    progress: bool = True
+
+
+class TrainConfig(_Strict):
+    name: str = "adwin-builtin"
+    seed: int = Field(0, ge=0)
+    steps: int = Field(40, ge=1, le=10_000_000)
+    out_dir: str = "runs"
+    checkpoint_every: int = Field(0, ge=0, description="0 = only at the end")
+    model: ModelConfig = Field(default_factory=ModelConfig)
+    data: DataConfig = Field(default_factory=DataConfig)
+    rollout: RolloutConfig = Field(default_factory=RolloutConfig)
+    window: WindowSection = Field(default_factory=WindowSection)
+    probes: ProbeConfig = Field(default_factory=ProbeConfig)
+    audit: AuditConfig = Field(default_factory=AuditConfig)
+    loss: LossConfig = Field(default_factory=LossConfig)
+    optim: OptimConfig = Field(default_factory=OptimConfig)
+    eval: EvalConfig = Field(default_factory=EvalConfig)
+    controller: ControllerSection = Field(default_factory=ControllerSection)
+    logging: LoggingConfig = Field(default_factory=LoggingConfig)
+
+    @model_validator(mode="after")
+    def _window_fits_horizon(self) -> TrainConfig:
+        w = self.window
+        try:
+            build_policy(
+                w.policy,
+                max_len=self.rollout.max_response_len,
+                candidates=w.candidates,
+                threshold=w.threshold,
+                initial=w.initial,
+                window=w.window,
+                start=w.start,
+                step=w.step,
+            )
+        except WindowConfigError as e:
+            raise ValueError(f"window: {e}") from e
+        return self
+
+
+def load_config(path: str | Path | None = None, overrides: dict[str, Any] | None = None) -> TrainConfig:
+    """Load a YAML preset (or defaults) and apply dotted overrides like ``{"window.threshold": 0.8}``."""
+    data: dict[str, Any] = {}
+    if path is not None:
+        text = Path(path).read_text()
+        loaded = yaml.safe_load(text)
+        if loaded is not None and not isinstance(loaded, dict):
+            raise ValueError(f"{path}: top level must be a mapping of config sections")
+        data = loaded or {}
+    for dotted, value in (overrides or {}).items():
+        node = data
+        *parents, leaf = dotted.split(".")
+        for p in parents:
+            node = node.setdefault(p, {})
+        node[leaf] = value
+    return TrainConfig.model_validate(data)
+
+
+def apply_policy_spec(overrides: dict[str, Any], spec: str) -> dict[str, Any]:
+    """Turn ``--window-policy fixed:64`` into dotted overrides for the window section."""
+    fields = parse_policy_spec(spec)
+    overrides["window.policy"] = fields.pop("name")
+    for k, v in fields.items():
+        overrides[f"window.{k}"] = v
+    return overrides

@@ -1,0 +1,95 @@
+"""``ControllerAPI``: the one protocol that the in-process ``Controller`` and ``RemoteController`` share.
+
+Lifecycle of one run, as the synchronous trainer drives it (DESIGN.md "The loop"):
+
+1. ``register_run`` once.
+2. Each step ``t``: ``get_window(run, t)`` -> W (never blocks on probes).
+3. After the rollout: ``offer_probes(run, t, unfinished prefixes)`` -> accepted probe ids.
+4. ``probe_plan(run, t)`` -> how far each active probe may extend (W) and which must be
+   force-completed (staleness ``t - oldest_version >= S``); the pool extends them and calls
+   ``report_probe`` for each extension (tokens, version, finished/forced/dropped).
+5. ``next_probe_batch(run)`` -> ``None`` or an audit id with P probe ids in submission order
+   (windowed FIFO). The trainer audits them and calls ``submit_audit``, which returns the decision
+   once all ``world_size`` ranks have reported.
+6. ``report_step(run, t, metrics)``; ``telemetry(run)`` reads everything back.
+
+Every write is idempotent under its ``idempotency_key``: a repeated key returns the original answer
+and is counted once.
+"""
+
+from __future__ import annotations
+
+from typing import Protocol, runtime_checkable
+
+from adwin.controller.schemas import (
+    AuditIn,
+    AuditOut,
+    OfferIn,
+    OfferOut,
+    ProbeBatchOut,
+    ProbeOut,
+    ProbePlanOut,
+    ProbeReportIn,
+    RunIn,
+    RunOut,
+    StepMetricsIn,
+    TelemetryOut,
+    WindowOut,
+)
+
+
+class ControllerError(Exception):
+    """Base class; ``status`` mirrors the HTTP status the service answers with."""
+
+    status = 400
+
+
+class UnknownRun(ControllerError):
+    status = 404
+
+
+class UnknownProbe(ControllerError):
+    status = 404
+
+
+class AuditConflict(ControllerError):
+    """Unknown audit id, or an audit already decided."""
+
+    status = 409
+
+
+class InvalidInput(ControllerError):
+    status = 422
+
+
+class ControllerUnavailable(ControllerError):
+    """The remote controller could not be reached after retries."""
+
+    status = 503
+
+
+@runtime_checkable
+class ControllerAPI(Protocol):
+    def register_run(self, spec: RunIn, *, idempotency_key: str | None = None) -> RunOut: ...
+
+    def get_run(self, run_id: str) -> RunOut: ...
+
+    def list_runs(self) -> list[RunOut]: ...
+
+    def get_window(self, run_id: str, step: int) -> WindowOut: ...
+
+    def offer_probes(self, run_id: str, offer: OfferIn, *, idempotency_key: str | None = None) -> OfferOut: ...
+
+    def probe_plan(self, run_id: str, step: int) -> ProbePlanOut: ...
+
+    def report_probe(self, run_id: str, report: ProbeReportIn, *, idempotency_key: str | None = None) -> ProbeOut: ...
+
+    def next_probe_batch(self, run_id: str, *, idempotency_key: str | None = None) -> ProbeBatchOut | None: ...
+
+    def submit_audit(
+        self, run_id: str, audit_id: int, audit: AuditIn, *, idempotency_key: str | None = None
+    ) -> AuditOut: ...
+
+    def report_step(self, run_id: str, metrics: StepMetricsIn, *, idempotency_key: str | None = None) -> None: ...
+
+    def telemetry(self, run_id: str, since_step: int = 0) -> TelemetryOut: ...

@@ -1,0 +1,178 @@
+"""Wire schemas of the controller, one model per direction (``*In`` requests, ``*Out`` responses).
+
+The in-process ``Controller`` and the HTTP ``RemoteController`` take and return these same models, so
+one contract test suite covers both.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator
+
+
+class _In(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+class _Out(BaseModel):
+    model_config = ConfigDict(extra="ignore")
+
+
+def _finite(name: str, values: list[float]) -> None:
+    for i, v in enumerate(values):
+        if not math.isfinite(v):
+            raise ValueError(f"{name}[{i}] is not finite ({v})")
+
+
+# --- runs --------------------------------------------------------------------------------------
+
+
+class PolicyIn(_In):
+    name: Literal["adwin", "full", "fixed", "linear"] = "adwin"
+    candidates: list[int] = Field(default_factory=list)
+    threshold: float = Field(0.7, gt=0.0, le=1.0)
+    max_len: int = Field(8192, ge=1)
+    initial: int | None = Field(None, ge=1)
+    window: int | None = Field(None, ge=1)
+    start: int | None = Field(None, ge=1)
+    step: int | None = Field(None, ge=0)
+
+
+class RunIn(_In):
+    run_id: str | None = Field(None, pattern=r"^[A-Za-z0-9._-]{1,128}$", description="None: the controller assigns one")
+    name: str = Field("run", max_length=256)
+    policy: PolicyIn = Field(default_factory=PolicyIn)
+    probe_batch_size: int = Field(64, ge=1, le=65_536, description="P")
+    staleness_limit: int = Field(5, ge=1, le=10_000, description="S, in optimizer steps")
+    offers_per_step: int = Field(4, ge=0, le=65_536)
+    max_active_probes: int = Field(256, ge=1, le=1_000_000)
+    lookahead: int = Field(4, ge=0, le=65_536, description="windowed-FIFO look-ahead")
+    selection: Literal["uniform", "stratified"] = "uniform"
+    world_size: int = Field(1, ge=1, le=4096)
+    seed: int = Field(0, ge=0)
+    config: dict = Field(default_factory=dict, description="free-form resolved run config, stored for telemetry")
+
+
+class RunOut(_Out):
+    run_id: str
+    name: str
+    created_at: float
+    policy_state: dict
+    spec: dict
+
+
+# --- window --------------------------------------------------------------------------------------
+
+
+class WindowOut(_Out):
+    run_id: str
+    step: int
+    window: int
+    reason: Literal["initial", "audit", "schedule", "fallback"]
+    audit_id: int | None = None
+    cosines: dict[int, float] | None = None
+
+
+# --- probes --------------------------------------------------------------------------------------
+
+
+class ProbeOfferItem(_In):
+    sample_id: str = Field(..., min_length=1, max_length=256)
+    prompt_id: str = Field(..., min_length=1, max_length=256)
+    response_len: int = Field(..., ge=0)
+    version: int = Field(..., ge=0, description="student version that generated the prefix")
+
+
+class OfferIn(_In):
+    step: int = Field(..., ge=0)
+    offers: list[ProbeOfferItem]
+
+
+class OfferOut(_Out):
+    accepted: list[str]  # probe ids (= sample ids), in submission order
+    declined: int  # offers refused because of max_active_probes or offers_per_step
+
+
+class ProbePlanOut(_Out):
+    step: int
+    extend_by: int  # tokens each active probe may add this round: the current window
+    active: list[str]  # in submission order
+    force_complete: list[str]  # staleness reached S: complete now, before anything is consumed
+
+
+class ProbeReportIn(_In):
+    probe_id: str
+    step: int = Field(..., ge=0)
+    tokens_added: int = Field(..., ge=0)
+    version: int = Field(..., ge=0)
+    finished: bool = False
+    forced: bool = False
+    dropped: bool = False
+
+
+class ProbeOut(_Out):
+    probe_id: str
+    state: Literal["active", "complete", "batched", "audited", "dropped"]
+    tokens: int
+    oldest_version: int
+    newest_version: int
+    submitted_step: int
+    forced: bool
+
+
+class ProbeBatchOut(_Out):
+    audit_id: int
+    probe_ids: list[str]
+
+
+# --- audits --------------------------------------------------------------------------------------
+
+
+class AuditIn(_In):
+    """Exactly one of ``cosines``, ``gram`` or ``sketch`` is given.
+
+    ``sketch`` is this rank's (K+1, D) float32 sketch as base64 of little-endian bytes; the
+    controller sums ``world_size`` ranks' sketches before computing cosines.
+    """
+
+    rank: int = Field(0, ge=0)
+    cosines: dict[int, float] | None = None
+    macro_cosines: dict[int, float] | None = None
+    gram: list[list[float]] | None = None
+    sketch_b64: str | None = None
+    sketch_shape: tuple[int, int] | None = None
+    stats: dict[str, float] = Field(default_factory=dict)
+
+    @field_validator("gram")
+    @classmethod
+    def _gram_finite(cls, v: list[list[float]] | None) -> list[list[float]] | None:
+        if v is not None:
+            for i, row in enumerate(v):
+                _finite(f"gram[{i}]", row)
+        return v
+
+
+class AuditOut(_Out):
+    audit_id: int
+    state: Literal["pending", "decided"]
+    ranks_received: int
+    decision: WindowOut | None = None
+    cosines: dict[int, float] | None = None
+
+
+# --- telemetry -----------------------------------------------------------------------------------
+
+
+class StepMetricsIn(_In):
+    step: int = Field(..., ge=0)
+    metrics: dict[str, float]
+
+
+class TelemetryOut(_Out):
+    run_id: str
+    steps: list[dict]  # {"step": int, "metrics": {...}}
+    decisions: list[dict]  # {"step", "window", "reason", "audit_id", "cosines"}
+    audits: list[dict]  # {"audit_id", "step", "cosines", "macro_cosines", "probe_ids", "stats"}
+    probes: dict[str, int]  # counts by state, plus "declined" and "forced"
