@@ -1,0 +1,41 @@
+from __future__ import annotations
+
+import pytest
+from pydantic import ValidationError
+
+from adwin.config import TrainConfig, apply_policy_spec, load_config
+
+
+def test_defaults_validate():
+    cfg = TrainConfig()
+    assert cfg.window.threshold == 0.7 and cfg.window.policy == "adwin"
+
+
+@pytest.mark.parametrize(
+    "override, field",
+    [
+        ({"window.threshold": 1.5}, "threshold"),
+        ({"window.threshold": 0}, "threshold"),
+        ({"probes.staleness_limit": 0}, "staleness_limit"),
+        ({"rollout.temperature": -1}, "temperature"),
+        ({"window.candidates": [64, 32]}, "strictly increasing"),
+        ({"window.candidates": [64, 100000]}, "max_len"),
+        ({"optim.lr": 0}, "lr"),
+        ({"rollout.typo_field": 1}, "typo_field"),
+    ],
+)
+def test_invalid_config_fails_naming_the_field(override, field):
+    with pytest.raises(ValidationError, match=field):
+        load_config(None, override)
+
+
+def test_yaml_preset_and_overrides(tmp_path):
+    p = tmp_path / "c.yaml"
+    p.write_text("# adwin train --config c.yaml\nsteps: 3\nwindow:\n  threshold: 0.8\n")
+    cfg = load_config(p, {"seed": 5})
+    assert (cfg.steps, cfg.window.threshold, cfg.seed) == (3, 0.8, 5)
+
+
+def test_policy_spec_becomes_overrides():
+    cfg = load_config(None, apply_policy_spec({}, "fixed:64"))
+    assert cfg.window.policy == "fixed" and cfg.window.window == 64
