@@ -159,7 +159,7 @@ class TrainConfig(_Strict):
                 step=w.step,
             )
         except WindowConfigError as e:
-            raise ValueError(f"window: {e}") from e
+            raise ValueError(f"window: {e} (rollout.max_response_len={self.rollout.max_response_len})") from e
         return self
 
 

@@ -1,20 +1,39 @@
-"""OPD estimators: per-token losses, window masks and aggregation.
+"""OPD estimators: per-token losses, window masks, importance weights and aggregation.
 
 Math layer: imports nothing from the controller, probes or application modules.
 
 Position convention (DESIGN.md): the token at ``input_ids[b, i]`` is predicted by ``logits[b, i-1]``.
 All per-token tensors here are aligned with ``input_ids`` (shape ``(B, L)``): the value at ``[b, i]``
 concerns the realized token ``input_ids[b, i]``. Position 0 has no predictor and is always masked.
+Per-action tensors (MC actions, teacher top-k) are ``(B, L, m)`` with the same alignment: ``[b, i, j]``
+concerns candidate ``j`` for the token at position ``i``, scored by ``logits[b, i-1]``. Raw model logits
+(student and teacher alike) keep the model layout ``(B, L, V)`` and are shifted here.
+
+KL directions: ``p`` is the student, ``q`` the teacher. Reverse KL is ``KL(p || q)``, forward is
+``KL(q || p)``. Every per-token function returns exact zeros off its mask (``torch.where``, so NaN or inf
+in padding cannot leak into the loss or its gradient).
 """
 
 from __future__ import annotations
 
+import math
 from typing import Literal
 
 import torch
+import torch.nn.functional as F
+
+from adwin.importance import (  # noqa: F401  (re-exported: part of the losses API)
+    IS_METHODS,
+    ISMethod,
+    importance_weights,
+    ratio_percentiles,
+)
 
 Aggregation = Literal["token-mean", "seq-mean-token-mean", "seq-mean-token-sum"]
 AGGREGATIONS: tuple[str, ...] = ("token-mean", "seq-mean-token-mean", "seq-mean-token-sum")
+LOSS_NAMES: tuple[str, ...] = (
+    "reverse_kl_pg", "reverse_kl_mc", "forward_kl_topk", "forward_kl", "reverse_kl", "jsd", "k2", "k3",
+)
 
 
 def token_logprobs(logits: torch.Tensor, input_ids: torch.Tensor) -> torch.Tensor:
@@ -22,9 +41,23 @@ def token_logprobs(logits: torch.Tensor, input_ids: torch.Tensor) -> torch.Tenso
 
     logits: (B, L, V); input_ids: (B, L) -> (B, L), with 0 at position 0 (no predictor).
     """
-    logp = torch.log_softmax(logits[:, :-1].float(), dim=-1)  # (B, L-1, V)
+    logp = torch.log_softmax(_upcast(logits[:, :-1]), dim=-1)  # (B, L-1, V)
     picked = logp.gather(-1, input_ids[:, 1:, None]).squeeze(-1)  # (B, L-1)
     return torch.nn.functional.pad(picked, (1, 0), value=0.0)  # (B, L)
+
+
+def action_logprobs(logits: torch.Tensor, action_ids: torch.Tensor) -> torch.Tensor:
+    """Log-probabilities of ``m`` candidate tokens per position (MC actions or teacher top-k ids).
+
+    logits: (B, L, V) raw model layout; action_ids: (B, L, m) aligned with ``input_ids`` -> (B, L, m),
+    0 at position 0. Negative ids (a padding sentinel) read token 0; mask those positions out.
+    """
+    if action_ids.dim() != 3 or action_ids.shape[:2] != logits.shape[:2]:
+        raise ValueError(f"action_ids must be (B, L, m) matching logits {tuple(logits.shape[:2])}, "
+                         f"got {tuple(action_ids.shape)}")
+    logp = torch.log_softmax(_upcast(logits[:, :-1]), dim=-1)  # (B, L-1, V)
+    picked = logp.gather(-1, action_ids[:, 1:].long().clamp_min(0))  # (B, L-1, m)
+    return F.pad(picked, (0, 0, 1, 0), value=0.0)  # (B, L, m)
 
 
 def response_positions(response_mask: torch.Tensor) -> torch.Tensor:
@@ -44,6 +77,54 @@ def window_mask(response_mask: torch.Tensor, window: int | None) -> torch.Tensor
     return ((pos >= 0) & (pos < window)).float()
 
 
+def _upcast(x: torch.Tensor) -> torch.Tensor:
+    """Half precision to float32 for the math; float64 stays float64 (reference tests use it)."""
+    return x if x.dtype == torch.float64 else x.float()
+
+
+def _keep(mask: torch.Tensor, like: torch.Tensor) -> torch.Tensor:
+    """Boolean mask broadcastable to ``like`` ((B, L) -> (B, L, 1) for per-action tensors)."""
+    keep = mask > 0
+    return keep.unsqueeze(-1) if like.dim() == keep.dim() + 1 else keep
+
+
+def _fill_off(x: torch.Tensor, mask: torch.Tensor, value: float | torch.Tensor = 0.0) -> torch.Tensor:
+    """``x`` on the mask, ``value`` elsewhere: sanitizes padding before it enters any arithmetic."""
+    return torch.where(_keep(mask, x), x, value)
+
+
+def _pg_surrogate(
+    logp: torch.Tensor,
+    teacher_logp: torch.Tensor,
+    behavior_logp: torch.Tensor,
+    *,
+    clip: tuple[float, float] | None,
+    is_method: str,
+    is_low: float,
+    is_high: float,
+) -> torch.Tensor:
+    """Elementwise ``-rho * sg(A_theta)`` with optional PPO clip or IS treatment (any shape)."""
+    adv = (teacher_logp - logp).detach()  # A_theta, recomputed under the current student
+    log_ratio = logp - behavior_logp.detach()
+    if is_method == "none":
+        ratio = torch.exp(log_ratio)  # differentiable: grad(-rho*A) = -rho*A*grad(log p)
+        per = -ratio * adv
+        if clip is not None:
+            eps_low, eps_high = clip
+            per = torch.maximum(per, -torch.clamp(ratio, 1.0 - eps_low, 1.0 + eps_high) * adv)
+        return per
+    if clip is not None:
+        raise ValueError("use either the PPO clip or an is_method other than 'none', not both")
+    weights, _ = importance_weights(log_ratio.detach(), is_method, is_low, is_high)
+    # value -w*A, gradient -w*A*grad(log p): the carrier exp(lp - sg(lp)) is 1 with gradient grad(log p),
+    # so rejected tokens (w = 0) give exactly zero gradient even when rho overflowed.
+    carrier = torch.exp(logp - logp.detach())
+    return -(weights * adv) * carrier
+
+
+# ----------------------------------------------------------------------------- sampled-token losses
+
+
 def reverse_kl_pg(
     student_logprobs: torch.Tensor,
     teacher_logprobs: torch.Tensor,
@@ -51,27 +132,185 @@ def reverse_kl_pg(
     *,
     behavior_logprobs: torch.Tensor | None = None,
     clip: tuple[float, float] | None = None,
+    is_method: str = "none",
+    is_low: float = 0.5,
+    is_high: float = 2.0,
 ) -> torch.Tensor:
     """Token-local reverse-KL policy-gradient loss (ADWIN eq. 23-24, discount 0), per token.
 
     student_logprobs, teacher_logprobs, mask: (B, L). Returns (B, L) per-token losses, 0 off the mask.
 
     Advantage ``A = log q(y) - log p_theta(y)`` is a constant (stop-gradient). Without behavior
-    logprobs the loss is ``-A * log p_theta(y)``. With them, the old-to-current importance ratio
-    ``rho = p_theta / p_behavior`` (AsyncOPD's reference surrogate) gives ``-rho * A``, whose gradient is
-    ``-rho * A * grad log p_theta``; ``clip=(eps_low, eps_high)`` applies the PPO pessimistic clip.
+    logprobs the loss is ``-A * log p_theta(y)`` (on-policy: ``clip`` would never bind and is ignored).
+    With them, the old-to-current importance ratio ``rho = p_theta / p_behavior`` (AsyncOPD's reference
+    surrogate, ``A_theta`` recomputed at learner time, unclipped by default) gives ``-rho * A``, whose
+    gradient is ``-rho * A * grad log p_theta``; ``clip=(eps_low, eps_high)`` applies the PPO pessimistic
+    clip. ``is_method`` (see ``importance_weights``) instead replaces ``rho`` by a constant weight
+    ``w(rho)``: value ``-w * A``, gradient ``-w * A * grad log p_theta``.
     """
-    adv = (teacher_logprobs - student_logprobs).detach()  # (B, L)
+    student_logprobs = _upcast(student_logprobs)
+    # padding may hold anything (-inf, NaN): neutralize it so A = 0 and rho = 1 off the mask
+    teacher = _fill_off(_upcast(teacher_logprobs), mask, student_logprobs.detach())
     if behavior_logprobs is None:
-        per_token = -adv * student_logprobs
+        per_token = -(teacher - student_logprobs).detach() * student_logprobs
     else:
-        ratio = torch.exp(student_logprobs - behavior_logprobs.detach())  # (B, L)
-        per_token = -ratio * adv
-        if clip is not None:
-            eps_low, eps_high = clip
-            clipped = -torch.clamp(ratio, 1.0 - eps_low, 1.0 + eps_high) * adv
-            per_token = torch.maximum(per_token, clipped)
-    return per_token * mask
+        behavior = _fill_off(_upcast(behavior_logprobs), mask, student_logprobs.detach())
+        per_token = _pg_surrogate(student_logprobs, teacher, behavior, clip=clip,
+                                  is_method=is_method, is_low=is_low, is_high=is_high)
+    return _fill_off(per_token, mask)
+
+
+def reverse_kl_mc(
+    student_logprobs: torch.Tensor,
+    teacher_logprobs: torch.Tensor,
+    mask: torch.Tensor,
+    *,
+    behavior_logprobs: torch.Tensor | None = None,
+    clip: tuple[float, float] | None = None,
+    is_method: str = "none",
+    is_low: float = 0.5,
+    is_high: float = 2.0,
+) -> torch.Tensor:
+    """Multi-sample MC reverse-KL surrogate (AsyncOPD eq. 15), per position.
+
+    student_logprobs: (B, L, m) current-student logprobs of ``m`` cached actions per position (see
+    ``action_logprobs``); teacher_logprobs, behavior_logprobs: (B, L, m); mask: (B, L) -> (B, L).
+    Loss per position ``-(1/m) sum_i rho_i * sg(A_theta(a_i))`` with ``A_theta = log q - log p_theta``.
+    Its gradient is unbiased for the dense reverse-KL gradient when the actions are drawn from the
+    behavior policy (which must cover the student's support). Without behavior logprobs the actions are
+    taken to come from the current student (``rho = 1`` in value, gradient ``grad log p_theta``).
+    """
+    if student_logprobs.dim() != 3:
+        raise ValueError(f"student_logprobs must be (B, L, m), got {tuple(student_logprobs.shape)}")
+    for name, t in (("teacher_logprobs", teacher_logprobs), ("behavior_logprobs", behavior_logprobs)):
+        if t is not None and t.shape != student_logprobs.shape:
+            raise ValueError(f"{name} must match student_logprobs {tuple(student_logprobs.shape)}, "
+                             f"got {tuple(t.shape)}")
+    logp = _upcast(student_logprobs)  # (B, L, m)
+    teacher = _fill_off(_upcast(teacher_logprobs), mask, logp.detach())
+    behavior = logp.detach() if behavior_logprobs is None else _fill_off(
+        _upcast(behavior_logprobs), mask, logp.detach())
+    per_action = _pg_surrogate(logp, teacher, behavior, clip=clip,
+                               is_method=is_method, is_low=is_low, is_high=is_high)  # (B, L, m)
+    return _fill_off(per_action.mean(dim=-1), mask)
+
+
+def k1(student_logprobs: torch.Tensor, teacher_logprobs: torch.Tensor) -> torch.Tensor:
+    """k1 estimate of KL(p || q) from a token sampled from p: ``log p - log q`` (unbiased, signed)."""
+    return student_logprobs - teacher_logprobs
+
+
+def k2(student_logprobs: torch.Tensor, teacher_logprobs: torch.Tensor) -> torch.Tensor:
+    """k2 estimate of KL(p || q): ``(log p - log q)^2 / 2`` (biased, low variance, >= 0).
+
+    As a directly backpropagated loss its gradient ``-A * grad log p`` equals reverse_kl_pg's.
+    """
+    return 0.5 * (student_logprobs - teacher_logprobs) ** 2
+
+
+def k3(student_logprobs: torch.Tensor, teacher_logprobs: torch.Tensor) -> torch.Tensor:
+    """k3 estimate of KL(p || q): ``q/p - 1 - log(q/p)`` (unbiased, >= 0).
+
+    As a directly backpropagated loss its expected gradient is the *forward*-KL gradient.
+    """
+    log_r = teacher_logprobs - student_logprobs
+    return torch.expm1(log_r) - log_r
+
+
+# ----------------------------------------------------------------------------- distribution losses
+
+
+def forward_kl_topk(
+    student_logits: torch.Tensor,
+    teacher_topk_ids: torch.Tensor,
+    teacher_topk_logprobs: torch.Tensor,
+    mask: torch.Tensor,
+) -> torch.Tensor:
+    """Teacher top-k forward KL (GKD OPD), per token: ``max(0, sum_{v in topk} q(v)(log q(v) - log p(v)))``.
+
+    student_logits: (B, L, V) raw layout; teacher_topk_ids, teacher_topk_logprobs: (B, L, k) aligned with
+    ``input_ids`` (the teacher's top-k for the token at ``i``); mask: (B, L) -> (B, L). Neither side is
+    renormalized on the top-k support; non-finite teacher logprobs (unfilled slots) count as q = 0.
+    """
+    if teacher_topk_logprobs.shape != teacher_topk_ids.shape:
+        raise ValueError("teacher_topk_ids and teacher_topk_logprobs must have the same (B, L, k) shape")
+    logp = action_logprobs(student_logits, teacher_topk_ids)  # (B, L, k)
+    return _forward_kl_topk_terms(logp, teacher_topk_logprobs, mask)
+
+
+def _forward_kl_topk_terms(logp: torch.Tensor, teacher_topk_logprobs: torch.Tensor,
+                           mask: torch.Tensor) -> torch.Tensor:
+    """forward_kl_topk from the student's top-k logprobs (B, L, k) -> (B, L)."""
+    lq = _upcast(teacher_topk_logprobs).detach()
+    present = torch.isfinite(lq) & _keep(mask, lq)
+    lq = torch.where(present, lq, torch.zeros_like(lq))
+    q = torch.where(present, lq.exp(), torch.zeros_like(lq))
+    per_token = (q * (lq - logp)).sum(dim=-1).clamp_min(0.0)  # (B, L)
+    return _fill_off(per_token, mask)
+
+
+def _dense_logps(
+    student_logits: torch.Tensor, teacher_logits: torch.Tensor, mask: torch.Tensor | None
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Shifted student and (constant) teacher log-softmax, both (B, L-1, V)."""
+    if student_logits.shape != teacher_logits.shape:
+        raise ValueError(f"teacher_logits {tuple(teacher_logits.shape)} must match student_logits "
+                         f"{tuple(student_logits.shape)} (same vocabulary, same layout)")
+    t_raw = _upcast(teacher_logits[:, :-1]).detach()  # (B, L-1, V)
+    if mask is not None:
+        # a NaN teacher row off the mask would still poison the gradient through 0 * NaN
+        t_raw = torch.where((mask[:, 1:] > 0).unsqueeze(-1), t_raw, torch.zeros_like(t_raw))
+    s = torch.log_softmax(_upcast(student_logits[:, :-1]), dim=-1)
+    return s, torch.log_softmax(t_raw, dim=-1)
+
+
+def _kl_rows(log_a: torch.Tensor, log_b: torch.Tensor) -> torch.Tensor:
+    """``KL(a || b)`` over the last dim, with ``0 * log 0 = 0``: (..., V) -> (...)."""
+    a = log_a.exp()
+    return torch.where(a > 0, a * (log_a - log_b), torch.zeros_like(a)).sum(dim=-1)
+
+
+def _finish(per_pos: torch.Tensor, mask: torch.Tensor | None) -> torch.Tensor:
+    per_token = F.pad(per_pos, (1, 0), value=0.0)  # (B, L): position 0 has no predictor
+    return per_token if mask is None else _fill_off(per_token, mask)
+
+
+def forward_kl(student_logits: torch.Tensor, teacher_logits: torch.Tensor,
+               mask: torch.Tensor | None = None) -> torch.Tensor:
+    """Dense ``KL(q || p)`` per token from full logits (both (B, L, V) raw layout) -> (B, L)."""
+    s, t = _dense_logps(student_logits, teacher_logits, mask)
+    return _finish(_kl_rows(t, s), mask)
+
+
+def reverse_kl(student_logits: torch.Tensor, teacher_logits: torch.Tensor,
+               mask: torch.Tensor | None = None) -> torch.Tensor:
+    """Dense ``KL(p || q)`` per token from full logits (both (B, L, V) raw layout) -> (B, L)."""
+    s, t = _dense_logps(student_logits, teacher_logits, mask)
+    return _finish(_kl_rows(s, t), mask)
+
+
+def generalized_jsd(student_logits: torch.Tensor, teacher_logits: torch.Tensor, beta: float = 0.5,
+                    mask: torch.Tensor | None = None) -> torch.Tensor:
+    """Generalized JSD per token (GKD eq. 1), TRL's ``generalized_jsd_loss`` convention -> (B, L).
+
+    ``M = beta * q + (1 - beta) * p`` and ``JSD = beta * KL(q || M) + (1 - beta) * KL(p || M)`` for
+    ``0 < beta < 1``; ``beta = 0`` is forward ``KL(q || p)`` and ``beta = 1`` reverse ``KL(p || q)``,
+    special-cased exactly as in TRL (the interior tends to 0, not to those KLs, at the endpoints: near
+    them it behaves like ``beta * KL(q || p)`` and ``(1 - beta) * KL(p || q)``).
+    """
+    if not 0.0 <= beta <= 1.0:
+        raise ValueError(f"beta must be in [0, 1], got {beta}")
+    s, t = _dense_logps(student_logits, teacher_logits, mask)
+    if beta == 0.0:
+        return _finish(_kl_rows(t, s), mask)
+    if beta == 1.0:
+        return _finish(_kl_rows(s, t), mask)
+    log_m = torch.logsumexp(torch.stack([t + math.log(beta), s + math.log1p(-beta)]), dim=0)
+    per_pos = beta * _kl_rows(t, log_m) + (1.0 - beta) * _kl_rows(s, log_m)
+    return _finish(per_pos, mask)
+
+
+# ----------------------------------------------------------------------------- aggregation, dispatch
 
 
 def aggregate(per_token: torch.Tensor, mask: torch.Tensor, mode: str = "token-mean") -> torch.Tensor:
@@ -82,10 +321,11 @@ def aggregate(per_token: torch.Tensor, mask: torch.Tensor, mode: str = "token-me
     those samples.
     """
     mask = mask.float()
+    per_token = _fill_off(per_token, mask)
     if mode == "token-mean":
-        return (per_token * mask).sum() / mask.sum().clamp_min(1.0)
+        return per_token.sum() / mask.sum().clamp_min(1.0)
     per_seq_tokens = mask.sum(dim=1)  # (B,)
-    per_seq = (per_token * mask).sum(dim=1)  # (B,)
+    per_seq = per_token.sum(dim=1)  # (B,)
     live = per_seq_tokens > 0
     n_live = live.float().sum().clamp_min(1.0)
     if mode == "seq-mean-token-mean":
@@ -93,3 +333,149 @@ def aggregate(per_token: torch.Tensor, mask: torch.Tensor, mode: str = "token-me
     if mode == "seq-mean-token-sum":
         return (per_seq * live).sum() / n_live
     raise ValueError(f"aggregation must be one of {AGGREGATIONS}, got {mode!r}")
+
+
+def _require(name: str, **inputs: torch.Tensor | None) -> None:
+    missing = [k for k, v in inputs.items() if v is None]
+    if missing:
+        raise ValueError(f"loss {name!r} needs {', '.join(missing)}")
+
+
+def _masked_mean(x: torch.Tensor, mask: torch.Tensor) -> float:
+    return float(_fill_off(x.detach(), mask).sum() / mask.sum().clamp_min(1.0))
+
+
+def opd_loss(
+    name: str,
+    *,
+    input_ids: torch.Tensor,
+    response_mask: torch.Tensor,
+    student_logits: torch.Tensor | None = None,
+    student_logprobs: torch.Tensor | None = None,
+    teacher_logprobs: torch.Tensor | None = None,
+    teacher_logits: torch.Tensor | None = None,
+    teacher_topk_ids: torch.Tensor | None = None,
+    teacher_topk_logprobs: torch.Tensor | None = None,
+    behavior_logprobs: torch.Tensor | None = None,
+    action_ids: torch.Tensor | None = None,
+    window: int | None = None,
+    aggregation: str = "token-mean",
+    beta: float = 0.5,
+    clip_low: float | None = None,
+    clip_high: float | None = None,
+    is_method: str = "none",
+    is_low: float = 0.5,
+    is_high: float = 2.0,
+) -> tuple[torch.Tensor, dict[str, float]]:
+    """One OPD loss by name over the first ``window`` response tokens -> (scalar loss, metrics).
+
+    Shapes: input_ids, response_mask (B, L); student_logits, teacher_logits (B, L, V) raw layout;
+    student_logprobs (B, L) realized-token logprobs (instead of logits, for reverse_kl_pg/k2/k3);
+    teacher_logprobs, behavior_logprobs (B, L), or (B, L, m) for ``reverse_kl_mc`` together with
+    action_ids (B, L, m); teacher_topk_* (B, L, k). ``clip_low``/``clip_high`` are the PPO epsilons (both
+    or neither). Metrics: ``loss/value``, ``loss/tokens`` (counted tokens), ``loss/teacher_kl`` (mean k1
+    of KL(p || q) on sampled tokens, when the teacher's realized-token logprobs are known;
+    ``reverse_kl_mc`` averages over the cached actions), ``loss/teacher_kl_k3``, and per loss the IS-ratio
+    percentiles and affected fractions or the top-k masses.
+    """
+    if name not in LOSS_NAMES:
+        raise ValueError(f"loss must be one of {LOSS_NAMES}, got {name!r}")
+    if (clip_low is None) != (clip_high is None):
+        raise ValueError("give both clip_low and clip_high, or neither")
+    clip = None if clip_low is None else (float(clip_low), float(clip_high))  # type: ignore[arg-type]
+    if teacher_logits is not None and student_logits is not None and teacher_logits.shape != student_logits.shape:
+        raise ValueError(f"teacher_logits {tuple(teacher_logits.shape)} must match student_logits "
+                         f"{tuple(student_logits.shape)} (same vocabulary, same layout)")
+    mask = window_mask(response_mask, window).clone()  # (B, L)
+    mask[:, 0] = 0.0  # position 0 has no predictor
+    metrics: dict[str, float] = {"loss/tokens": float(mask.sum())}
+
+    realized: torch.Tensor | None = student_logprobs
+    teacher_realized = teacher_logprobs if name != "reverse_kl_mc" else None
+    if name != "reverse_kl_mc":
+        # only reverse_kl_pg/k2/k3 differentiate through it; elsewhere it feeds metrics, so skip the graph
+        with torch.set_grad_enabled(torch.is_grad_enabled() and name in ("reverse_kl_pg", "k2", "k3")):
+            if realized is None and student_logits is not None:
+                realized = token_logprobs(student_logits, input_ids)  # (B, L)
+            if teacher_realized is None and teacher_logits is not None:
+                teacher_realized = token_logprobs(teacher_logits, input_ids)  # (B, L)
+
+    if name in ("reverse_kl_pg", "k2", "k3"):
+        _require(name, student_logits_or_logprobs=realized, teacher_logprobs=teacher_realized)
+        if name == "reverse_kl_pg":
+            per_token = reverse_kl_pg(realized, teacher_realized, mask, behavior_logprobs=behavior_logprobs,
+                                      clip=clip, is_method=is_method, is_low=is_low, is_high=is_high)
+        else:
+            fn = k2 if name == "k2" else k3
+            safe_teacher = _fill_off(_upcast(teacher_realized), mask, realized.detach())
+            per_token = _fill_off(fn(realized, safe_teacher), mask)
+    elif name == "reverse_kl_mc":
+        _require(name, student_logits=student_logits, action_ids=action_ids, teacher_logprobs=teacher_logprobs)
+        logp = action_logprobs(student_logits, action_ids)  # (B, L, m)
+        per_token = reverse_kl_mc(logp, teacher_logprobs, mask, behavior_logprobs=behavior_logprobs,
+                                  clip=clip, is_method=is_method, is_low=is_low, is_high=is_high)
+        k1_mc = k1(logp.detach(), _fill_off(_upcast(teacher_logprobs), mask, logp.detach())).mean(-1)
+        metrics["loss/teacher_kl"] = _masked_mean(k1_mc, mask)
+        realized = logp  # for the ratio metrics below
+    elif name == "forward_kl_topk":
+        _require(name, student_logits=student_logits, teacher_topk_ids=teacher_topk_ids,
+                 teacher_topk_logprobs=teacher_topk_logprobs)
+        if teacher_topk_logprobs.shape != teacher_topk_ids.shape:
+            raise ValueError("teacher_topk_ids and teacher_topk_logprobs must have the same (B, L, k) shape")
+        logp_top = action_logprobs(student_logits, teacher_topk_ids)  # (B, L, k)
+        per_token = _forward_kl_topk_terms(logp_top, teacher_topk_logprobs, mask)
+        lq = _upcast(teacher_topk_logprobs).detach()
+        q_mass = torch.where(torch.isfinite(lq), lq.exp(), torch.zeros_like(lq)).sum(-1)  # (B, L)
+        p_mass = logp_top.detach().exp().sum(-1)  # (B, L)
+        metrics["loss/topk_teacher_mass"] = _masked_mean(q_mass, mask)
+        metrics["loss/topk_student_mass"] = _masked_mean(p_mass, mask)
+    else:  # dense
+        _require(name, student_logits=student_logits, teacher_logits=teacher_logits)
+        if name == "forward_kl":
+            per_token = forward_kl(student_logits, teacher_logits, mask)
+        elif name == "reverse_kl":
+            per_token = reverse_kl(student_logits, teacher_logits, mask)
+        else:
+            per_token = generalized_jsd(student_logits, teacher_logits, beta, mask)
+
+    loss = aggregate(per_token, mask, aggregation)
+    metrics["loss/value"] = float(loss.detach())
+    if name != "reverse_kl_mc" and realized is not None and teacher_realized is not None:
+        lp = _upcast(realized.detach())
+        lq = _fill_off(_upcast(teacher_realized), mask, lp)
+        metrics["loss/teacher_kl"] = _masked_mean(k1(lp, lq), mask)
+        metrics["loss/teacher_kl_k3"] = _masked_mean(k3(lp, lq), mask)
+    if behavior_logprobs is not None and realized is not None and name in ("reverse_kl_pg", "reverse_kl_mc"):
+        teacher = teacher_logprobs if name == "reverse_kl_mc" else teacher_realized
+        metrics.update(_ratio_metrics(realized, teacher, behavior_logprobs, mask, clip=clip,
+                                      is_method=is_method, is_low=is_low, is_high=is_high))
+    return loss, metrics
+
+
+def _ratio_metrics(
+    logp: torch.Tensor,
+    teacher_logp: torch.Tensor,
+    behavior_logp: torch.Tensor,
+    mask: torch.Tensor,
+    *,
+    clip: tuple[float, float] | None,
+    is_method: str,
+    is_low: float,
+    is_high: float,
+) -> dict[str, float]:
+    """Old-to-current ratio diagnostics over the mask; logp etc. (B, L) or (B, L, m)."""
+    lp = _upcast(logp.detach())
+    log_ratio = lp - _fill_off(_upcast(behavior_logp), mask, lp)
+    adv = _fill_off(_upcast(teacher_logp), mask, lp) - lp
+    keep = torch.broadcast_to(_keep(mask, log_ratio), log_ratio.shape)
+    n = keep.float().sum().clamp_min(1.0)
+    ratio = log_ratio.exp()
+    out = {f"loss/is_ratio_{k}": v for k, v in ratio_percentiles(ratio, keep).items()}
+    out["loss/logprob_abs_diff"] = float(_fill_off(log_ratio.abs(), keep).sum() / n)
+    if is_method != "none":
+        out["loss/is_frac_affected"] = importance_weights(log_ratio, is_method, is_low, is_high, mask=keep)[1]
+    if clip is not None:
+        # PPO clip binds (zero gradient) when the ratio left the trust region in the advantage's direction
+        bound = ((adv > 0) & (ratio > 1.0 + clip[1])) | ((adv < 0) & (ratio < 1.0 - clip[0]))
+        out["loss/clip_frac"] = float((bound & keep).float().sum() / n)
+    return out
