@@ -62,6 +62,30 @@ class InvalidInput(ControllerError):
     status = 422
 
 
+class RunConflict(ControllerError):
+    """A run id registered again with a different spec."""
+
+    status = 409
+
+
+class ProbeConflict(ControllerError):
+    """A report for a probe that is no longer active, or an offer reusing a known sample id."""
+
+    status = 409
+
+
+class Unauthorized(ControllerError):
+    """A write without the service's bearer token (HTTP only)."""
+
+    status = 401
+
+
+class PayloadTooLarge(ControllerError):
+    """A request body over the service's limit (HTTP only)."""
+
+    status = 413
+
+
 class ControllerUnavailable(ControllerError):
     """The remote controller could not be reached after retries."""
 

@@ -1,0 +1,259 @@
+"""The controller's HTTP service: a thin FastAPI app over one in-process ``Controller``.
+
+Routes live in ``adwin.controller.routers`` (one module per resource, all under ``/v1``); this module
+wires them together with the cross-cutting parts: bearer-token auth for writes, the request-body
+limit, error mapping (``ControllerError.status``), Prometheus metrics and ``/healthz``.
+``serve_in_thread`` runs the app with uvicorn on a background thread (the embedded ``adwin train``
+serves its dashboard this way).
+"""
+
+from __future__ import annotations
+
+import hmac
+import json
+import logging
+import math
+import re
+import threading
+import time
+from collections.abc import Callable
+from typing import Any
+
+from fastapi import FastAPI, HTTPException, Request
+from fastapi.responses import JSONResponse, PlainTextResponse
+from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Histogram, generate_latest
+from prometheus_client.core import GaugeMetricFamily
+
+from adwin.controller.api import ControllerError
+from adwin.controller.core import Controller
+from adwin.controller.routers import audits, dashboard, probes, runs, telemetry, windows
+from adwin.controller.schemas import MAX_INT
+
+logger = logging.getLogger(__name__)
+
+# One audit rank's sketch is (K+1, D) float32 sent as base64 (4 chars per 3 bytes). The default limit
+# fits a whole 8-rank x 6-segment x 16384-dim audit in one body (4 MiB of base64), plus 1 MiB for JSON.
+_SKETCH_B64_BYTES = math.ceil(8 * 6 * 16384 * 4 / 3) * 4  # = 4_194_304
+DEFAULT_MAX_BODY_BYTES = _SKETCH_B64_BYTES + (1 << 20)  # = 5_242_880
+
+_WRITE_METHODS = frozenset({"POST", "PUT", "PATCH", "DELETE"})
+
+
+class _BodyTooLarge(HTTPException):
+    """Raised from ``receive``: FastAPI re-raises HTTPExceptions from body parsing (others become 400)."""
+
+    def __init__(self, limit: int) -> None:
+        super().__init__(status_code=413, detail=f"request body is over the limit of {limit} bytes")
+
+
+_WINDOW_PATH = re.compile(r"^/v1/runs/([A-Za-z0-9._-]{1,128})/window$")
+_STEP_QUERY = re.compile(rb"^step=(\d{1,18})$")
+_JSON_HEADERS = [(b"content-type", b"application/json")]
+
+
+class _ServiceMiddleware:
+    """Pure ASGI (no BaseHTTPMiddleware overhead on the hot path): auth, body limit, latency.
+
+    It also answers the hot path, ``GET /v1/runs/{id}/window?step=N``, straight from the controller's
+    cache, skipping FastAPI's routing and validation (~10x cheaper per request). Anything unusual
+    (unknown run, a malformed step, extra query parameters) falls through to the FastAPI route, which
+    stays the documented definition and produces the error answers.
+    """
+
+    def __init__(self, app: Any, *, token: str | None, max_body_bytes: int, latency: Histogram, controller: Controller) -> None:
+        self.app, self.token, self.max_body, self.latency = app, token, max_body_bytes, latency
+        self.controller = controller
+        self.window_latency = latency.labels("GET", "/v1/runs/{run_id}/window", "200")
+
+    async def _fast_window(self, scope: dict, send: Callable) -> bool:
+        m = _WINDOW_PATH.match(scope["path"])
+        q = _STEP_QUERY.match(scope.get("query_string", b""))
+        if m is None or q is None:
+            return False
+        step = int(q.group(1))
+        if step > MAX_INT:
+            return False
+        start = time.perf_counter()
+        try:
+            out = self.controller.get_window(m.group(1), step)
+        except ControllerError:
+            return False  # let the FastAPI route produce the documented error
+        body = out.model_dump_json().encode()
+        await send({"type": "http.response.start", "status": 200,
+                    "headers": [*_JSON_HEADERS, (b"content-length", str(len(body)).encode())]})
+        await send({"type": "http.response.body", "body": body})
+        self.window_latency.observe(time.perf_counter() - start)
+        return True
+
+    async def __call__(self, scope: dict, receive: Callable, send: Callable) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        method = scope["method"]
+        if method == "GET" and await self._fast_window(scope, send):
+            return
+        start = time.perf_counter()
+        status_box = [500]
+
+        async def send_wrapper(message: dict) -> None:
+            if message["type"] == "http.response.start":
+                status_box[0] = message["status"]
+                route = scope.get("route")
+                self.latency.labels(method, getattr(route, "path", "unmatched"), str(message["status"])).observe(
+                    time.perf_counter() - start
+                )
+            await send(message)
+
+        if method in _WRITE_METHODS:
+            if self.token is not None and not self._authorized(scope):
+                await _send_error(send, 401, "Unauthorized", "writes need 'Authorization: Bearer <token>'",
+                                  extra_headers=[(b"www-authenticate", b"Bearer")])
+                return
+            length = dict(scope["headers"]).get(b"content-length")
+            if length is not None and length.isdigit() and int(length) > self.max_body:
+                await _send_error(send, 413, "PayloadTooLarge", f"request body of {int(length)} bytes is over the limit of {self.max_body}")
+                return
+            receive = self._limited(receive)
+        try:
+            await self.app(scope, receive, send_wrapper)
+        except _BodyTooLarge:
+            await _send_error(send, 413, "PayloadTooLarge", f"request body is over the limit of {self.max_body} bytes")
+
+    def _authorized(self, scope: dict) -> bool:
+        header = dict(scope["headers"]).get(b"authorization", b"").decode("latin-1")
+        scheme, _, value = header.partition(" ")
+        return scheme.lower() == "bearer" and hmac.compare_digest(value.strip().encode(), (self.token or "").encode())
+
+    def _limited(self, receive: Callable) -> Callable:
+        """Count streamed (chunked) body bytes too: Content-Length alone can be absent."""
+        seen = [0]
+
+        async def wrapped() -> dict:
+            message = await receive()
+            if message["type"] == "http.request":
+                seen[0] += len(message.get("body", b""))
+                if seen[0] > self.max_body:
+                    raise _BodyTooLarge(self.max_body)
+            return message
+
+        return wrapped
+
+
+async def _send_error(send: Callable, status: int, error: str, detail: str, extra_headers: list | None = None) -> None:
+    body = json.dumps({"detail": detail, "error": error}).encode()
+    headers = [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())]
+    await send({"type": "http.response.start", "status": status, "headers": headers + (extra_headers or [])})
+    await send({"type": "http.response.body", "body": body})
+
+
+class _ControllerCollector:
+    """Gauges read from the controller at scrape time (no bookkeeping on the request path)."""
+
+    def __init__(self, ctrl: Controller) -> None:
+        self.ctrl = ctrl
+
+    def describe(self) -> list:
+        return []  # do not collect at registration time
+
+    def collect(self) -> Any:
+        window = GaugeMetricFamily("adwin_window_tokens", "current window of each run", labels=["run_id"])
+        step = GaugeMetricFamily("adwin_last_step", "newest step the controller has seen", labels=["run_id"])
+        probes_g = GaugeMetricFamily("adwin_probes", "probes by state (plus declined, forced)", labels=["run_id", "state"])
+        audits_g = GaugeMetricFamily("adwin_audits", "audits by state", labels=["run_id", "state"])
+        stale = GaugeMetricFamily("adwin_probe_staleness_max", "max staleness of active probes, in steps", labels=["run_id"])
+        for snap in self.ctrl.snapshot():
+            rid = snap["run_id"]
+            window.add_metric([rid], snap["window"])
+            step.add_metric([rid], snap["last_step"])
+            stale.add_metric([rid], snap["staleness_max"])
+            for state, n in snap["probes"].items():
+                if state != "tokens_added":
+                    probes_g.add_metric([rid, state], n)
+            for state, n in snap["audits"].items():
+                audits_g.add_metric([rid, state], n)
+        yield from (window, step, probes_g, audits_g, stale)
+
+
+def create_app(
+    controller: Controller,
+    *,
+    token: str | None = None,
+    max_body_bytes: int = DEFAULT_MAX_BODY_BYTES,
+) -> FastAPI:
+    """The HTTP API (``/v1``), ``/healthz``, ``/metrics``, ``/docs`` and the dashboard over ``controller``."""
+    app = FastAPI(
+        title="adwin controller",
+        version="1",
+        description="Adaptive prefix windows for on-policy distillation: windows, probes, audits, telemetry.",
+    )
+    app.state.controller = controller
+    registry = CollectorRegistry()
+    registry.register(_ControllerCollector(controller))
+    latency = Histogram(
+        "adwin_http_request_seconds",
+        "time to the response headers, by route",
+        ["method", "route", "status"],
+        registry=registry,
+        buckets=(0.0005, 0.001, 0.002, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 1.0, 5.0),
+    )
+
+    @app.exception_handler(ControllerError)
+    async def _controller_error(request: Request, exc: ControllerError) -> JSONResponse:
+        return JSONResponse({"detail": str(exc), "error": type(exc).__name__}, status_code=exc.status)
+
+    @app.get("/healthz", tags=["service"])
+    def healthz() -> dict[str, Any]:
+        return {"status": "ok", "runs": len(controller.list_runs())}
+
+    @app.get("/metrics", tags=["service"], response_class=PlainTextResponse)
+    def metrics() -> PlainTextResponse:
+        return PlainTextResponse(generate_latest(registry), media_type=CONTENT_TYPE_LATEST)
+
+    for module in (runs, windows, probes, audits, telemetry, dashboard):
+        app.include_router(module.router)
+    app.add_middleware(_ServiceMiddleware, token=token, max_body_bytes=max_body_bytes, latency=latency, controller=controller)
+    return app
+
+
+def serve_in_thread(
+    controller: Controller,
+    host: str = "127.0.0.1",
+    port: int = 0,
+    *,
+    token: str | None = None,
+    max_body_bytes: int = DEFAULT_MAX_BODY_BYTES,
+    startup_timeout: float = 10.0,
+) -> tuple[str, Callable[[], None]]:
+    """Serve ``controller`` with uvicorn on a daemon thread; returns ``(base_url, stop)``.
+
+    ``port=0`` picks a free ephemeral port. ``stop()`` shuts the server down and joins the thread.
+    """
+    import uvicorn
+
+    config = uvicorn.Config(
+        create_app(controller, token=token, max_body_bytes=max_body_bytes),
+        host=host,
+        port=port,
+        log_level="warning",
+        access_log=False,
+        lifespan="off",
+    )
+    server = uvicorn.Server(config)
+    thread = threading.Thread(target=server.run, name="adwin-controller-http", daemon=True)
+    thread.start()
+    deadline = time.monotonic() + startup_timeout
+    while not server.started:
+        if not thread.is_alive() or time.monotonic() > deadline:
+            server.should_exit = True
+            raise RuntimeError(f"controller HTTP server did not start on {host}:{port}")
+        time.sleep(0.01)
+    bound = server.servers[0].sockets[0].getsockname()
+    shown = f"[{bound[0]}]" if ":" in bound[0] else bound[0]
+    url = f"http://{shown}:{bound[1]}"
+
+    def stop() -> None:
+        server.should_exit = True
+        thread.join(timeout=10)
+
+    logger.info("controller dashboard and API at %s", url)
+    return url, stop

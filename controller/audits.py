@@ -1,0 +1,210 @@
+"""Audit aggregation: validate a submission, sum per-rank sketches, decide the next window.
+
+``cosines`` and ``gram`` submissions are the whole batch's (already reduced over ranks) and decide at
+once; ``sketch`` submissions arrive one per rank and decide once all ``world_size`` ranks are in (the
+sketches are linear in the gradient, so their sum is the sketch of the batch gradient). A submission
+with non-finite values is refused (422) and logged as a ``fallback`` decision: the window stays.
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import logging
+import time
+from collections.abc import Callable
+from types import ModuleType
+from typing import Any
+
+import numpy as np
+
+from adwin.controller._base import ControllerBase, _check_finite, _Run
+from adwin.controller.api import AuditConflict, InvalidInput
+from adwin.controller.schemas import MAX_INT, AuditIn, AuditOut, WindowOut
+from adwin.controller.store import dumps, loads
+from adwin.window import WindowConfigError, policy_from_state
+
+logger = logging.getLogger(__name__)
+
+
+def _alignment() -> ModuleType:
+    """Imported lazily: ``adwin.alignment`` pulls in torch, which the bare service does not otherwise need."""
+    from adwin import alignment
+
+    return alignment
+
+
+class AuditAggregator(ControllerBase):
+    # --- audits ----------------------------------------------------------------------------------
+
+    def submit_audit(
+        self, run_id: str, audit_id: int, audit: AuditIn, *, idempotency_key: str | None = None
+    ) -> AuditOut:
+        if not 1 <= audit_id <= MAX_INT:
+            raise InvalidInput(f"audit_id must be in [1, {MAX_INT}], got {audit_id}")
+        with self._lock:
+            if idempotency_key is not None and self._store.idem_get(run_id, idempotency_key) is not None:
+                return AuditOut.model_validate(self._write(run_id, idempotency_key, "submit_audit", lambda: (None, None)))
+            run = self._run(run_id)
+            row = self._store.one("SELECT * FROM audits WHERE run_id=? AND audit_id=?", (run_id, audit_id))
+            if row is None:
+                raise AuditConflict(f"run {run_id!r} has no audit {audit_id}")
+            if row["state"] == "decided":
+                raise AuditConflict(f"audit {audit_id} of run {run_id!r} is already decided")
+            kind, sketch = self._validate_audit(run, row, audit)
+            return AuditOut.model_validate(
+                self._write(run_id, idempotency_key, "submit_audit", lambda: self._apply_audit(run, row, audit, kind, sketch))
+            )
+
+    def _validate_audit(self, run: _Run, row: Any, audit: AuditIn) -> tuple[str, np.ndarray | None]:
+        given = [n for n in ("cosines", "gram", "sketch_b64") if getattr(audit, n) is not None]
+        if len(given) != 1:
+            raise InvalidInput(f"give exactly one of cosines, gram, sketch_b64; got {given or 'none'}")
+        kind = "sketch" if given[0] == "sketch_b64" else given[0]
+        if row["kind"] is not None and row["kind"] != kind:
+            raise InvalidInput(f"audit {row['audit_id']} already has {row['kind']} submissions; got {kind}")
+        if audit.rank >= run.spec["world_size"]:
+            raise InvalidInput(f"rank {audit.rank} out of range for world_size {run.spec['world_size']}")
+        allowed = set(run.candidates) | {run.spec["policy"]["max_len"]}
+        for name in ("cosines", "macro_cosines"):
+            keys = getattr(audit, name)
+            if keys is not None:
+                unknown = sorted(set(keys) - allowed)
+                if unknown:
+                    raise InvalidInput(f"{name} has unknown candidates {unknown}; the run's candidates are {run.candidates}")
+        if audit.cosines is not None and not audit.cosines:
+            raise InvalidInput("cosines is empty")
+        k1 = len(run.candidates) + 1
+        if audit.gram is not None and (len(audit.gram) != k1 or any(len(r) != k1 for r in audit.gram)):
+            raise InvalidInput(f"gram must be ({k1}, {k1}) for {k1 - 1} candidates")
+        sketch = None
+        if kind == "sketch":
+            shape = audit.sketch_shape
+            if shape is None or shape[0] != k1 or shape[1] < 1:
+                raise InvalidInput(f"sketch_shape must be ({k1}, D) with D >= 1, got {shape}")
+            if row["sketch_shape"] is not None and tuple(loads(row["sketch_shape"])) != tuple(shape):
+                raise InvalidInput(f"sketch_shape {tuple(shape)} differs from earlier ranks' {tuple(loads(row['sketch_shape']))}")
+            if audit.rank in loads(row["ranks"]):
+                raise AuditConflict(f"rank {audit.rank} already submitted audit {row['audit_id']}")
+            try:
+                raw = base64.b64decode(audit.sketch_b64 or "", validate=True)
+            except (binascii.Error, ValueError) as e:
+                raise InvalidInput(f"sketch_b64 is not valid base64: {e}") from e
+            if len(raw) != 4 * shape[0] * shape[1]:
+                raise InvalidInput(f"sketch_b64 holds {len(raw)} bytes; shape {tuple(shape)} float32 needs {4 * shape[0] * shape[1]}")
+            sketch = np.frombuffer(raw, dtype="<f4").reshape(shape)  # (K+1, D)
+        bad = (
+            _check_finite("cosines", audit.cosines)
+            or _check_finite("macro_cosines", audit.macro_cosines)
+            or _check_finite("gram", audit.gram)
+            or _check_finite("stats", audit.stats)
+            or (None if sketch is None or np.isfinite(sketch).all() else "sketch")
+        )
+        if bad:
+            self._record_fallback(run, row["audit_id"], bad)
+            raise InvalidInput(f"audit {row['audit_id']} rejected: non-finite {bad}; the window stays {run.policy.window(run.last_step)}")
+        return kind, sketch
+
+    def _record_fallback(self, run: _Run, audit_id: int, why: str) -> None:
+        """A rejected audit leaves the window as it is; the decision log says so (reason ``fallback``)."""
+        window = run.policy.window(run.last_step)
+        with self._store.transaction():
+            seq = self._store.one("SELECT MAX(seq) AS s FROM decisions WHERE run_id=?", (run.run_id,))["s"] + 1
+            self._store.execute(
+                "INSERT INTO decisions (run_id, seq, step, window, reason, audit_id) VALUES (?, ?, ?, ?, 'fallback', ?)",
+                (run.run_id, seq, run.last_step, window, audit_id),
+            )
+        run.reason, run.audit_id, run.cosines = "fallback", audit_id, None
+        run.revision += 1
+        logger.warning("run %s: audit %d rejected (%s); window stays %d", run.run_id, audit_id, why, window)
+
+    def _apply_audit(
+        self, run: _Run, row: Any, audit: AuditIn, kind: str, sketch: np.ndarray | None
+    ) -> tuple[Any, Callable[[], None] | None]:
+        st, audit_id = self._store, row["audit_id"]
+        ranks = loads(row["ranks"]) + [audit.rank]
+        gram = None
+        if kind == "sketch":
+            assert sketch is not None
+            st.execute(
+                "INSERT INTO audit_parts (run_id, audit_id, rank, macro_cosines, stats, payload) VALUES (?, ?, ?, ?, ?, ?)",
+                (run.run_id, audit_id, audit.rank, dumps(audit.macro_cosines), dumps(audit.stats), sketch.tobytes()),
+            )
+            st.execute(
+                "UPDATE audits SET kind='sketch', ranks=?, sketch_shape=? WHERE run_id=? AND audit_id=?",
+                (dumps(ranks), dumps(list(sketch.shape)), run.run_id, audit_id),
+            )
+            key = (run.run_id, audit_id)
+            if len(ranks) < run.spec["world_size"]:
+
+                def keep_pending() -> None:  # in memory too, so the deciding rank need not read blobs back
+                    self._pending_sketches.setdefault(key, {})[audit.rank] = sketch
+
+                out = AuditOut(audit_id=audit_id, state="pending", ranks_received=len(ranks))
+                return out.model_dump(mode="json"), keep_pending
+            cached = {**self._pending_sketches.get(key, {}), audit.rank: sketch}
+            if set(cached) != set(ranks):  # re-opened controller: the earlier ranks live only in SQLite
+                for p in st.all(
+                    "SELECT rank, payload FROM audit_parts WHERE run_id=? AND audit_id=?", (run.run_id, audit_id)
+                ):
+                    cached.setdefault(p["rank"], np.frombuffer(p["payload"], dtype="<f4").reshape(sketch.shape))
+            sketches = np.stack([cached[r] for r in sorted(cached)])  # (R, K+1, D)
+            gram = _alignment().gram_from_sketches(sketches)  # (K+1, K+1)
+            parts = st.all(
+                "SELECT macro_cosines, stats FROM audit_parts WHERE run_id=? AND audit_id=?", (run.run_id, audit_id)
+            )
+            macros = [m for m in (loads(p["macro_cosines"]) for p in parts) if m]
+            macro = {int(c): float(np.mean([m[c] for m in macros if c in m])) for c in {c for m in macros for c in m}} if macros else None
+            stat_list = [loads(p["stats"]) for p in parts]
+            stats = {s: float(np.mean([d[s] for d in stat_list if s in d])) for s in {s for d in stat_list for s in d}}
+            # The parts' blobs are purged later (next_probe_batch): freeing megabytes of overflow pages
+            # here would sit on the audit-to-decision path.
+        else:
+            macro = audit.macro_cosines
+            stats = dict(audit.stats)
+            if kind == "gram":
+                gram = np.asarray(audit.gram, dtype=np.float64)  # (K+1, K+1)
+        cosines = _alignment().cosines_from_gram(gram, run.candidates) if gram is not None else dict(audit.cosines or {})
+        # Cosines computed from a Gram are finite by construction; cosines given directly were checked.
+        policy = policy_from_state(run.policy.state_dict())  # decide on a copy; swap after COMMIT
+        adaptive = run.spec["policy"]["name"] == "adwin"
+        if adaptive:
+            try:
+                policy.observe(cosines)
+            except (WindowConfigError, ValueError) as e:
+                raise InvalidInput(f"audit {audit_id}: {e}") from e
+        reason = "audit" if adaptive else "schedule"
+        step = run.last_step
+        window = policy.window(step)
+        decision = WindowOut(run_id=run.run_id, step=step, window=window, reason=reason, audit_id=audit_id, cosines=cosines)
+        seq = st.one("SELECT MAX(seq) AS s FROM decisions WHERE run_id=?", (run.run_id,))["s"] + 1
+        st.execute(
+            "INSERT INTO decisions (run_id, seq, step, window, reason, audit_id, cosines) VALUES (?, ?, ?, ?, ?, ?, ?)",
+            (run.run_id, seq, step, window, reason, audit_id, dumps(cosines)),
+        )
+        st.execute(
+            "UPDATE audits SET state='decided', kind=?, ranks=?, cosines=?, macro_cosines=?, gram=?, stats=?, "
+            "decision=?, decided_at=? WHERE run_id=? AND audit_id=?",
+            (
+                kind,
+                dumps(ranks),
+                dumps(cosines),
+                dumps(macro),
+                dumps(None if gram is None else gram.tolist()),
+                dumps(stats),
+                decision.model_dump_json(),
+                time.time(),
+                run.run_id,
+                audit_id,
+            ),
+        )
+        st.execute("UPDATE probes SET state='audited' WHERE run_id=? AND audit_id=?", (run.run_id, audit_id))
+        st.execute("UPDATE runs SET policy_state=? WHERE run_id=?", (dumps(policy.state_dict()), run.run_id))
+
+        def on_commit() -> None:
+            run.policy, run.reason, run.audit_id, run.cosines = policy, reason, audit_id, cosines
+            self._pending_sketches.pop((run.run_id, audit_id), None)
+
+        out = AuditOut(audit_id=audit_id, state="decided", ranks_received=len(ranks), decision=decision, cosines=cosines)
+        return out.model_dump(mode="json"), on_commit
+

@@ -1,0 +1,56 @@
+"""Serve the controller HTTP API and dashboard (``adwin controller serve``).
+
+Binds 127.0.0.1 by default. Binding any other address needs a bearer token (``--token`` or
+``ADWIN_CONTROLLER_TOKEN``): writes then require ``Authorization: Bearer <token>``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import logging
+import os
+import threading
+
+logger = logging.getLogger(__name__)
+
+LOCAL_HOSTS = frozenset({"127.0.0.1", "localhost", "::1"})
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1)")
+    parser.add_argument("--port", type=int, default=8470, help="port (default 8470; 0 picks a free one)")
+    parser.add_argument("--db", default=":memory:", help="SQLite file; ':memory:' (default) keeps nothing after exit")
+    parser.add_argument("--token", default=None, help="bearer token required for writes (default: $ADWIN_CONTROLLER_TOKEN)")
+    parser.add_argument("--max-body-bytes", type=int, default=None, help="request body limit (default fits an 8-rank sketch audit)")
+    parser.add_argument("--log-level", default="warning", choices=["debug", "info", "warning", "error"], help="uvicorn log level")
+
+
+def resolve_token(host: str, token: str | None) -> str | None:
+    """The token to enforce; refuses a non-local bind without one (ValueError: one line, exit 2)."""
+    token = token or os.environ.get("ADWIN_CONTROLLER_TOKEN") or None
+    if host not in LOCAL_HOSTS and token is None:
+        raise ValueError(
+            f"refusing to bind {host} without a token: pass --token or set ADWIN_CONTROLLER_TOKEN "
+            "(only 127.0.0.1, localhost and ::1 may run open)"
+        )
+    return token
+
+
+def main(args: argparse.Namespace) -> int:
+    import uvicorn
+
+    from adwin.controller.app import DEFAULT_MAX_BODY_BYTES, create_app
+    from adwin.controller.core import Controller
+
+    token = resolve_token(args.host, args.token)
+    # Import the audit math (it pulls in torch, seconds) in the background: the service is up at once,
+    # and the first audit does not pay for the import unless it arrives within those seconds.
+    threading.Thread(target=importlib.import_module, args=("adwin.alignment",), daemon=True).start()
+    if args.db == ":memory:":
+        logger.warning("controller: --db not given, state lives in memory and is lost on exit")
+    controller = Controller(args.db)
+    app = create_app(controller, token=token, max_body_bytes=args.max_body_bytes or DEFAULT_MAX_BODY_BYTES)
+    logger.info("controller: serving on http://%s:%d (db %s)", args.host, args.port, args.db)
+    uvicorn.run(app, host=args.host, port=args.port, log_level=args.log_level, access_log=False)
+    return 0

@@ -1,0 +1,19 @@
+"""Smoke test of ``adwin bench controller`` with tiny counts against a real server process."""
+
+from __future__ import annotations
+
+import json
+
+from adwin.cli import build_parser
+
+
+def test_bench_controller_tiny_reports_latency_throughput_and_audit_time(tmp_path, capsys):
+    out = tmp_path / "bench.json"
+    args = build_parser().parse_args(["bench", "controller", "--tiny", "--json", str(out)])
+    assert args._module.main(args) == 0
+    result = json.loads(out.read_text())
+    w, a = result["window_get"], result["sketch_audit"]
+    assert w["requests"] == 200 and 0 < w["p50_ms"] <= w["p99_ms"] and w["throughput_rps"] > 0
+    assert a["audits"] == 2 and a["ranks"] == 2 and 0 < a["p50_ms"] <= a["max_ms"]
+    assert 0 < result["window_get_inprocess"]["p50_us"] <= result["window_get_inprocess"]["p99_us"]
+    assert "GET window" in capsys.readouterr().out

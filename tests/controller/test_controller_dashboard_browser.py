@@ -1,0 +1,71 @@
+"""The dashboard in a real headless browser: the four charts draw from a seeded run's telemetry."""
+
+from __future__ import annotations
+
+import re
+import shutil
+import subprocess
+from pathlib import Path
+
+import pytest
+from controller_harness import finish, offers, run_spec
+
+from adwin.controller import Controller
+from adwin.controller.app import serve_in_thread
+from adwin.controller.schemas import AuditIn, StepMetricsIn
+
+CHROMIUM = shutil.which("chromium") or ("/usr/bin/chromium" if Path("/usr/bin/chromium").exists() else None)
+pytestmark = pytest.mark.skipif(CHROMIUM is None, reason="Debian chromium not installed at /usr/bin/chromium")
+
+
+def _seed(ctrl: Controller) -> str:
+    """A short run: steps with the trainer's metric keys, and three decided audits."""
+    rid = ctrl.register_run(run_spec(run_id="browser-run", probe_batch_size=2)).run_id
+    cosines = [{4: 0.3, 8: 0.6, 16: 0.9}, {4: 0.5, 8: 0.75, 16: 0.95}, {4: 0.72, 8: 0.85, 16: 0.97}]
+    for step in range(12):
+        w = ctrl.get_window(rid, step).window
+        ctrl.report_step(rid, StepMetricsIn(step=step, metrics={
+            "window/current": w, "rollout/sync_tokens": 8.0 * w, "rollout/full_equiv_tokens": 8.0 * 32,
+            "probe/tokens": 20.0, "probe/staleness_max": float(step % 4), "probe/staleness_mean": (step % 4) / 2,
+            "loss/total": 1.0 / (1 + step), "eval/accuracy": step / 12,
+        }))
+        if step % 4 == 3:
+            acc = ctrl.offer_probes(rid, offers(step, 2, prefix=f"st{step}-")).accepted
+            for pid in acc:
+                finish(ctrl, rid, pid, step=step)
+            batch = ctrl.next_probe_batch(rid)
+            ctrl.submit_audit(rid, batch.audit_id, AuditIn(cosines=cosines[step // 4]))
+    return rid
+
+
+def _chromium(tmp_path: Path, *args: str) -> subprocess.CompletedProcess:
+    profile = tmp_path / "profile"
+    cmd = [
+        CHROMIUM, "--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
+        "--disable-background-networking", "--disable-component-update", "--disable-sync",
+        "--disable-dev-shm-usage", f"--user-data-dir={profile}", *args,
+    ]
+    return subprocess.run(cmd, capture_output=True, text=True, timeout=90)
+
+
+def test_run_page_draws_all_charts_in_headless_chromium(tmp_path):
+    ctrl = Controller()
+    rid = _seed(ctrl)
+    url, stop = serve_in_thread(ctrl)
+    try:
+        dom = _chromium(tmp_path, "--virtual-time-budget=8000", "--dump-dom", f"{url}/runs/{rid}")
+        assert dom.returncode == 0, dom.stderr[-2000:]
+        html = dom.stdout
+        for chart in ("chart-window", "chart-cosines", "chart-staleness", "chart-tokens"):
+            block = html.split(f'id="{chart}"', 1)[1].split('class="chart"', 1)[0]
+            assert "main-svg" in block, f"{chart} did not draw"
+            assert re.search(r'class="(js-line|scatterpts|point)', block), f"{chart} has no trace"
+        assert 'data-drawn="' in html and "window <b>" in html
+        shot = tmp_path / "dashboard.png"
+        r = _chromium(tmp_path, "--virtual-time-budget=8000", f"--screenshot={shot}", "--window-size=1280,1600", f"{url}/runs/{rid}")
+        assert r.returncode == 0 and shot.stat().st_size > 20_000, r.stderr[-2000:]
+        index = _chromium(tmp_path, "--virtual-time-budget=2000", "--dump-dom", f"{url}/")
+        assert f'href="/runs/{rid}"' in index.stdout
+    finally:
+        stop()
+        ctrl.close()

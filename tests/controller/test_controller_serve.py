@@ -1,0 +1,106 @@
+"""``adwin controller serve`` as a real process: refusal to bind openly, and survival of SIGKILL."""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+
+import httpx
+import numpy as np
+import pytest
+from controller_harness import finish, offers, run_spec, sketch_b64
+
+from adwin.controller.remote import RemoteController
+from adwin.controller.schemas import AuditIn, StepMetricsIn
+from adwin.controller.serve import resolve_token
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _start(db: str) -> tuple[subprocess.Popen, str]:
+    port = _free_port()
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "adwin.cli", "controller", "serve", "--host", "127.0.0.1", "--port", str(port), "--db", db],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        env={**os.environ, "ADWIN_CONTROLLER_TOKEN": ""},
+    )
+    url = f"http://127.0.0.1:{port}"
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            raise RuntimeError(f"serve exited {proc.returncode}: {proc.stderr.read().decode()[-2000:]}")
+        try:
+            if httpx.get(f"{url}/healthz", timeout=1.0).status_code == 200:
+                return proc, url
+        except httpx.TransportError:
+            time.sleep(0.1)
+    proc.kill()
+    raise RuntimeError("serve did not become healthy in 60 s")
+
+
+def test_non_local_bind_needs_a_token(monkeypatch):
+    monkeypatch.delenv("ADWIN_CONTROLLER_TOKEN", raising=False)
+    with pytest.raises(ValueError, match="refusing to bind 0.0.0.0 without a token"):
+        resolve_token("0.0.0.0", None)
+    assert resolve_token("127.0.0.1", None) is None and resolve_token("::1", None) is None
+    assert resolve_token("0.0.0.0", "t") == "t"
+    monkeypatch.setenv("ADWIN_CONTROLLER_TOKEN", "env-token")
+    assert resolve_token("10.1.2.3", None) == "env-token"
+
+
+def test_serve_refuses_an_open_non_local_bind_with_one_line():
+    env = {k: v for k, v in os.environ.items() if k != "ADWIN_CONTROLLER_TOKEN"}
+    r = subprocess.run(
+        [sys.executable, "-m", "adwin.cli", "controller", "serve", "--host", "0.0.0.0", "--port", "0"],
+        capture_output=True, text=True, timeout=60, env=env,
+    )
+    assert r.returncode == 2
+    assert r.stderr.strip().splitlines() == [r.stderr.strip()] and "without a token" in r.stderr
+
+
+def test_sigkilled_service_restarts_with_every_acknowledged_write(tmp_path):
+    db = str(tmp_path / "controller.db")
+    proc, url = _start(db)
+    try:
+        api = RemoteController(url, retries=0)
+        rid = api.register_run(run_spec(world_size=2)).run_id
+        api.offer_probes(rid, offers(0, 4))
+        for pid in ("s0", "s1", "s2", "s3"):
+            finish(api, rid, pid)
+        first = api.next_probe_batch(rid)
+        api.submit_audit(rid, first.audit_id, AuditIn(rank=0, sketch_b64=sketch_b64(np.ones((4, 8))), sketch_shape=(4, 8)))
+        sk = np.zeros((4, 8))
+        sk[0] = 1.0  # the first segment carries the whole gradient: the shortest candidate suffices
+        decided = api.submit_audit(rid, first.audit_id, AuditIn(rank=1, sketch_b64=sketch_b64(sk), sketch_shape=(4, 8)))
+        pending = api.next_probe_batch(rid)
+        api.submit_audit(rid, pending.audit_id, AuditIn(rank=1, sketch_b64=sketch_b64(sk), sketch_shape=(4, 8)))
+        for step in range(5):
+            api.report_step(rid, StepMetricsIn(step=step, metrics={"loss/total": 1.0 / (1 + step)}))
+        before = (api.get_run(rid), api.get_window(rid, 5), api.telemetry(rid))
+        api.close()
+    finally:
+        proc.send_signal(signal.SIGKILL)
+        proc.wait(timeout=30)
+    assert decided.state == "decided"
+
+    proc, url = _start(db)
+    try:
+        api = RemoteController(url, retries=0)
+        assert (api.get_run(rid), api.get_window(rid, 5), api.telemetry(rid)) == before
+        assert before[1].window == decided.decision.window and before[1].reason == "audit"
+        # the half-submitted audit resumes: rank 0 completes it
+        out = api.submit_audit(rid, pending.audit_id, AuditIn(rank=0, sketch_b64=sketch_b64(sk), sketch_shape=(4, 8)))
+        assert (out.state, out.ranks_received) == ("decided", 2)
+        api.close()
+    finally:
+        proc.send_signal(signal.SIGKILL)
+        proc.wait(timeout=30)
