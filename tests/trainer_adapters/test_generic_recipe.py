@@ -1,0 +1,165 @@
+"""The generic recipe of docs/adapters.md, run verbatim, embedded and over HTTP; plus WindowClient units."""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+import torch
+from tiny_models import make_tiny_llama
+
+from adwin.controller import Controller
+from adwin.controller.schemas import PolicyIn, RunIn
+from adwin.trainer_adapters.generic import HeldProbe, WindowClient, build_probe_batch, pack, teacher_scorer
+
+DOC = Path(__file__).resolve().parents[2] / "docs" / "adapters.md"
+PAD, EOS = 0, 2
+
+
+def recipe_source() -> str:
+    """The first python block after the 'Generic recipe' heading."""
+    text = DOC.read_text()
+    section = text[text.index("## Generic recipe") :]
+    match = re.search(r"```python\n(.*?)```", section, re.S)
+    assert match is not None, "docs/adapters.md lost its generic recipe block"
+    return match.group(1)
+
+
+def test_recipe_block_is_at_most_30_lines() -> None:
+    lines = [ln for ln in recipe_source().splitlines() if ln.strip()]
+    assert len(lines) <= 30, f"the generic recipe grew to {len(lines)} lines"
+
+
+def _namespace(steps: int) -> dict:
+    student = make_tiny_llama(seed=0)
+    teacher = make_tiny_llama(seed=1)
+    student.train()
+    gen = torch.Generator().manual_seed(0)
+    batches = [[torch.randint(3, 64, (3 + (i + b) % 3,), generator=gen).tolist() for i in range(4)] for b in range(steps)]
+    return {
+        "student": student,
+        "teacher": teacher,
+        "optimizer": torch.optim.AdamW(student.parameters(), lr=1e-3),
+        "prompt_batches": batches,
+        "PAD": PAD,
+        "EOS": EOS,
+    }
+
+
+@pytest.fixture
+def remote_url() -> Iterator[str]:
+    from adwin.controller.app import serve_in_thread
+
+    ctrl = Controller()
+    url, stop = serve_in_thread(ctrl, "127.0.0.1", 0)
+    yield url
+    stop()
+    ctrl.close()
+
+
+def _check_recipe_ran(ns: dict) -> None:
+    client: WindowClient = ns["client"]
+    windows: list[int] = ns["windows"]
+    # Before any audit the adaptive policy starts at its largest candidate.
+    assert windows[0] == 8
+    telemetry = client.controller.telemetry("recipe")
+    decided = [d for d in telemetry.decisions if d["reason"] == "audit"]
+    assert decided, "no audit reached the controller"
+    assert client.stats.audits == len(decided)
+    # Each audit's decision is the window the loop used from the next step on.
+    first = decided[0]
+    assert windows[first["step"] + 1] == first["window"]
+    cos = {int(k): float(v) for k, v in first["cosines"].items()}
+    expected = min((c for c in (4, 8) if cos[c] >= 0.05), default=16)
+    assert first["window"] == expected
+    assert len(telemetry.steps) == len(windows)
+    assert telemetry.steps[-1]["metrics"]["probe/audits"] >= 1
+
+
+def test_generic_recipe_runs_verbatim_embedded() -> None:
+    ns = _namespace(steps=4)
+    exec(compile(recipe_source(), str(DOC), "exec"), ns)
+    _check_recipe_ran(ns)
+
+
+def test_generic_recipe_runs_verbatim_against_remote_controller(remote_url: str) -> None:
+    source = recipe_source()
+    assert "Controller()" in source
+    remote = source.replace("Controller()", f"__import__('adwin.controller').controller.RemoteController({remote_url!r})")
+    ns = _namespace(steps=3)
+    exec(compile(remote, str(DOC), "exec"), ns)
+    _check_recipe_ran(ns)
+
+
+# --- WindowClient units ---------------------------------------------------------------------------
+
+
+def _fake_extend(token: int, eos_after: int | None = None):
+    """Deterministic extender: appends ``token`` up to the budget, EOS once a context reaches a length."""
+
+    def extend(contexts: list[list[int]], budgets: list[int]) -> tuple[list[list[int]], list[bool]]:
+        out, done = [], []
+        for c, b in zip(contexts, budgets, strict=True):
+            toks = [token] * b
+            if eos_after is not None and len(c) + b >= eos_after:
+                toks = [token] * max(0, eos_after - len(c) - 1) + [EOS]
+            out.append(toks)
+            done.append(bool(toks) and toks[-1] == EOS)
+        return out, done
+
+    return extend
+
+
+def test_offer_skips_finished_and_full_rollouts_and_holds_accepted_ones() -> None:
+    ctrl = Controller()
+    client = WindowClient(ctrl, RunIn(policy=PolicyIn(candidates=[2, 4], max_len=6), offers_per_step=8))
+    accepted = client.offer(0, [[5], [6], [7]], [[9, 9], [9, EOS], [9] * 6], version=0, finished=[False, True, False])
+    assert accepted == [f"{client.run_id}:0:0"]
+    assert client.probes[accepted[0]].response_ids == [9, 9]
+    assert client.probes[accepted[0]].versions == [0, 0]
+
+
+def test_extend_probes_grows_by_window_and_forces_stale_probes_to_full_length() -> None:
+    ctrl = Controller()
+    spec = RunIn(policy=PolicyIn(name="fixed", window=2, candidates=[2, 4], max_len=10), staleness_limit=2)
+    client = WindowClient(ctrl, spec)
+    (pid,) = client.offer(0, [[5, 5]], [[9, 9]], version=0)
+    assert client.extend_probes(1, _fake_extend(7), version=1) == 2  # window 2 per round
+    assert client.probes[pid].response_ids == [9, 9, 7, 7]
+    assert client.probes[pid].versions == [0, 0, 1, 1]
+    assert ctrl.telemetry(client.run_id).probes.get("active") == 1
+    # step 2: staleness 2 - 0 reaches S = 2 -> forced to the full horizon in one round
+    assert client.extend_probes(2, _fake_extend(8), version=2) == 6
+    assert len(client.probes[pid].response_ids) == 10
+    assert ctrl.telemetry(client.run_id).probes.get("complete") == 1
+
+
+def test_extend_probes_marks_eos_finished_probes_complete() -> None:
+    ctrl = Controller()
+    client = WindowClient(ctrl, RunIn(policy=PolicyIn(name="fixed", window=4, candidates=[2], max_len=50)))
+    (pid,) = client.offer(0, [[5]], [[9]], version=0)
+    client.extend_probes(1, _fake_extend(7, eos_after=4), version=1)
+    assert client.probes[pid].finished and client.probes[pid].response_ids[-1] == EOS
+    assert ctrl.telemetry(client.run_id).probes.get("complete") == 1
+
+
+def test_audit_and_submit_refuses_candidates_other_than_the_runs() -> None:
+    ctrl = Controller()
+    client = WindowClient(ctrl, RunIn(policy=PolicyIn(candidates=[2, 4], max_len=8)))
+    batch = build_probe_batch([HeldProbe([3, 4], [5, 6, 7], [0, 0, 0])], teacher_scorer(make_tiny_llama(seed=1)), pad_id=PAD)
+    with pytest.raises(ValueError, match="differ"):
+        client.audit_and_submit(make_tiny_llama(), batch, 0, candidates=[2, 8])
+
+
+def test_pack_right_pads_and_scores_only_response_tokens() -> None:
+    teacher = make_tiny_llama(seed=1)
+    batch = pack([[3, 4], [5]], [[6, 7], [8, 9, 10]], teacher_scorer(teacher), pad_id=PAD, versions=[[1, 1], [2, 2, 3]])
+    assert batch.input_ids.tolist() == [[3, 4, 6, 7], [5, 8, 9, 10]]
+    assert batch.response_mask.tolist() == [[0, 0, 1, 1], [0, 1, 1, 1]]
+    assert batch.versions is not None and batch.versions.tolist() == [[-1, -1, 1, 1], [-1, 2, 2, 3]]
+    with torch.no_grad():
+        logq = torch.log_softmax(teacher(input_ids=batch.input_ids[:1]).logits[0, 1], -1)[6]
+    assert torch.allclose(batch.teacher_logprobs[0, 2], logq, atol=1e-5)
+    assert (batch.teacher_logprobs[batch.response_mask == 0] == 0).all()

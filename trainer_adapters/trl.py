@@ -1,0 +1,224 @@
+"""ADWIN for TRL's ``DistillationTrainer``: a ``TrainerCallback`` that sets the rollout window.
+
+Where the window must go (trl 1.16, ``trl/trainer/distillation_trainer.py``). Completions are generated
+in ``_prepare_inputs`` -> ``_generate_and_score_completions`` -> ``_generate_single_turn``, once per
+generation batch, inside the first ``training_step`` of an optimizer step, i.e. right after
+``on_step_begin``. At that point the trainer reads:
+
+- transformers backend: ``trainer.generation_config`` (passed as ``generate(generation_config=...)``,
+  so its ``max_new_tokens`` is the cap) and ``trainer.generation_kwargs`` (the same dict is used to
+  override the model's own ``generation_config`` during generation);
+- vLLM backend: ``trainer.vllm_generation.max_completion_length`` (copied into the vLLM
+  ``SamplingParams.max_tokens`` / server request on every ``generate``);
+- tool-calling loop: ``trainer.max_completion_length`` (the completion budget after tool results).
+
+``on_step_begin`` sets all four to the controller's window. Nothing else is patched.
+
+Probes: every ``probe_every`` optimizer steps, ``on_step_end`` (after ``optimizer.step`` and
+``zero_grad``) takes the step's rollouts from ``trainer._buffered_inputs``, offers the unfinished ones
+(capped by ``probe_count``), and continues the accepted prefixes to the full horizon in one second,
+full-length ``generate`` call with the updated student. Continuing the trainer's own prefixes rather
+than sampling fresh full-length rollouts is deliberate: the prefix tokens are already paid for, and the
+audit then measures the truncation of exactly the rollouts the trainer trains on (same prompts, same
+prefix distribution), which is the quantity ADWIN's decision is about. The prefix was sampled by the
+pre-step weights and the continuation by the post-step weights: staleness 1, below any limit ``S``.
+
+When the controller has ``P`` complete probes, the teacher scores them, ``adwin.alignment.audit`` runs
+under the current weights (``autograd.grad`` in eval mode: ``.grad`` and optimizer state untouched, and
+it runs after ``zero_grad``, outside the accumulation/optimizer window), and the Gram goes to the
+controller, whose decision is the window of the next ``on_step_begin``.
+
+The audit's per-token loss is the token-local reverse-KL policy gradient (ADWIN eq. 23-24). With TRL's
+``beta=1`` (reverse KL) that is a single-sample estimator of the gradient of the same objective TRL
+optimizes with its full-distribution JSD; for ``beta < 1`` it is a proxy.
+
+Metrics go into TRL's own store (``trainer._metrics["train"]``), which ``DistillationTrainer.log``
+averages into every logged row, so ``window/*`` and ``probe/*`` reach ``log_history`` and every
+reporting integration; mutating ``logs`` in ``on_log`` would be too late (transformers appends to
+``log_history`` and calls the reporters before user callbacks).
+
+Single process only: ``RunIn.world_size`` > 1 would need every rank to audit its shard and submit a
+sketch; the callback refuses ``num_processes > 1``.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import time
+from typing import Any
+
+from transformers import TrainerCallback, TrainerControl, TrainerState, TrainingArguments
+
+from adwin.controller.api import ControllerAPI
+from adwin.controller.schemas import AuditOut, PolicyIn, RunIn
+from adwin.trainer_adapters.generic import WindowClient, hf_extender, teacher_scorer
+
+logger = logging.getLogger(__name__)
+
+
+class AdwinCallback(TrainerCallback):
+    """Drive ``DistillationTrainer``'s completion length from an ADWIN controller.
+
+    ``run`` is a run id already registered with ``controller`` or a ``RunIn`` to register. With a run
+    id and ``candidates``, a ``RunIn`` is built (adwin policy, ``max_len`` = the trainer's configured
+    ``max_completion_length``). Call ``attach(trainer)`` (it adds the callback): callbacks receive no
+    trainer reference from transformers, and the window lives on the trainer.
+    """
+
+    def __init__(
+        self,
+        controller: ControllerAPI,
+        run: str | RunIn,
+        candidates: list[int] | None = None,
+        *,
+        probe_every: int = 1,
+        probe_count: int = 8,
+        threshold: float = 0.7,
+        audit_method: str = "fast",
+        audit_metric: str = "identity",
+        report_steps: bool = True,
+    ) -> None:
+        if probe_every < 1 or probe_count < 0:
+            raise ValueError(f"probe_every must be >= 1 and probe_count >= 0, got {probe_every}, {probe_count}")
+        self.controller = controller
+        self.run = run
+        self.candidates = candidates
+        self.threshold = threshold
+        self.probe_every = probe_every
+        self.probe_count = probe_count
+        self.audit_method = audit_method
+        self.audit_metric = audit_metric
+        self.report_steps = report_steps
+        self.trainer: Any = None
+        self.client: WindowClient | None = None
+        self.decisions: list[AuditOut] = []
+        self.windows: dict[int, int] = {}  # optimizer step -> window applied
+
+    # --- wiring -----------------------------------------------------------------------------------
+
+    def attach(self, trainer: Any) -> AdwinCallback:
+        if trainer.accelerator.num_processes > 1:
+            raise NotImplementedError("AdwinCallback supports one process; multi-rank audits need sketches per rank")
+        if getattr(trainer, "teacher_model", None) is None:
+            raise ValueError("AdwinCallback needs trainer.teacher_model to score probes")
+        run = self.run
+        if isinstance(run, str) and self.candidates is not None:
+            policy = PolicyIn(
+                name="adwin", candidates=self.candidates, threshold=self.threshold,
+                max_len=int(trainer.args.max_completion_length),
+            )
+            run = RunIn(
+                run_id=run, name=run, policy=policy,
+                probe_batch_size=max(1, self.probe_count), offers_per_step=self.probe_count,
+            )
+        self.client = WindowClient(self.controller, run)
+        if self.client.max_len != trainer.args.max_completion_length:
+            logger.warning(
+                "run %s: policy max_len %d differs from max_completion_length %s; probes run to max_len",
+                self.client.run_id, self.client.max_len, trainer.args.max_completion_length,
+            )
+        self.trainer = trainer
+        trainer.add_callback(self)
+        return self
+
+    def _client(self) -> WindowClient:
+        if self.client is None or self.trainer is None:
+            raise RuntimeError("call AdwinCallback.attach(trainer) before training")
+        return self.client
+
+    # --- the window -------------------------------------------------------------------------------
+
+    def apply_window(self, window: int) -> None:
+        """Set every cap the trainer reads at generation time (see the module docstring)."""
+        tr = self.trainer
+        tr.max_completion_length = window
+        tr.generation_config.max_new_tokens = window
+        tr.generation_kwargs["max_new_tokens"] = window
+        if getattr(tr, "use_vllm", False):
+            tr.vllm_generation.max_completion_length = window
+
+    def on_step_begin(
+        self, args: TrainingArguments, state: TrainerState, control: TrainerControl, **kwargs: Any
+    ) -> None:
+        client = self._client()
+        window = client.window(state.global_step)
+        self.apply_window(window)
+        self.windows[state.global_step] = window
+        self._log("window/size", float(window))
+
+    # --- probes and audits ------------------------------------------------------------------------
+
+    def on_step_end(
+        self, args: TrainingArguments, state: TrainerState, control: TrainerControl, **kwargs: Any
+    ) -> None:
+        rollout_step = state.global_step - 1  # the step whose rollouts are buffered
+        if (rollout_step % self.probe_every == 0 and self.probe_count > 0) or self._client().probes:
+            self.probe_cycle(rollout_step)
+
+    def probe_cycle(self, rollout_step: int) -> AuditOut | None:
+        """Offer the step's unfinished rollouts, finish the held probes, audit a ready batch."""
+        client, tr = self._client(), self.trainer
+        version = rollout_step + 1  # weights after that step's optimizer update
+        t0 = time.perf_counter()
+        if rollout_step % self.probe_every == 0 and self.probe_count > 0:
+            prompts, responses, finished = self._rollouts()
+            order = [i for i in range(len(responses)) if not finished[i]][: self.probe_count]
+            client.offer(
+                rollout_step, [prompts[i] for i in order], [responses[i] for i in order], version=rollout_step
+            )
+        student = tr.accelerator.unwrap_model(tr.model)
+        extend = hf_extender(
+            student, pad_id=tr._tokenizer.pad_token_id, eos_ids=tr.eos_token_ids,
+            generation_kwargs={"temperature": tr.temperature, "top_p": tr.top_p, "top_k": tr.top_k},
+        )
+        tokens = client.extend_probes(version, extend, version=version, to_full=True)
+        gen_s = time.perf_counter() - t0
+        teacher = tr.accelerator.unwrap_model(tr.teacher_model)
+        decision = client.maybe_audit(
+            student, teacher_scorer(teacher, temperature=tr.temperature), pad_id=tr._tokenizer.pad_token_id,
+            method=self.audit_method, metric=self.audit_metric,
+            optimizer=tr.optimizer if self.audit_metric == "adam" else None,
+        )
+        if decision is not None:
+            self.decisions.append(decision)
+            if decision.decision is not None:
+                self._log("window/next", float(decision.decision.window))
+        self._log("probe/tokens_step", float(tokens))
+        self._log("probe/gen_s", gen_s)
+        for key, value in client.metrics().items():
+            if key != "window/size":
+                self._log(key, value)
+        return decision
+
+    def _rollouts(self) -> tuple[list[list[int]], list[list[int]], list[bool]]:
+        """Prompt and completion ids of the step's generation batch, padding stripped."""
+        tr = self.trainer
+        eos = set(tr.eos_token_ids)
+        prompts: list[list[int]] = []
+        responses: list[list[int]] = []
+        finished: list[bool] = []
+        for part in tr._buffered_inputs or []:
+            for ids, pm, cids, cm in zip(
+                part["prompt_ids"], part["prompt_mask"], part["completion_ids"], part["completion_mask"], strict=True
+            ):
+                prompts.append(ids[pm.bool()].tolist())  # (P,) left padding removed
+                resp = cids[cm.bool()].tolist()  # (C,) right padding removed
+                responses.append(resp)
+                finished.append(bool(resp) and resp[-1] in eos)
+        return prompts, responses, finished
+
+    # --- logging ----------------------------------------------------------------------------------
+
+    def _log(self, key: str, value: float) -> None:
+        if math.isfinite(value):
+            self.trainer._metrics["train"][key].append(value)
+
+    def on_log(
+        self, args: TrainingArguments, state: TrainerState, control: TrainerControl,
+        logs: dict[str, float] | None = None, **kwargs: Any,
+    ) -> None:
+        if self.report_steps and logs and self.client is not None and "loss" in logs:
+            numeric = {k: v for k, v in logs.items() if isinstance(v, (int, float)) and not isinstance(v, bool)}
+            self.client.report_step(state.global_step, numeric)
+
