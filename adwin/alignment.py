@@ -11,13 +11,18 @@ from the Gram matrix ``G[s, s'] = <g_s, g_s'>``.
 
 from __future__ import annotations
 
+import base64
+import hashlib
 import math
-from collections.abc import Mapping, Sequence
+import time
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
 import torch
+
+from adwin.losses import response_positions, reverse_kl_pg, token_logprobs
 
 
 @dataclass
@@ -49,15 +54,20 @@ class AuditResult:
     cosines: dict[int, float]
     macro_cosines: dict[int, float] = field(default_factory=dict)
     gram: np.ndarray | None = None  # (K+1, K+1) float64
-    grad_norms: dict[int, float] = field(default_factory=dict)  # norm of each prefix gradient, and "full" as max_len key
+    grad_norms: dict[int, float] = field(
+        default_factory=dict
+    )  # norm of each prefix gradient, and "full" as max_len key
     tokens_per_segment: list[int] = field(default_factory=list)
     method: str = "fast"
     metric: str = "identity"
     elapsed_s: float = 0.0
     extra: dict[str, float] = field(default_factory=dict)
+    sketch: np.ndarray | None = None  # (K+1, sketch_dim) float32 segment sketches (method "sketch")
 
-    def to_dict(self) -> dict[str, Any]:
-        return {
+    def to_dict(self, *, include_sketch: bool = False) -> dict[str, Any]:
+        """JSON-able dict. The sketch (large) is left out unless ``include_sketch``; then it travels as
+        ``{"shape": [K+1, D], "dtype": "float32", "b64": <little-endian bytes, base64>}``."""
+        out = {
             "candidates": list(self.candidates),
             "cosines": {str(k): v for k, v in self.cosines.items()},
             "macro_cosines": {str(k): v for k, v in self.macro_cosines.items()},
@@ -69,6 +79,14 @@ class AuditResult:
             "elapsed_s": self.elapsed_s,
             "extra": dict(self.extra),
         }
+        if include_sketch and self.sketch is not None:
+            arr = np.ascontiguousarray(self.sketch, dtype="<f4")
+            out["sketch"] = {
+                "shape": list(arr.shape),
+                "dtype": "float32",
+                "b64": base64.b64encode(arr.tobytes()).decode("ascii"),
+            }
+        return out
 
     @classmethod
     def from_dict(cls, d: Mapping[str, Any]) -> AuditResult:
@@ -83,10 +101,25 @@ class AuditResult:
             metric=str(d.get("metric", "identity")),
             elapsed_s=float(d.get("elapsed_s", 0.0)),
             extra={str(k): float(v) for k, v in d.get("extra", {}).items()},
+            sketch=_decode_sketch(d.get("sketch")),
         )
 
 
-def cosines_from_gram(gram: np.ndarray | Sequence[Sequence[float]], candidates: Sequence[int]) -> dict[int, float]:
+def _decode_sketch(raw: Mapping[str, Any] | None) -> np.ndarray | None:
+    if raw is None:
+        return None
+    if raw.get("dtype", "float32") != "float32":
+        raise ValueError(f"sketch dtype must be float32, got {raw.get('dtype')!r}")
+    shape = tuple(int(x) for x in raw["shape"])
+    arr = np.frombuffer(base64.b64decode(raw["b64"]), dtype="<f4")
+    if arr.size != math.prod(shape):
+        raise ValueError(f"sketch has {arr.size} values, shape {shape} needs {math.prod(shape)}")
+    return arr.reshape(shape).astype(np.float32)
+
+
+def cosines_from_gram(
+    gram: np.ndarray | Sequence[Sequence[float]], candidates: Sequence[int]
+) -> dict[int, float]:
     """Cosine of each candidate prefix gradient with the full gradient, from the segment Gram matrix.
 
     gram: (K+1, K+1). With ``P_k = 1[s < k]`` and ``F = 1``: ``<g_w, g_full> = P^T G F``,
@@ -125,3 +158,506 @@ def gram_from_sketches(sketches: Sequence[np.ndarray] | np.ndarray) -> np.ndarra
         raise ValueError("sketches have non-finite entries")
     total = arr.sum(axis=0)  # (K+1, D)
     return total @ total.T
+
+
+# ---------------------------------------------------------------------------------------------
+# The audit itself: segment gradients under the model's current parameters.
+# ---------------------------------------------------------------------------------------------
+
+AUDIT_METHODS: tuple[str, ...] = ("reference", "fast", "sketch")
+AUDIT_METRICS: tuple[str, ...] = ("identity", "adam")
+DEFAULT_SKETCH_DIM = 16384
+# Per-token loss: (student_logprobs, teacher_logprobs, mask) -> (B, L) per-token losses.
+TokenLoss = Callable[[torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor]
+# One gradient: one entry per audited parameter, None where the loss does not reach it (zero).
+Grads = list[torch.Tensor | None]
+
+_MERSENNE = 2**31 - 1  # prime modulus of the sketch hashes; products of two residues fit in int64
+_HASH_CHUNK = 1 << 20  # parameter elements hashed at a time (bounds the transient index tensors)
+
+
+def audit(
+    model: torch.nn.Module,
+    batch: ProbeBatch,
+    candidates: Sequence[int],
+    *,
+    loss: str | TokenLoss = "reverse_kl_pg",
+    method: str = "fast",
+    metric: str = "identity",
+    optimizer: torch.optim.Optimizer | None = None,
+    sketch_dim: int | None = None,
+    seed: int = 0,
+    macro: bool = True,
+    token_weights: torch.Tensor | None = None,
+    micro_batch: int | None = None,
+) -> AuditResult:
+    """Cosine of each candidate prefix gradient with the full-rollout gradient (ADWIN section 4.2).
+
+    The per-token loss is ``reverse_kl_pg`` (advantage ``log q - log p_theta`` is a constant, so a
+    segment's gradient is ``-sum_t A_t grad log p_theta(y_t)``) times ``token_weights`` (B, L) when
+    given, the hook for importance weights. Segment losses are sums over tokens and samples.
+
+    Methods (all three give the same segment Gram; ``sketch`` up to its sketch error):
+
+    - ``reference``: one full forward, one ``autograd.grad`` per segment over the whole batch,
+      flattened float64 gradients, Gram = M M^T. Plain and slow; for tests.
+    - ``fast``: exact. Relies on causality: the loss on columns ``< e`` depends only on tokens
+      ``< e``. The forward runs in column chunks that end at the segment boundaries, each chunk
+      attending to the previous ones through a differentiable KV cache, so the autograd graph of
+      segment ``s`` contains only chunks ``<= s``. One forward, then one backward per segment that
+      walks only that prefix of the graph: cost ``fwd + sum_s bwd(prefix_s)``, i.e. about
+      ``1 + (2/3) sum_k (p + c_k)/(p + L)`` plain forward+backward passes (no recomputed forward,
+      unlike re-running truncated batches). Trailing columns with no response token are never
+      forwarded. Memory: the graph of one forward (as a plain pass) plus ``K + 1`` gradient copies
+      (the segment gradients, kept for the Gram) and, with ``macro``, ``K + 1`` more (per-sample
+      segment gradients while the batch-level ones accumulate).
+    - ``sketch``: each segment gradient goes through a seeded CountSketch of dimension
+      ``sketch_dim`` (hash and sign per parameter element from ``seed`` and the parameter name,
+      computed on the fly, never a D x n matrix) and is dropped: extra memory ``(K+1) x sketch_dim``
+      floats (twice with ``macro``) plus one transient gradient. ``result.sketch`` holds the
+      (K+1, sketch_dim) batch sketch; sketches of shards of a batch add up to the sketch of the batch.
+
+    ``metric="adam"`` weights inner products by ``1 / (sqrt(v_hat) + eps)`` from the AdamW
+    ``optimizer``'s second moment (bias-corrected as AdamW does, ``max_exp_avg_sq`` with amsgrad):
+    ADWIN eq. 10 with a diagonal Fisher proxy. Gradients are scaled by the square root of that weight
+    before any inner product or sketch. Parameters without optimizer state yet get weight 1 (the
+    identity metric; Adam's preconditioner is undefined before its first step).
+
+    ``macro`` adds per-sample cosines (mean over samples; samples whose prefix gradient is zero are
+    left out, a candidate with no such sample is absent). It processes ``fast``/``sketch`` one sample
+    at a time (``micro_batch`` defaults to 1, else to the whole batch), which also bounds activation
+    memory. Gradients are taken in eval mode (no dropout) under the current parameters; the model's
+    mode is restored and no parameter's ``.grad`` is touched.
+
+    Assumes a decoder-only (causal) model that accepts ``past_key_values`` (HF ``DynamicCache``);
+    encoder-decoder models are rejected. Position ids come from the attention mask
+    (``cumsum - 1``), which equals ``arange`` for right-padded batches.
+    """
+    t0 = time.perf_counter()
+    cands = _check_candidates(candidates)
+    if method not in AUDIT_METHODS:
+        raise ValueError(f"method must be one of {AUDIT_METHODS}, got {method!r}")
+    if metric not in AUDIT_METRICS:
+        raise ValueError(f"metric must be one of {AUDIT_METRICS}, got {metric!r}")
+    if metric == "adam" and optimizer is None:
+        raise ValueError("metric='adam' needs the AdamW optimizer whose second moment weights the metric")
+    if not (isinstance(loss, str) and loss == "reverse_kl_pg") and not callable(loss):
+        raise ValueError(f"loss must be 'reverse_kl_pg' or a callable, got {loss!r}")
+    if method == "sketch":
+        sketch_dim = DEFAULT_SKETCH_DIM if sketch_dim is None else int(sketch_dim)
+        if sketch_dim < 1:
+            raise ValueError(f"sketch_dim must be >= 1, got {sketch_dim}")
+    if getattr(getattr(model, "config", None), "is_encoder_decoder", False):
+        raise ValueError("audit needs a decoder-only (causal) model; got an encoder-decoder")
+
+    named = [(_canonical_name(n), p) for n, p in model.named_parameters() if p.requires_grad]
+    if not named:
+        raise ValueError("model has no parameters that require grad")
+    device = named[0][1].device
+    b = _prepare(batch, token_weights, cands, device)
+    b.loss = loss
+    scale = _metric_scaler([p for _, p in named], metric, optimizer)
+
+    was_training = model.training
+    model.eval()
+    try:
+        with torch.enable_grad():
+            if method == "reference":
+                gram, sample_grams = _reference_grams(model, named, b, len(cands) + 1, scale, macro)
+                sketch = None
+            else:
+                gram, sample_grams, sketch = _chunked_grams(
+                    model,
+                    named,
+                    b,
+                    len(cands) + 1,
+                    scale,
+                    macro,
+                    micro_batch,
+                    sketch_dim if method == "sketch" else None,
+                    seed,
+                )
+    finally:
+        model.train(was_training)
+
+    cos = cosines_from_gram(gram, cands)
+    macro_cos = _macro_cosines(sample_grams, cands) if macro else {}
+    norms = _prefix_norms(gram, cands)
+    max_len = int(b.response_mask.sum(dim=1).max().item())
+    norms[max_len] = math.sqrt(max(float(gram.sum()), 0.0))  # the full gradient
+    return AuditResult(
+        candidates=cands,
+        cosines=cos,
+        macro_cosines=macro_cos,
+        gram=gram,
+        grad_norms=norms,
+        tokens_per_segment=b.tokens_per_segment,
+        method=method,
+        metric=metric,
+        elapsed_s=time.perf_counter() - t0,
+        extra={"samples": float(b.input_ids.shape[0]), "max_response_len": float(max_len)},
+        sketch=None if sketch is None else sketch.astype(np.float32),
+    )
+
+
+@dataclass
+class _Prepared:
+    input_ids: torch.Tensor  # (B, L)
+    attention_mask: torch.Tensor  # (B, L) long
+    position_ids: torch.Tensor  # (B, L)
+    response_mask: torch.Tensor  # (B, L) float
+    teacher_logprobs: torch.Tensor  # (B, L) float
+    token_weights: torch.Tensor | None  # (B, L) float
+    segment: torch.Tensor  # (B, L) long: segment of each response token, -1 elsewhere
+    tokens_per_segment: list[int]
+    loss: str | TokenLoss = "reverse_kl_pg"
+
+
+def _check_candidates(candidates: Sequence[int]) -> list[int]:
+    raw = list(candidates)
+    if not raw:
+        raise ValueError("candidates must not be empty")
+    if any(isinstance(c, bool) or not isinstance(c, (int, np.integer)) or c < 1 for c in raw):
+        raise ValueError(f"candidates must be integers >= 1, got {raw!r}")
+    cands = [int(c) for c in raw]
+    if any(b <= a for a, b in zip(cands, cands[1:], strict=False)):
+        raise ValueError(f"candidates must be strictly increasing, got {cands}")
+    return cands
+
+
+def _prepare(
+    batch: ProbeBatch, token_weights: torch.Tensor | None, cands: list[int], device: torch.device
+) -> _Prepared:
+    shape = tuple(batch.input_ids.shape)
+    if token_weights is not None and tuple(token_weights.shape) != shape:
+        raise ValueError(f"token_weights must have shape {shape}, got {tuple(token_weights.shape)}")
+    am = batch.attention_mask.to(device).long()
+    rm = batch.response_mask.to(device).float()
+    if bool((rm[:, 0] > 0).any()):
+        raise ValueError("response_mask is 1 at column 0, which no logit predicts")
+    if bool(((rm > 0) & (am == 0)).any()):
+        raise ValueError("response_mask is 1 on a position the attention mask excludes")
+    pos = response_positions(rm)  # (B, L), -1 off the response
+    bounds = torch.tensor(cands, device=device)
+    seg = torch.where(pos >= 0, torch.bucketize(pos, bounds, right=True), torch.full_like(pos, -1))
+    counts = torch.bincount(seg[seg >= 0], minlength=len(cands) + 1).tolist()
+    return _Prepared(
+        input_ids=batch.input_ids.to(device),
+        attention_mask=am,
+        position_ids=(am.cumsum(dim=1) - 1).clamp_min(0),
+        response_mask=rm,
+        teacher_logprobs=batch.teacher_logprobs.to(device).float(),
+        token_weights=None if token_weights is None else token_weights.to(device).float(),
+        segment=seg,
+        tokens_per_segment=[int(c) for c in counts],
+    )
+
+
+def _canonical_name(name: str) -> str:
+    # Wrappers (DDP, torch.compile) prefix names; the sketch hash must not depend on them.
+    for prefix in ("module.", "_orig_mod."):
+        while name.startswith(prefix):
+            name = name[len(prefix) :]
+    return name
+
+
+def _metric_scaler(
+    params: list[torch.nn.Parameter], metric: str, optimizer: torch.optim.Optimizer | None
+) -> Callable[[int, torch.Tensor], torch.Tensor]:
+    """``scale(i, g)``: gradient of parameter ``i`` times the square root of its metric weight.
+
+    Weights are rebuilt per call from the optimizer state rather than cached, so no full-size weight
+    vector is held.
+    """
+    if metric == "identity" or optimizer is None:
+        return lambda i, g: g
+    group_of: dict[int, dict[str, Any]] = {id(p): g for g in optimizer.param_groups for p in g["params"]}
+
+    def scale(i: int, g: torch.Tensor) -> torch.Tensor:
+        p = params[i]
+        state = optimizer.state.get(p, {})
+        group = group_of.get(id(p))
+        v = (
+            state.get("max_exp_avg_sq")
+            if group is not None and group.get("amsgrad")
+            else state.get("exp_avg_sq")
+        )
+        if v is None or group is None or "step" not in state:
+            return g  # no second moment yet: weight 1
+        step = float(state["step"])
+        beta2 = float(group["betas"][1])
+        eps = float(group["eps"])
+        denom = (v.float() / (1.0 - beta2**step)).sqrt_().add_(eps)  # AdamW's denominator
+        return g * denom.rsqrt_()
+
+    return scale
+
+
+def _per_token_loss(
+    logp: torch.Tensor,
+    teacher: torch.Tensor,
+    mask: torch.Tensor,
+    weights: torch.Tensor | None,
+    loss: str | TokenLoss,
+) -> torch.Tensor:
+    per = loss(logp, teacher, mask) if callable(loss) else reverse_kl_pg(logp, teacher, mask)  # (B, n)
+    return per if weights is None else per * weights
+
+
+def _reference_grams(
+    model: torch.nn.Module,
+    named: list[tuple[str, torch.nn.Parameter]],
+    b: _Prepared,
+    n_seg: int,
+    scale: Callable[[int, torch.Tensor], torch.Tensor],
+    macro: bool,
+) -> tuple[np.ndarray, list[np.ndarray]]:
+    """One forward over the whole batch, one backward per segment (and per sample and segment)."""
+    params = [p for _, p in named]
+    logits = model(input_ids=b.input_ids, attention_mask=b.attention_mask, position_ids=b.position_ids).logits
+    logp = token_logprobs(logits, b.input_ids)  # (B, L)
+    per = _per_token_loss(logp, b.teacher_logprobs, b.response_mask, b.token_weights, b.loss)  # (B, L)
+
+    def flat_grad(scalar: torch.Tensor) -> torch.Tensor:
+        gs = torch.autograd.grad(scalar, params, retain_graph=True, allow_unused=True)
+        return torch.cat(
+            [
+                (torch.zeros_like(p) if g is None else scale(i, g)).reshape(-1).double()
+                for i, (p, g) in enumerate(zip(params, gs, strict=True))
+            ]
+        )
+
+    m = torch.stack([flat_grad((per * (b.segment == s)).sum()) for s in range(n_seg)])  # (K+1, D)
+    gram = (m @ m.T).cpu().numpy()
+    sample_grams = []
+    if macro:
+        for i in range(per.shape[0]):
+            ms = torch.stack([flat_grad((per[i] * (b.segment[i] == s)).sum()) for s in range(n_seg)])
+            sample_grams.append((ms @ ms.T).cpu().numpy())
+    return gram, sample_grams
+
+
+def _chunked_grams(
+    model: torch.nn.Module,
+    named: list[tuple[str, torch.nn.Parameter]],
+    b: _Prepared,
+    n_seg: int,
+    scale: Callable[[int, torch.Tensor], torch.Tensor],
+    macro: bool,
+    micro_batch: int | None,
+    sketch_dim: int | None,
+    seed: int,
+) -> tuple[np.ndarray, list[np.ndarray], np.ndarray | None]:
+    """``fast`` (sketch_dim None) and ``sketch``: micro-batches through the causal chunked graph."""
+    n = b.input_ids.shape[0]
+    mb = (1 if macro else n) if micro_batch is None else int(micro_batch)
+    if mb < 1:
+        raise ValueError(f"micro_batch must be >= 1, got {micro_batch}")
+    if macro and mb != 1:
+        raise ValueError("macro cosines need per-sample gradients: use micro_batch=1 (the default)")
+    names = [name for name, _ in named]
+    device = b.input_ids.device
+    acc: list[Grads | None] = [None] * n_seg  # batch-level segment gradients (fast)
+    sk_total = torch.zeros(n_seg, sketch_dim, dtype=torch.float64, device=device) if sketch_dim else None
+    sample_grams: list[np.ndarray] = []
+    single = mb >= n  # one micro-batch: its gradients are the batch's, no accumulator copy
+    for start in range(0, n, mb):
+        rows = slice(start, min(n, start + mb))
+        if sketch_dim is not None:
+            sk = torch.zeros(n_seg, sketch_dim, dtype=torch.float32, device=device)
+            for s, grads in _segment_grads(model, named, b, rows, n_seg, scale):
+                if grads is not None:
+                    _countsketch(grads, names, sketch_dim, seed, sk[s])
+                del grads  # before the next backward: one transient gradient at a time
+            sk64 = sk.double()
+            if macro:
+                sample_grams.append((sk64 @ sk64.T).cpu().numpy())
+            sk_total += sk64
+            continue
+        seg_grads: list[Grads | None] = [None] * n_seg
+        for s, grads in _segment_grads(model, named, b, rows, n_seg, scale):
+            seg_grads[s] = grads
+        if macro:
+            sample_grams.append(_gram_of(seg_grads))
+        if single:
+            acc = seg_grads
+        else:
+            for s, grads in enumerate(seg_grads):
+                acc[s] = _add_into(acc[s], grads)
+        del seg_grads
+    if sk_total is not None:
+        sk_np = sk_total.cpu().numpy()
+        return sk_np @ sk_np.T, sample_grams, sk_np
+    return _gram_of(acc), sample_grams, None
+
+
+def _segment_grads(
+    model: torch.nn.Module,
+    named: list[tuple[str, torch.nn.Parameter]],
+    b: _Prepared,
+    rows: slice,
+    n_seg: int,
+    scale: Callable[[int, torch.Tensor], torch.Tensor],
+) -> Iterator[tuple[int, Grads | None]]:
+    """Yield ``(s, gradient of segment s)`` for the rows, in segment order; None for an empty segment.
+
+    Chunk ``s`` of the forward covers the input columns needed by segment ``s`` and not by earlier
+    ones. A token at column ``i`` is predicted by the logits at ``i - 1``, so segment ``s`` needs input
+    columns ``< end_s`` where ``end_s`` is the largest column of a token in segments ``<= s``.
+    """
+    from transformers import DynamicCache  # heavy; only the causal engine needs it
+
+    params = [p for _, p in named]
+    seg = b.segment[rows]  # (b, L)
+    ids = b.input_ids[rows]
+    ends: list[int] = []
+    last = 0
+    for s in range(n_seg):
+        cols = torch.nonzero((seg == s).any(dim=0)).flatten()
+        last = max(last, int(cols.max().item()) if cols.numel() else 0)
+        ends.append(last)
+    cache = DynamicCache(config=getattr(model, "config", None))
+    seg_losses: list[torch.Tensor | None] = [None] * n_seg
+    begin = 0
+    for s in range(n_seg):
+        end = ends[s]
+        if end <= begin:
+            continue  # nothing new to forward for this segment
+        out = model(
+            input_ids=ids[:, begin:end],
+            attention_mask=b.attention_mask[rows, :end],
+            position_ids=b.position_ids[rows, begin:end],
+            past_key_values=cache,
+            use_cache=True,
+        )
+        logp = torch.log_softmax(out.logits.float(), dim=-1)  # (b, n, V)
+        logp = logp.gather(-1, ids[:, begin + 1 : end + 1, None]).squeeze(-1)  # (b, n): columns begin+1..end
+        cols = slice(begin + 1, end + 1)
+        weights = None if b.token_weights is None else b.token_weights[rows, cols]
+        per = _per_token_loss(
+            logp, b.teacher_logprobs[rows, cols], b.response_mask[rows, cols], weights, b.loss
+        )
+        chunk_seg = seg[:, cols]
+        for t in range(s, n_seg):  # tokens of later segments can sit in this chunk (shorter prompts)
+            hit = chunk_seg == t
+            if bool(hit.any()):
+                part = (per * hit).sum()
+                seg_losses[t] = part if seg_losses[t] is None else seg_losses[t] + part
+        begin = end
+    live = [s for s in range(n_seg) if seg_losses[s] is not None]
+    for s in range(n_seg):
+        if seg_losses[s] is None:
+            yield s, None
+            continue
+        grads: Grads = list(
+            torch.autograd.grad(seg_losses[s], params, retain_graph=s != live[-1], allow_unused=True)
+        )
+        seg_losses[s] = None
+        for i, g in enumerate(grads):  # replace one parameter at a time: never two full copies
+            grads[i] = None if g is None else scale(i, g)
+        g = None  # drop the loop reference to the last raw gradient
+        yield s, grads
+        del grads  # the caller owns it now; holding it here would double the sketch's transient memory
+
+
+def _add_into(acc: Grads | None, grads: Grads | None) -> Grads | None:
+    if grads is None:
+        return acc
+    if acc is None:
+        return list(grads)
+    for i, g in enumerate(grads):
+        if g is not None:
+            acc[i] = g if acc[i] is None else acc[i].add_(g)
+    return acc
+
+
+def _gram_of(seg_grads: Sequence[Grads | None]) -> np.ndarray:
+    """(K+1, K+1) float64 Gram, built one parameter at a time (transient memory: one parameter x K+1)."""
+    n_seg = len(seg_grads)
+    gram = np.zeros((n_seg, n_seg))
+    live = [s for s in range(n_seg) if seg_grads[s] is not None]
+    if not live:
+        return gram
+    n_params = len(seg_grads[live[0]])  # type: ignore[arg-type]
+    for i in range(n_params):
+        rows = [(s, seg_grads[s][i]) for s in live if seg_grads[s][i] is not None]  # type: ignore[index]
+        if not rows:
+            continue
+        m = torch.stack([g.reshape(-1).float() for _, g in rows])  # (k, n_i)
+        sub = (m @ m.T).double().cpu().numpy()
+        idx = [s for s, _ in rows]
+        gram[np.ix_(idx, idx)] += sub
+    return gram
+
+
+def _hash_coefficients(name: str, seed: int) -> list[int]:
+    """Four residues mod 2^31-1 from (seed, parameter name): stable across processes and machines."""
+    digest = hashlib.blake2b(f"{int(seed)}:{name}".encode(), digest_size=32).digest()
+    coeffs = [int.from_bytes(digest[8 * i : 8 * i + 8], "little") % _MERSENNE for i in range(4)]
+    coeffs[3] = coeffs[3] or 1  # keep the polynomial's degree at 3
+    return coeffs
+
+
+def countsketch_hashes(
+    name: str,
+    numel: int,
+    seed: int,
+    dim: int,
+    start: int = 0,
+    stop: int | None = None,
+    device: torch.device | str = "cpu",
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Bucket (long) and sign (+-1 float) of elements ``[start, stop)`` of parameter ``name``.
+
+    One degree-3 polynomial mod ``p = 2^31 - 1`` with coefficients from (seed, name) gives a 4-wise
+    independent value ``h`` per element (what CountSketch's variance bound asks of the signs; the
+    buckets need only 2-wise); ``bucket = h mod dim``, ``sign`` from the parity of ``h // dim``.
+    Integer arithmetic only (products of residues stay below 2^62), so CPU, CUDA and every process
+    agree for the same seed and parameter name.
+    """
+    stop = numel if stop is None else stop
+    if numel >= _MERSENNE:
+        raise ValueError(f"parameter {name} has {numel} elements; the sketch hash supports < 2^31 - 1")
+    if dim >= _MERSENNE // 4:
+        raise ValueError(f"sketch dim {dim} too large for the hash")
+    c0, c1, c2, c3 = _hash_coefficients(name, seed)
+    x = torch.arange(start, stop, dtype=torch.int64, device=device)
+    h = x * c3  # Horner, in place: each step keeps values < 2^62
+    h.add_(c2).remainder_(_MERSENNE).mul_(x).add_(c1).remainder_(_MERSENNE).mul_(x).add_(c0).remainder_(
+        _MERSENNE
+    )
+    bucket = h % dim
+    sign = h.div_(dim, rounding_mode="floor").bitwise_and_(1).to(torch.float32).mul_(-2.0).add_(1.0)
+    return bucket, sign
+
+
+def _countsketch(grads: Grads, names: list[str], dim: int, seed: int, out: torch.Tensor) -> None:
+    """Add the CountSketch of one gradient (a list of per-parameter tensors) into ``out`` (dim,)."""
+    for g, name in zip(grads, names, strict=True):
+        if g is None:
+            continue
+        flat = g.reshape(-1)
+        for start in range(0, flat.numel(), _HASH_CHUNK):
+            stop = min(flat.numel(), start + _HASH_CHUNK)
+            bucket, sign = countsketch_hashes(name, flat.numel(), seed, dim, start, stop, flat.device)
+            out.index_add_(0, bucket, flat[start:stop].float() * sign)
+
+
+def _prefix_norms(gram: np.ndarray, cands: list[int]) -> dict[int, float]:
+    out: dict[int, float] = {}
+    for i, c in enumerate(cands):
+        out[c] = math.sqrt(max(float(gram[: i + 1, : i + 1].sum()), 0.0))
+    return out
+
+
+def _macro_cosines(sample_grams: list[np.ndarray], cands: list[int]) -> dict[int, float]:
+    """Mean over samples of per-sample cosines; a sample whose prefix gradient is zero is left out."""
+    sums: dict[int, float] = {}
+    counts: dict[int, int] = {}
+    for g in sample_grams:
+        cos = cosines_from_gram(g, cands)
+        for i, c in enumerate(cands):
+            if float(g[: i + 1, : i + 1].sum()) > 0.0:
+                sums[c] = sums.get(c, 0.0) + cos[c]
+                counts[c] = counts.get(c, 0) + 1
+    return {c: sums[c] / counts[c] for c in cands if counts.get(c)}

@@ -87,12 +87,19 @@ class AuditConfig(_Strict):
 
 
 class LossConfig(_Strict):
-    name: Literal["reverse_kl_pg", "forward_kl", "reverse_kl", "jsd", "forward_kl_topk"] = "reverse_kl_pg"
+    name: Literal[
+        "reverse_kl_pg", "reverse_kl_mc", "forward_kl_topk", "forward_kl", "reverse_kl", "jsd", "k2", "k3"
+    ] = "reverse_kl_pg"
     aggregation: Literal["token-mean", "seq-mean-token-mean", "seq-mean-token-sum"] = "token-mean"
     jsd_beta: float = Field(0.5, ge=0.0, le=1.0)
     topk: int = Field(20, ge=1, le=1_000_000)
     clip_low: float | None = Field(None, gt=0.0, lt=1.0)
     clip_high: float | None = Field(None, gt=0.0)
+    # old-to-current importance-ratio treatment when behavior logprobs are at hand (async/stale data)
+    is_method: Literal["none", "clip", "cap", "icepop"] = "none"
+    is_low: float = Field(0.5, ge=0.0)
+    is_high: float = Field(2.0, gt=0.0)
+    mc_samples: int = Field(1, ge=1, le=4096, description="m cached actions per position for reverse_kl_mc")
 
 
 class OptimConfig(_Strict):

@@ -1,0 +1,136 @@
+"""Prompt sources for the trainer: the built-in task or a JSONL file.
+
+A JSONL line is an object with ``prompt`` (str), optional ``answer`` (str) and an optional routing key
+(``data.route_key``, default ``teacher``) naming the teacher that scores the sample. Malformed lines
+fail loudly with the file and line number, before any compute.
+"""
+
+from __future__ import annotations
+
+import json
+import random
+import re
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+DEFAULT_ROUTE = "default"
+
+
+class DataError(ValueError):
+    """A prompt file or record is malformed; the message names the file, line and field."""
+
+
+@dataclass(frozen=True)
+class Prompt:
+    id: str
+    prompt: str
+    answer: str | None = None
+    route: str = DEFAULT_ROUTE
+
+
+def load_jsonl(path: str | Path, route_key: str = "teacher") -> list[Prompt]:
+    """Read prompts from JSONL; blank lines are skipped, anything else malformed raises ``DataError``."""
+    path = Path(path)
+    if not path.is_file():
+        raise FileNotFoundError(f"data file not found: {path}")
+    prompts: list[Prompt] = []
+    with path.open(encoding="utf-8") as fh:
+        for lineno, line in enumerate(fh, start=1):
+            if not line.strip():
+                continue
+            prompts.append(_parse_record(line, path, lineno, route_key))
+    if not prompts:
+        raise DataError(f"{path}: no prompts found")
+    return prompts
+
+
+def _parse_record(line: str, path: Path, lineno: int, route_key: str) -> Prompt:
+    where = f"{path}:{lineno}"
+    try:
+        rec = json.loads(line)
+    except json.JSONDecodeError as e:
+        raise DataError(f"{where}: invalid JSON ({e.msg} at column {e.colno})") from e
+    if not isinstance(rec, dict):
+        raise DataError(f"{where}: each line must be a JSON object, got {type(rec).__name__}")
+    prompt = rec.get("prompt")
+    if not isinstance(prompt, str) or not prompt:
+        raise DataError(f"{where}: field 'prompt' must be a non-empty string")
+    answer = rec.get("answer")
+    if answer is not None and not isinstance(answer, (str, int, float)):
+        raise DataError(f"{where}: field 'answer' must be a string or number")
+    route = rec.get(route_key, DEFAULT_ROUTE)
+    if not isinstance(route, str) or not route:
+        raise DataError(f"{where}: field {route_key!r} must be a non-empty string")
+    sample_id = str(rec.get("id", f"{path.stem}-{lineno}"))
+    return Prompt(id=sample_id, prompt=prompt, answer=None if answer is None else str(answer), route=route)
+
+
+def builtin_prompts(n: int, seed: int, split: str) -> list[Prompt]:
+    """Problems of the built-in task (``adwin.tasks``), deterministic in ``seed``."""
+    from adwin import tasks
+
+    return [
+        Prompt(id=s.id, prompt=s.prompt, answer=s.answer, route=s.route)
+        for s in tasks.generate_samples(n, seed=seed, split=split)
+    ]
+
+
+class PromptStream:
+    """Endless, seeded stream of training prompts: shuffles, serves in order, reshuffles each epoch."""
+
+    def __init__(self, prompts: Sequence[Prompt], seed: int = 0) -> None:
+        if not prompts:
+            raise DataError("the prompt source is empty")
+        self._prompts = list(prompts)
+        self._rng = random.Random(seed)
+        self._order: list[int] = []
+        self.epoch = 0
+
+    def next_batch(self, n: int) -> list[Prompt]:
+        out: list[Prompt] = []
+        while len(out) < n:
+            if not self._order:
+                self._order = list(range(len(self._prompts)))
+                self._rng.shuffle(self._order)
+                self.epoch += 1
+            out.append(self._prompts[self._order.pop()])
+        return out
+
+    def state_dict(self) -> dict:
+        return {"order": list(self._order), "epoch": self.epoch, "rng": self._rng.getstate()}
+
+
+def builtin_checker() -> Callable[[str, str], bool]:
+    """The built-in task's answer checker."""
+    from adwin.tasks import check_answer
+
+    return check_answer
+
+
+_NUMBER = re.compile(r"-?\d+(?:\.\d+)?")
+
+
+def match_answer(response: str, answer: str) -> bool:
+    """Generic JSONL checker. A numeric answer must equal the response's last number (so a response
+    cannot win by listing many numbers); any other answer must occur in the response, case-insensitively."""
+    want = answer.strip()
+    if not want:
+        return False
+    if _NUMBER.fullmatch(want):
+        numbers = _NUMBER.findall(response)
+        return bool(numbers) and float(numbers[-1]) == float(want)
+    return want.lower() in response.lower()
+
+
+def check_routes(prompts: Sequence[Prompt], teacher_keys: Sequence[str]) -> None:
+    """Every sample's route must name a configured teacher (a single teacher takes every route)."""
+    if len(teacher_keys) == 1:
+        return
+    known = set(teacher_keys)
+    for p in prompts:
+        if p.route not in known:
+            raise DataError(
+                f"sample {p.id!r} routes to teacher {p.route!r}, which is not configured "
+                f"(model.teachers has {sorted(known)})"
+            )

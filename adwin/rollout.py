@@ -1,0 +1,154 @@
+"""Student rollout backend on transformers ``generate`` (CPU or GPU).
+
+Generation runs on left-padded prompts (what batched decoding needs); scoring runs on right-padded
+prompt+response rows (what the loss and the audit expect: response position ``j`` counts from the first
+response token). A sample is *finished* when it emitted EOS within its budget, else *unfinished*
+(truncated by the window): only unfinished samples can become probes.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import torch
+
+
+@dataclass
+class Generation:
+    """Per-sample continuations; ragged lists because every sample stops at its own length."""
+
+    response_ids: list[list[int]]  # generated tokens, EOS included when emitted
+    finished: list[bool]  # emitted EOS within the budget
+    logprobs: list[list[float]] | None = None  # log p(token) under the generating weights (temperature 1)
+
+
+@dataclass
+class Rows:
+    """Right-padded prompt+response rows, all (B, L)."""
+
+    input_ids: torch.Tensor  # (B, L) long
+    attention_mask: torch.Tensor  # (B, L) long 0/1
+    response_mask: torch.Tensor  # (B, L) long 0/1, 1 on response tokens
+
+
+def eos_ids(model: torch.nn.Module, tokenizer: object) -> set[int]:
+    """Every id that ends a sample: the tokenizer's EOS plus the model's generation EOS ids."""
+    ids: set[int] = set()
+    tok_eos = getattr(tokenizer, "eos_token_id", None)
+    if tok_eos is not None:
+        ids.add(int(tok_eos))
+    gen_eos = getattr(getattr(model, "generation_config", None), "eos_token_id", None)
+    if isinstance(gen_eos, int):
+        ids.add(gen_eos)
+    elif gen_eos:
+        ids.update(int(e) for e in gen_eos)
+    if not ids:
+        raise ValueError("the student has no EOS token (tokenizer.eos_token_id and generation_config are empty)")
+    return ids
+
+
+def pad_id_of(tokenizer: object, eos: set[int]) -> int:
+    pad = getattr(tokenizer, "pad_token_id", None)
+    return int(pad) if pad is not None else min(eos)
+
+
+def encode_prompts(tokenizer: object, texts: Sequence[str], max_prompt_len: int) -> list[list[int]]:
+    """Token ids of each prompt (chat template when the tokenizer has one), keeping the last tokens."""
+    out: list[list[int]] = []
+    for text in texts:
+        if getattr(tokenizer, "chat_template", None):
+            ids = tokenizer.apply_chat_template(  # type: ignore[attr-defined]
+                [{"role": "user", "content": text}], add_generation_prompt=True, tokenize=True
+            )
+            if isinstance(ids, dict) or hasattr(ids, "input_ids"):
+                ids = ids["input_ids"]
+        else:
+            ids = tokenizer(text, add_special_tokens=True)["input_ids"]  # type: ignore[operator]
+        ids = [int(i) for i in ids][-max_prompt_len:]
+        if not ids:
+            raise ValueError(f"prompt {text[:40]!r} encodes to no tokens")
+        out.append(ids)
+    return out
+
+
+def left_pad(seqs: Sequence[Sequence[int]], pad_id: int, device: torch.device | str) -> tuple[torch.Tensor, torch.Tensor]:
+    """(B, L) ids and attention mask with every sequence flush right."""
+    width = max(len(s) for s in seqs)
+    ids = torch.full((len(seqs), width), pad_id, dtype=torch.long)
+    mask = torch.zeros((len(seqs), width), dtype=torch.long)
+    for b, s in enumerate(seqs):
+        if s:
+            ids[b, width - len(s) :] = torch.tensor(list(s), dtype=torch.long)
+            mask[b, width - len(s) :] = 1
+    return ids.to(device), mask.to(device)
+
+
+def layout(prompts: Sequence[Sequence[int]], responses: Sequence[Sequence[int]], pad_id: int) -> Rows:
+    """Right-padded rows ``prompt + response`` with a response mask; every row holds at least one token."""
+    lengths = [len(p) + len(r) for p, r in zip(prompts, responses, strict=True)]
+    width = max(max(lengths), 1)
+    ids = torch.full((len(prompts), width), pad_id, dtype=torch.long)
+    attn = torch.zeros_like(ids)
+    resp = torch.zeros_like(ids)
+    for b, (p, r) in enumerate(zip(prompts, responses, strict=True)):
+        row = list(p) + list(r)
+        ids[b, : len(row)] = torch.tensor(row, dtype=torch.long)
+        attn[b, : len(row)] = 1
+        resp[b, len(p) : len(row)] = 1
+    return Rows(ids, attn, resp)
+
+
+@torch.no_grad()
+def generate(
+    model: torch.nn.Module,
+    contexts: Sequence[Sequence[int]],
+    budgets: Sequence[int],
+    *,
+    eos: set[int],
+    pad_id: int,
+    temperature: float = 1.0,
+    top_p: float = 1.0,
+    with_logprobs: bool = False,
+) -> Generation:
+    """Continue each context by at most ``budgets[b]`` tokens (batched ``generate``, left-padded).
+
+    ``temperature == 0`` decodes greedily. Rows are cut at their first EOS (kept) or their budget.
+    """
+    n = len(contexts)
+    if n == 0:
+        return Generation([], [], [] if with_logprobs else None)
+    max_new = max(budgets)
+    if max_new <= 0:
+        return Generation([[] for _ in range(n)], [False] * n, [[] for _ in range(n)] if with_logprobs else None)
+    device = next(model.parameters()).device
+    ids, mask = left_pad(contexts, pad_id, device)
+    sampling = {"do_sample": True, "temperature": temperature, "top_p": top_p, "top_k": 0} if temperature > 0 else {
+        "do_sample": False
+    }
+    out = model.generate(  # type: ignore[operator]
+        input_ids=ids,
+        attention_mask=mask,
+        max_new_tokens=max_new,
+        pad_token_id=pad_id,
+        eos_token_id=sorted(eos),
+        return_dict_in_generate=True,
+        output_logits=with_logprobs,
+        **sampling,
+    )
+    new = out.sequences[:, ids.shape[1] :].tolist()  # (B, n_new)
+    step_lp = None
+    if with_logprobs and out.logits:
+        logits = torch.stack(out.logits, dim=1).float()  # (B, n_new, V)
+        step_lp = torch.log_softmax(logits, dim=-1).gather(-1, out.sequences[:, ids.shape[1] :, None]).squeeze(-1)
+        step_lp = step_lp.tolist()
+    responses, finished, logprobs = [], [], []
+    for b in range(n):
+        row = new[b][: max(budgets[b], 0)]
+        stop = next((i for i, tok in enumerate(row) if tok in eos), None)
+        cut = row if stop is None else row[: stop + 1]
+        responses.append(cut)
+        finished.append(stop is not None)
+        if step_lp is not None:
+            logprobs.append(step_lp[b][: len(cut)])
+    return Generation(responses, finished, logprobs if with_logprobs else None)

@@ -1,0 +1,137 @@
+"""Prepared assets of the built-in task: tokenizer, teacher and student initialisation, cached under
+``$ADWIN_HOME`` (default ``~/.cache/adwin``) in ``builtin/<profile>-seed<seed>/``.
+
+Layout of a prepared folder::
+
+    tokenizer/   AutoTokenizer.from_pretrained(...)
+    teacher/     AutoModelForCausalLM.from_pretrained(...), SFT to convergence on both sub-tasks
+    student/     the same architecture, an early snapshot of the same SFT run (weak, drifts)
+    meta.json    profile, specs, timings, measured accuracies and length statistics
+
+One teacher is shared by both routes: ``teacher_paths`` maps every routing key to ``teacher/``.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import shutil
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from adwin.tasks.chain import ROUTES
+
+logger = logging.getLogger(__name__)
+
+META_FILE = "meta.json"
+FORMAT_VERSION = 1  # bump when the layout or the training recipe changes
+PROFILES = ("default", "tiny")
+
+
+@dataclass
+class BuiltinAssets:
+    root: Path
+    tokenizer_path: Path
+    student_path: Path
+    teacher_paths: dict[str, Path]  # routing key -> teacher checkpoint (all keys share one teacher)
+    meta: dict[str, Any]
+
+
+def adwin_home(home: str | Path | None = None) -> Path:
+    if home is not None:
+        return Path(home).expanduser()
+    return Path(os.environ.get("ADWIN_HOME", "~/.cache/adwin")).expanduser()
+
+
+def assets_root(home: str | Path | None, profile: str, seed: int) -> Path:
+    if profile not in PROFILES:
+        raise ValueError(f"unknown profile {profile!r}; expected one of {PROFILES}")
+    return adwin_home(home) / "builtin" / f"{profile}-seed{seed}"
+
+
+def load_assets(root: Path) -> BuiltinAssets:
+    meta = json.loads((root / META_FILE).read_text())
+    teacher_dirs = meta.get("teacher_dirs", {route: "teacher" for route in ROUTES})
+    return BuiltinAssets(
+        root=root,
+        tokenizer_path=root / "tokenizer",
+        student_path=root / "student",
+        teacher_paths={route: root / rel for route, rel in teacher_dirs.items()},
+        meta=meta,
+    )
+
+
+def profile_fingerprint(profile: str) -> str:
+    """A short hash of everything that shapes a profile's assets (task format, model, schedule), so
+    a cache built by an older version of the profile is rebuilt instead of silently reused."""
+    import hashlib
+    from dataclasses import asdict
+
+    from adwin.tasks import chain
+    from adwin.tasks.profiles import PROFILE_SPECS
+
+    spec = asdict(PROFILE_SPECS[profile])
+    task = [
+        chain.ROUTES,
+        chain.UNITS,
+        chain.MIN_STEPS,
+        chain.MAX_STEPS,
+        chain.LINE_CHARS,
+        chain.ANSWER_PREFIX,
+        chain.EVAL_BUCKETS,
+        chain.step_count_weights(),
+    ]
+    blob = json.dumps([spec, repr(task), FORMAT_VERSION], sort_keys=True, default=str)
+    return hashlib.sha256(blob.encode()).hexdigest()[:16]
+
+
+def is_prepared(root: Path, profile: str | None = None) -> bool:
+    """True when ``root`` holds complete assets (and, given ``profile``, of its current version)."""
+    meta_path = root / META_FILE
+    if not meta_path.is_file() or not all(
+        (root / sub / "config.json").is_file() for sub in ("student", "teacher")
+    ):
+        return False
+    if profile is None:
+        return True
+    try:
+        return json.loads(meta_path.read_text()).get("fingerprint") == profile_fingerprint(profile)
+    except (OSError, ValueError):
+        return False
+
+
+def ensure_prepared(
+    home: str | Path | None = None, profile: str = "default", seed: int = 0, force: bool = False
+) -> BuiltinAssets:
+    """The prepared assets of ``profile``; prepares them first when missing (or when ``force``).
+
+    Preparation writes into a temporary sibling folder and renames it into place, so an interrupted
+    run never leaves a half-written cache and two concurrent callers both end with a complete one.
+    """
+    root = assets_root(home, profile, seed)
+    if is_prepared(root, profile) and not force:
+        return load_assets(root)
+    from adwin.tasks.build import build_assets  # heavy: torch, transformers
+
+    root.parent.mkdir(parents=True, exist_ok=True)
+    staging = Path(tempfile.mkdtemp(prefix=f".{root.name}-", dir=root.parent))
+    try:
+        build_assets(staging, profile=profile, seed=seed)
+        if root.exists():
+            if is_prepared(root, profile) and not force:
+                logger.info("another process prepared %s meanwhile; keeping it", root)
+                return load_assets(root)
+            shutil.rmtree(root)
+        staging.rename(root)
+    finally:
+        if staging.exists():
+            shutil.rmtree(staging, ignore_errors=True)
+    meta_path = root / META_FILE
+    meta = json.loads(meta_path.read_text())
+    meta["root"] = str(root)
+    meta["fingerprint"] = profile_fingerprint(profile)
+    meta_path.write_text(json.dumps(meta, indent=2, sort_keys=True) + "\n")
+    return load_assets(root)

@@ -1,0 +1,186 @@
+"""Builds the built-in task's assets: tokenizer, SFT of the shared teacher, early snapshot as the
+student initialisation, and measurements (accuracy greedy and at T=1, response lengths, timings)."""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import platform
+import statistics
+import time
+from dataclasses import asdict
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from adwin.tasks.assets import META_FILE
+from adwin.tasks.chain import (
+    ANSWER_PREFIX,
+    DEFAULT_CANDIDATES,
+    LINE_CHARS,
+    MAX_RESPONSE_TOKENS,
+    MAX_STEPS,
+    MIN_STEPS,
+    ROUTES,
+    generate_problems,
+)
+from adwin.tasks.profiles import PROFILE_SPECS, TARGETS
+from adwin.tasks.sft import evaluate_accuracy, train_sft
+from adwin.tasks.tokenizer import save_tokenizer
+
+logger = logging.getLogger(__name__)
+
+
+def _load() -> list[float]:
+    try:
+        return [round(x, 2) for x in os.getloadavg()]
+    except OSError:  # not available on every platform
+        return []
+
+
+def reference_length_stats(tokenizer: Any, n: int = 2000, seed: int = 0) -> dict[str, float]:
+    """Token lengths (incl. <eos>) of the reference solutions of ``n`` held-out problems."""
+    lengths = [
+        len(tokenizer(p.solution(), add_special_tokens=False)["input_ids"]) + 1
+        for p in generate_problems(n, seed=seed, split="eval")
+    ]
+    return {
+        "n": float(n),
+        "median_response_tokens": float(statistics.median(lengths)),
+        "mean_response_tokens": float(statistics.fmean(lengths)),
+        "max_response_tokens": float(max(lengths)),
+    }
+
+
+def build_assets(root: Path, profile: str = "default", seed: int = 0) -> dict[str, Any]:
+    """Writes tokenizer/, student/, teacher/ and meta.json into ``root``; returns the meta."""
+    spec = PROFILE_SPECS[profile]
+    start = time.perf_counter()
+    load_start = _load()
+    timings: dict[str, float] = {}
+
+    t = time.perf_counter()
+    tokenizer = save_tokenizer(root / "tokenizer")
+    model = spec.model.build(len(tokenizer), tokenizer, seed=seed)
+    n_params = sum(p.numel() for p in model.parameters())
+    logger.info(
+        "profile %s: %d-parameter Llama, %d SFT steps (student at %d)",
+        profile,
+        n_params,
+        spec.schedule.steps,
+        spec.student_step,
+    )
+    timings["setup"] = time.perf_counter() - t
+
+    eval_set = generate_problems(spec.eval_problems, seed=seed + 1, split="eval")
+    max_new = spec.eval_max_new_tokens
+
+    def measure(tag: str) -> dict[str, dict[str, float]]:
+        t0 = time.perf_counter()
+        out = {
+            "greedy": evaluate_accuracy(model, tokenizer, eval_set, max_new, temperature=0.0, seed=seed),
+            "t1": evaluate_accuracy(model, tokenizer, eval_set, max_new, temperature=1.0, seed=seed),
+        }
+        timings[f"eval_{tag}"] = time.perf_counter() - t0
+        logger.info(
+            "%s accuracy: greedy %.3f, T=1 %.3f", tag, out["greedy"]["accuracy"], out["t1"]["accuracy"]
+        )
+        return out
+
+    t = time.perf_counter()
+    optimizer, losses_a = train_sft(
+        model, tokenizer, spec.schedule, seed=seed, stop_step=spec.student_step, progress_desc="sft (student)"
+    )
+    timings["sft_student"] = time.perf_counter() - t
+    model.save_pretrained(str(root / "student"))
+    student_eval = measure("student")
+
+    t = time.perf_counter()
+    _, losses_b = train_sft(
+        model,
+        tokenizer,
+        spec.schedule,
+        seed=seed,
+        start_step=spec.student_step,
+        optimizer=optimizer,
+        progress_desc="sft (teacher)",
+    )
+    timings["sft_teacher"] = time.perf_counter() - t
+    model.save_pretrained(str(root / "teacher"))
+    teacher_eval = measure("teacher")
+
+    lengths = reference_length_stats(tokenizer, seed=seed)
+    wall = time.perf_counter() - start
+    losses = losses_a + losses_b
+    measured = {
+        "wall_seconds": wall,
+        "teacher_accuracy_greedy": teacher_eval["greedy"]["accuracy"],
+        "teacher_accuracy_t1": teacher_eval["t1"]["accuracy"],
+        "student_accuracy_greedy": student_eval["greedy"]["accuracy"],
+        "student_accuracy_t1": student_eval["t1"]["accuracy"],
+        "median_response_tokens": lengths["median_response_tokens"],
+        "max_response_tokens": lengths["max_response_tokens"],
+    }
+    checks = {
+        "wall_seconds_max": wall <= TARGETS["wall_seconds_max"],
+        "teacher_accuracy_min": measured["teacher_accuracy_t1"] >= TARGETS["teacher_accuracy_min"],
+        "student_accuracy_max": measured["student_accuracy_t1"] <= TARGETS["student_accuracy_max"],
+        "median_response_tokens_min": lengths["median_response_tokens"]
+        >= TARGETS["median_response_tokens_min"],
+        "max_response_tokens_min": lengths["max_response_tokens"] >= TARGETS["max_response_tokens_min"],
+    }
+    meta: dict[str, Any] = {
+        "task": "chain",
+        "profile": profile,
+        "seed": seed,
+        "routes": list(ROUTES),
+        "teacher_dirs": {route: "teacher" for route in ROUTES},
+        "shared_teacher": True,
+        "format": {
+            "answer_prefix": ANSWER_PREFIX,
+            "line_chars": LINE_CHARS,
+            "min_steps": MIN_STEPS,
+            "max_steps": MAX_STEPS,
+            "max_response_tokens": MAX_RESPONSE_TOKENS,
+            "default_candidates": list(DEFAULT_CANDIDATES),
+            "bos_prepended_by_tokenizer": True,
+            "pad_token_id": tokenizer.pad_token_id,
+            "bos_token_id": tokenizer.bos_token_id,
+            "eos_token_id": tokenizer.eos_token_id,
+            "vocab_size": len(tokenizer),
+        },
+        "model": {"architecture": "LlamaForCausalLM", "parameters": n_params, **asdict(spec.model)},
+        "sft": {
+            **asdict(spec.schedule),
+            "student_step": spec.student_step,
+            "loss_first": losses[0] if losses else None,
+            "loss_at_student": losses_a[-1] if losses_a else None,
+            "loss_last": losses[-1] if losses else None,
+        },
+        "eval": {
+            "problems": spec.eval_problems,
+            "split": "eval",
+            "seed": seed + 1,
+            "teacher": teacher_eval,
+            "student": student_eval,
+        },
+        "reference_lengths": lengths,
+        "measured": measured,
+        "targets": TARGETS,
+        "targets_enforced": spec.enforce_targets,
+        "targets_met": checks if spec.enforce_targets else None,
+        "timings_seconds": timings,
+        "environment": {
+            "torch_threads": torch.get_num_threads(),
+            "cpu_count": os.cpu_count(),
+            "loadavg_start": load_start,
+            "loadavg_end": _load(),
+            "torch": torch.__version__,
+            "python": platform.python_version(),
+        },
+        "created_unix": time.time(),
+    }
+    (root / META_FILE).write_text(json.dumps(meta, indent=2, sort_keys=True) + "\n")
+    return meta

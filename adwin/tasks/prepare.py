@@ -1,0 +1,68 @@
+"""Prepare the built-in task: build the character tokenizer, SFT the (shared) teacher on generated
+step-by-step solutions, keep an early SFT snapshot as the weaker student initialisation, measure
+accuracy (greedy and T=1) and response lengths, and cache everything under $ADWIN_HOME
+(default ~/.cache/adwin) with a meta.json. Cached assets are reused unless --force."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import sys
+import time
+
+logger = logging.getLogger(__name__)
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--profile",
+        choices=("default", "tiny"),
+        default="default",
+        help="default: the real models (targets: <= 5 min on 2 cores); tiny: seconds, for tests",
+    )
+    parser.add_argument("--tiny", action="store_true", help="shorthand for --profile tiny")
+    parser.add_argument("--home", default=None, help="cache root (default: $ADWIN_HOME or ~/.cache/adwin)")
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--force", action="store_true", help="rebuild even when cached")
+    parser.add_argument("--threads", type=int, default=2, help="torch intra-op threads (default 2)")
+    parser.add_argument("--json", action="store_true", help="print the full meta.json to stdout")
+
+
+def _summary(meta: dict) -> str:
+    m = meta["measured"]
+    lines = [
+        f"built-in task '{meta['task']}' profile={meta['profile']} seed={meta['seed']} at {meta.get('root', '?')}",
+        f"  model: {meta['model']['architecture']} {meta['model']['parameters']:,} parameters; "
+        f"SFT {meta['sft']['steps']} steps (student = step {meta['sft']['student_step']})",
+        f"  teacher accuracy: greedy {m['teacher_accuracy_greedy']:.3f}  T=1 {m['teacher_accuracy_t1']:.3f}",
+        f"  student accuracy: greedy {m['student_accuracy_greedy']:.3f}  T=1 {m['student_accuracy_t1']:.3f}",
+        f"  response tokens: median {m['median_response_tokens']:.0f}  max {m['max_response_tokens']:.0f}",
+        f"  wall: {m['wall_seconds']:.1f} s on {meta['environment']['torch_threads']} threads "
+        f"(load average start {meta['environment']['loadavg_start']}, end {meta['environment']['loadavg_end']})",
+    ]
+    if meta.get("targets_met"):
+        missed = [k for k, ok in meta["targets_met"].items() if not ok]
+        lines.append("  targets: all met" if not missed else f"  targets NOT met: {', '.join(missed)}")
+    return "\n".join(lines)
+
+
+def main(args: argparse.Namespace) -> int:
+    import torch
+
+    from adwin.tasks.assets import assets_root, ensure_prepared, is_prepared
+
+    profile = "tiny" if args.tiny else args.profile
+    torch.set_num_threads(max(1, args.threads))
+    cached = is_prepared(assets_root(args.home, profile, args.seed), profile) and not args.force
+    start = time.perf_counter()
+    assets = ensure_prepared(home=args.home, profile=profile, seed=args.seed, force=args.force)
+    if cached:
+        logger.info("using cached assets at %s (--force rebuilds)", assets.root)
+    else:
+        logger.info("prepared in %.1f s", time.perf_counter() - start)
+    if args.json:
+        sys.stdout.write(json.dumps(assets.meta, indent=2, sort_keys=True) + "\n")
+    else:
+        sys.stdout.write(_summary(assets.meta) + "\n")
+    return 0

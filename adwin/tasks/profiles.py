@@ -1,0 +1,104 @@
+"""Profiles of ``adwin prepare``: model sizes, SFT schedules and the targets of the default profile.
+
+Kept free of torch imports so that cache fingerprints (see ``assets.profile_fingerprint``) are cheap.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+from adwin.tasks.chain import MAX_RESPONSE_TOKENS
+
+if TYPE_CHECKING:
+    from transformers import LlamaForCausalLM, PreTrainedTokenizerBase
+
+
+@dataclass(frozen=True)
+class ModelSpec:
+    hidden_size: int
+    num_layers: int
+    num_heads: int
+    intermediate_size: int
+    max_positions: int = 512
+
+    def build(self, vocab_size: int, tokenizer: PreTrainedTokenizerBase, seed: int) -> LlamaForCausalLM:
+        import torch
+        from transformers import LlamaConfig, LlamaForCausalLM
+
+        torch.manual_seed(seed)
+        cfg = LlamaConfig(
+            vocab_size=vocab_size,
+            hidden_size=self.hidden_size,
+            intermediate_size=self.intermediate_size,
+            num_hidden_layers=self.num_layers,
+            num_attention_heads=self.num_heads,
+            num_key_value_heads=self.num_heads,
+            max_position_embeddings=self.max_positions,
+            tie_word_embeddings=True,
+            pad_token_id=tokenizer.pad_token_id,
+            bos_token_id=tokenizer.bos_token_id,
+            eos_token_id=tokenizer.eos_token_id,
+            rope_theta=10000.0,
+        )
+        return LlamaForCausalLM(cfg)
+
+
+@dataclass(frozen=True)
+class SFTSchedule:
+    steps: int
+    batch_size: int
+    lr: float
+    warmup: int = 20
+    min_lr_ratio: float = 0.1
+    weight_decay: float = 0.0
+    grad_clip: float = 1.0
+
+    def lr_at(self, step: int) -> float:
+        if step < self.warmup:
+            return self.lr * (step + 1) / self.warmup
+        frac = (step - self.warmup) / max(1, self.steps - self.warmup)
+        cos = 0.5 * (1.0 + math.cos(math.pi * min(1.0, frac)))
+        return self.lr * (self.min_lr_ratio + (1.0 - self.min_lr_ratio) * cos)
+
+
+@dataclass(frozen=True)
+class Profile:
+    name: str
+    model: ModelSpec
+    schedule: SFTSchedule
+    student_step: int  # the student is the SFT snapshot after this many steps
+    eval_problems: int  # held-out problems per accuracy measurement
+    enforce_targets: bool
+    eval_max_new_tokens: int = MAX_RESPONSE_TOKENS  # tiny: short, an untrained model never stops
+
+
+# Targets of the default profile (issue 4): measured, recorded in meta.json, not asserted at runtime.
+TARGETS: dict[str, float] = {
+    "wall_seconds_max": 300.0,
+    "teacher_accuracy_min": 0.90,
+    "student_accuracy_max": 0.50,
+    "median_response_tokens_min": 96.0,
+    "max_response_tokens_min": 256.0,
+}
+
+PROFILE_SPECS: dict[str, Profile] = {
+    "default": Profile(
+        name="default",
+        model=ModelSpec(hidden_size=96, num_layers=4, num_heads=4, intermediate_size=384),
+        schedule=SFTSchedule(steps=2000, batch_size=16, lr=5e-3, warmup=50),
+        student_step=400,
+        eval_problems=256,
+        enforce_targets=True,
+    ),
+    "tiny": Profile(
+        name="tiny",
+        model=ModelSpec(hidden_size=16, num_layers=1, num_heads=2, intermediate_size=32),
+        schedule=SFTSchedule(steps=4, batch_size=4, lr=3e-3, warmup=1),
+        student_step=2,
+        eval_problems=4,
+        enforce_targets=False,
+        eval_max_new_tokens=16,
+    ),
+}

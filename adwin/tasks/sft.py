@@ -1,0 +1,179 @@
+"""Supervised fine-tuning and accuracy evaluation of the built-in task's tiny models (CPU-friendly).
+
+The models are small Llama decoders built from a config in code (nothing comes from a hub). SFT
+minimises next-token cross-entropy on the response tokens only (prompt and padding masked).
+"""
+
+from __future__ import annotations
+
+import logging
+import random
+import statistics
+import time
+from collections.abc import Callable
+
+import torch
+from transformers import LlamaForCausalLM, PreTrainedTokenizerBase
+
+from adwin.tasks.chain import Problem, check_answer, generate_problems
+from adwin.tasks.profiles import SFTSchedule
+
+logger = logging.getLogger(__name__)
+
+
+def encode_example(tokenizer: PreTrainedTokenizerBase, problem: Problem) -> tuple[list[int], int]:
+    """Token ids of <bos> prompt response <eos>, and the number of prompt ids (with <bos>)."""
+    prompt_ids = tokenizer(problem.prompt)["input_ids"]
+    response_ids = tokenizer(problem.solution(), add_special_tokens=False)["input_ids"]
+    return prompt_ids + response_ids + [tokenizer.eos_token_id], len(prompt_ids)
+
+
+def make_batches(
+    tokenizer: PreTrainedTokenizerBase, problems: list[Problem], batch_size: int, seed: int
+) -> list[tuple[torch.Tensor, torch.Tensor, torch.Tensor]]:
+    """(input_ids, attention_mask, labels) batches, each (B, T). Examples are grouped by length within
+    chunks of 8 batches so that padding wastes little compute, then the batch order is shuffled."""
+    encoded = [encode_example(tokenizer, p) for p in problems]
+    rng = random.Random(seed)
+    chunk = batch_size * 8
+    batches = []
+    for start in range(0, len(encoded), chunk):
+        group = sorted(encoded[start : start + chunk], key=lambda e: len(e[0]))
+        for b in range(0, len(group), batch_size):
+            part = group[b : b + batch_size]
+            width = max(len(ids) for ids, _ in part)
+            input_ids = torch.full((len(part), width), tokenizer.pad_token_id, dtype=torch.long)  # (B, T)
+            mask = torch.zeros((len(part), width), dtype=torch.long)  # (B, T)
+            labels = torch.full((len(part), width), -100, dtype=torch.long)  # (B, T)
+            for i, (ids, n_prompt) in enumerate(part):
+                input_ids[i, : len(ids)] = torch.tensor(ids)
+                mask[i, : len(ids)] = 1
+                labels[i, n_prompt : len(ids)] = torch.tensor(ids[n_prompt:])
+            batches.append((input_ids, mask, labels))
+    rng.shuffle(batches)
+    return batches
+
+
+def train_sft(
+    model: LlamaForCausalLM,
+    tokenizer: PreTrainedTokenizerBase,
+    schedule: SFTSchedule,
+    seed: int,
+    start_step: int = 0,
+    stop_step: int | None = None,
+    optimizer: torch.optim.Optimizer | None = None,
+    on_step: Callable[[int, float], None] | None = None,
+    progress_desc: str = "sft",
+    routes: tuple[str, ...] | None = None,
+) -> tuple[torch.optim.Optimizer, list[float]]:
+    """Runs SFT steps ``start_step .. stop_step - 1`` of ``schedule`` (default: to the end), so
+    training can pause for a snapshot and resume with the same optimizer, learning-rate schedule and
+    problem stream (a segment trains on problems start*B .. stop*B - 1 of the seed's stream, grouped
+    by length within the segment). ``routes`` restricts training to some sub-tasks.
+    Returns the optimizer and the step losses."""
+    from tqdm.auto import tqdm
+
+    stop_step = schedule.steps if stop_step is None else stop_step
+    n_steps = stop_step - start_step
+    problems = generate_problems(schedule.steps * schedule.batch_size * 2, seed=seed, split="train")
+    if routes is not None:
+        problems = [p for p in problems if p.route in routes]
+    problems = problems[start_step * schedule.batch_size : stop_step * schedule.batch_size]
+    batches = make_batches(tokenizer, problems, schedule.batch_size, seed=seed + start_step)
+    if optimizer is None:
+        optimizer = torch.optim.AdamW(
+            model.parameters(), lr=schedule.lr, betas=(0.9, 0.98), weight_decay=schedule.weight_decay
+        )
+    model.train()
+    losses: list[float] = []
+    bar = tqdm(total=n_steps, desc=progress_desc, unit="step", leave=False)
+    for i, (input_ids, mask, labels) in enumerate(batches[:n_steps]):
+        step = start_step + i
+        for group in optimizer.param_groups:
+            group["lr"] = schedule.lr_at(step)
+        # Right padding under a causal mask: no real token ever attends to a pad, so no attention
+        # mask is needed and SDPA takes its fast causal path. Pads are masked out of the loss.
+        del mask
+        loss = model(input_ids=input_ids, labels=labels).loss
+        optimizer.zero_grad(set_to_none=True)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), schedule.grad_clip)
+        optimizer.step()
+        losses.append(float(loss.detach()))
+        bar.set_postfix(loss=f"{losses[-1]:.4f}")
+        bar.update(1)
+        if on_step is not None:
+            on_step(step, losses[-1])
+    bar.close()
+    model.eval()
+    return optimizer, losses
+
+
+@torch.no_grad()
+def generate_responses(
+    model: LlamaForCausalLM,
+    tokenizer: PreTrainedTokenizerBase,
+    prompts: list[str],
+    max_new_tokens: int,
+    temperature: float,
+    seed: int,
+    batch_size: int = 256,
+) -> list[str]:
+    """Responses (decoded, special tokens dropped). Prompts are batched by token length so no
+    padding is needed (all task prompts are 24 or 25 tokens)."""
+    model.eval()
+    torch.manual_seed(seed)
+    encoded = [tokenizer(p)["input_ids"] for p in prompts]
+    order = sorted(range(len(prompts)), key=lambda i: len(encoded[i]))
+    out: list[str] = [""] * len(prompts)
+    i = 0
+    while i < len(order):
+        length = len(encoded[order[i]])
+        idx = [j for j in order[i : i + batch_size] if len(encoded[j]) == length]
+        input_ids = torch.tensor([encoded[j] for j in idx])  # (B, P)
+        gen = model.generate(
+            input_ids=input_ids,
+            attention_mask=torch.ones_like(input_ids),
+            max_new_tokens=max_new_tokens,
+            do_sample=temperature > 0,
+            temperature=temperature if temperature > 0 else None,
+            top_k=0 if temperature > 0 else None,
+            top_p=None,
+            pad_token_id=tokenizer.pad_token_id,
+            eos_token_id=tokenizer.eos_token_id,
+        )  # (B, P + new)
+        for row, j in enumerate(idx):
+            out[j] = tokenizer.decode(gen[row, input_ids.shape[1] :], skip_special_tokens=True)
+        i += len(idx)
+    return out
+
+
+def evaluate_accuracy(
+    model: LlamaForCausalLM,
+    tokenizer: PreTrainedTokenizerBase,
+    problems: list[Problem],
+    max_new_tokens: int,
+    temperature: float,
+    seed: int,
+) -> dict[str, float]:
+    """Accuracy overall and per route, plus response length statistics (tokens incl. EOS)."""
+    start = time.perf_counter()
+    responses = generate_responses(
+        model, tokenizer, [p.prompt for p in problems], max_new_tokens, temperature, seed
+    )
+    correct = [check_answer(r, p.answer) for r, p in zip(responses, problems, strict=True)]
+    # tokens incl. <eos>; a response cut at max_new_tokens had no <eos> to count
+    lengths = [
+        min(len(tokenizer(r, add_special_tokens=False)["input_ids"]) + 1, max_new_tokens) for r in responses
+    ]
+    result: dict[str, float] = {
+        "accuracy": sum(correct) / max(1, len(correct)),
+        "n": float(len(problems)),
+        "median_response_tokens": float(statistics.median(lengths)) if lengths else 0.0,
+        "max_response_tokens": float(max(lengths)) if lengths else 0.0,
+        "seconds": time.perf_counter() - start,
+    }
+    for route in sorted({p.route for p in problems}):
+        hits = [c for c, p in zip(correct, problems, strict=True) if p.route == route]
+        result[f"accuracy_{route}"] = sum(hits) / len(hits)
+    return result

@@ -1,0 +1,194 @@
+"""The probe pool: unfinished prefixes continued toward full length off the critical path.
+
+Each probe keeps its tokens (prompt ids, response ids), the student version that produced each
+response token (the version tag: number of optimizer steps applied when the token was sampled) and the
+behavior log-probability of each token at sampling time. The controller decides *what* happens to probes
+(``ProbePlanOut``: how far active probes may extend, which must be force-completed); an executor does it
+and returns one ``ProbeReportIn`` per probe. ``InlineProbeExecutor`` runs a round in the trainer's thread;
+background executors (thread, Ray) implement the same ``ProbeExecutor`` protocol.
+
+The pool knows nothing about models: extension goes through an ``Extender`` callable, so the same pool
+serves an HF ``generate`` backend, a vLLM engine or a test double.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass, field
+from typing import Protocol, runtime_checkable
+
+import torch
+
+from adwin.alignment import ProbeBatch
+from adwin.controller.schemas import ProbePlanOut, ProbeReportIn
+
+
+@dataclass
+class Extension:
+    """What an extender returns for a batch of contexts (ragged, one entry per context)."""
+
+    tokens: list[list[int]]
+    logprobs: list[list[float]]
+    finished: list[bool]  # emitted EOS
+
+
+class Extender(Protocol):
+    def __call__(self, contexts: list[list[int]], budgets: list[int]) -> Extension:
+        """Continue each context by at most ``budgets[i]`` tokens with the newest student weights."""
+        ...
+
+
+@dataclass
+class Probe:
+    probe_id: str
+    prompt_ids: list[int]
+    response_ids: list[int]
+    versions: list[int]  # one tag per response token
+    behavior_logprobs: list[float]  # one per response token
+    route: str
+    submitted_step: int
+    finished: bool = False  # EOS emitted, or the full horizon reached
+    forced: bool = False
+
+    @property
+    def oldest_version(self) -> int:
+        return min(self.versions) if self.versions else 0
+
+    def staleness(self, version_now: int) -> int:
+        """Optimizer steps between the oldest token's weights and ``version_now``."""
+        return version_now - self.oldest_version
+
+    def append(self, tokens: Sequence[int], logprobs: Sequence[float], version: int) -> None:
+        if len(tokens) != len(logprobs):
+            raise ValueError(f"probe {self.probe_id}: {len(tokens)} tokens but {len(logprobs)} logprobs")
+        self.response_ids.extend(int(t) for t in tokens)
+        self.behavior_logprobs.extend(float(x) for x in logprobs)
+        self.versions.extend([version] * len(tokens))
+
+
+@dataclass
+class RoundStats:
+    extended: int = 0
+    forced: int = 0
+    completed: int = 0
+    tokens: int = 0
+    dropped: int = 0
+    reports: list[ProbeReportIn] = field(default_factory=list)
+
+
+class ProbePool:
+    """Thread-safe store of probes by id; bounded by the full horizon ``max_response_len``."""
+
+    def __init__(self, max_response_len: int) -> None:
+        if max_response_len < 1:
+            raise ValueError(f"max_response_len must be >= 1, got {max_response_len}")
+        self.max_response_len = max_response_len
+        self._probes: dict[str, Probe] = {}
+        self._lock = threading.Lock()
+        self.tokens_generated = 0  # probe tokens generated off the critical path, over the run
+
+    def __len__(self) -> int:
+        return len(self._probes)
+
+    def __contains__(self, probe_id: str) -> bool:
+        return probe_id in self._probes
+
+    def get(self, probe_id: str) -> Probe:
+        return self._probes[probe_id]
+
+    def add(self, probe: Probe) -> None:
+        if len(probe.versions) != len(probe.response_ids) or len(probe.behavior_logprobs) != len(probe.response_ids):
+            raise ValueError(f"probe {probe.probe_id}: versions/logprobs must tag every response token")
+        with self._lock:
+            if probe.probe_id in self._probes:
+                raise ValueError(f"probe {probe.probe_id!r} is already in the pool")
+            self._probes[probe.probe_id] = probe
+
+    def pop(self, probe_ids: Iterable[str]) -> list[Probe]:
+        """Remove and return probes in the given order (the controller's submission order)."""
+        with self._lock:
+            return [self._probes.pop(pid) for pid in probe_ids]
+
+    def staleness(self, version_now: int) -> list[int]:
+        with self._lock:
+            return [p.staleness(version_now) for p in self._probes.values()]
+
+    def probe_batch(self, probes: Sequence[Probe], pad_id: int,
+                    score: Callable[[torch.Tensor, torch.Tensor, list[str]], torch.Tensor]) -> ProbeBatch:
+        """Right-padded rows of complete probes, teacher-scored by ``score(input_ids, attention_mask, routes)``."""
+        if not probes:
+            raise ValueError("a probe batch needs at least one probe")
+        width = max(len(p.prompt_ids) + len(p.response_ids) for p in probes)
+        shape = (len(probes), width)
+        ids = torch.full(shape, pad_id, dtype=torch.long)  # (B, L)
+        attn, resp = torch.zeros(shape, dtype=torch.long), torch.zeros(shape, dtype=torch.long)  # (B, L)
+        behavior = torch.zeros(shape, dtype=torch.float32)  # (B, L)
+        versions = torch.full(shape, -1, dtype=torch.long)  # (B, L)
+        for b, p in enumerate(probes):
+            n_p, n = len(p.prompt_ids), len(p.prompt_ids) + len(p.response_ids)
+            ids[b, :n] = torch.tensor(p.prompt_ids + p.response_ids, dtype=torch.long)
+            attn[b, :n] = 1
+            resp[b, n_p:n] = 1
+            behavior[b, n_p:n] = torch.tensor(p.behavior_logprobs, dtype=torch.float32)
+            versions[b, n_p:n] = torch.tensor(p.versions, dtype=torch.long)
+        teacher = score(ids, attn, [p.route for p in probes]) * resp  # (B, L)
+        return ProbeBatch(ids, attn, resp, teacher, behavior_logprobs=behavior, versions=versions)
+
+
+@runtime_checkable
+class ProbeExecutor(Protocol):
+    def run_round(self, plan: ProbePlanOut, weights_version: int) -> RoundStats:
+        """Carry out one controller plan with weights ``weights_version``; return its reports."""
+        ...
+
+
+class InlineProbeExecutor:
+    """Runs each round synchronously in the caller's thread (the CPU default)."""
+
+    def __init__(self, pool: ProbePool, extend: Extender) -> None:
+        self.pool = pool
+        self.extend = extend
+
+    def run_round(self, plan: ProbePlanOut, weights_version: int) -> RoundStats:
+        stats = RoundStats()
+        forced = [pid for pid in plan.force_complete if pid in self.pool]
+        forced_set = set(forced)
+        active = [pid for pid in plan.active if pid in self.pool and pid not in forced_set]
+        for pid in [*plan.force_complete, *plan.active]:
+            if pid not in self.pool and not any(r.probe_id == pid for r in stats.reports):
+                stats.dropped += 1  # unknown here (e.g. lost with a restarted worker): the controller drops it
+                stats.reports.append(ProbeReportIn(probe_id=pid, step=plan.step, tokens_added=0,
+                                                   version=weights_version, dropped=True))
+        # Forced probes run to the horizon in their own call so that ordinary ones stop at extend_by.
+        self._extend(forced, None, plan.step, weights_version, stats, force=True)
+        self._extend(active, plan.extend_by, plan.step, weights_version, stats, force=False)
+        return stats
+
+    def _extend(self, ids: list[str], cap: int | None, step: int, version: int, stats: RoundStats, *, force: bool) -> None:
+        probes = [self.pool.get(pid) for pid in ids]
+        todo = [p for p in probes if not p.finished]
+        budgets = [self._budget(p, cap) for p in todo]
+        ext = self.extend([p.prompt_ids + p.response_ids for p in todo], budgets) if todo else None
+        added: dict[str, int] = {}
+        for i, p in enumerate(todo):
+            assert ext is not None
+            p.append(ext.tokens[i], ext.logprobs[i], version)
+            added[p.probe_id] = len(ext.tokens[i])
+            at_horizon = len(p.response_ids) >= self.pool.max_response_len
+            # A forced probe is complete by definition once its one long extension returns.
+            p.finished = bool(ext.finished[i]) or at_horizon or force
+            p.forced = p.forced or force
+        for p in probes:
+            n = added.get(p.probe_id, 0)
+            stats.tokens += n
+            self.pool.tokens_generated += n
+            stats.extended += int(n > 0)
+            stats.forced += int(force)
+            stats.completed += int(p.finished)
+            stats.reports.append(ProbeReportIn(probe_id=p.probe_id, step=step, tokens_added=n, version=version,
+                                               finished=p.finished, forced=force))
+
+    def _budget(self, probe: Probe, cap: int | None) -> int:
+        left = self.pool.max_response_len - len(probe.response_ids)
+        return max(0, left if cap is None else min(cap, left))

@@ -1,0 +1,132 @@
+"""Window hooks against the in-process controller: windows at syncs, probe decisions, reports, audits."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import pytest
+
+from adwin.controller import Controller
+from adwin.controller.schemas import AuditIn, PolicyIn, RunIn
+from adwin.trainer_adapters.hooks import ControllerWindowHooks, StaticWindowHooks, WindowHooks
+
+
+@dataclass
+class Done:
+    """A completed item as a scheduler stamps it (``StampedItem``)."""
+
+    request_id: str
+    prompt_id: str = "p"
+    window: int = 8
+    max_tokens: int = 16
+    is_probe: bool = True
+    finish_reason: str | None = "horizon"
+    forced: bool = False
+    version_breakpoints: list[tuple[int, int]] = field(default_factory=list)
+    behavior_version: int = 0
+    newest_version: int = 0
+    response_len: int = 16
+
+
+def setup(**spec: object) -> tuple[Controller, str]:
+    ctrl = Controller()
+    run = RunIn(policy=PolicyIn(name="adwin", candidates=[4, 8], max_len=16), probe_batch_size=2,
+                offers_per_step=2, staleness_limit=2, **spec)
+    return ctrl, ctrl.register_run(run).run_id
+
+
+def test_both_hooks_implement_the_protocol() -> None:
+    ctrl, run = setup()
+    assert isinstance(ControllerWindowHooks(ctrl, run, max_len=16), WindowHooks)
+    assert isinstance(StaticWindowHooks(4, 16), WindowHooks)
+
+
+def test_window_is_read_at_sync_and_caps_training_requests_while_probes_get_full_length() -> None:
+    ctrl, run = setup()
+    hooks = ControllerWindowHooks(ctrl, run, max_len=16)
+    with pytest.raises(RuntimeError, match="on_sync"):
+        hooks.plan_request("r0", "p", 0)
+    d = hooks.on_sync(0)
+    assert d.window == 8  # adwin starts at the largest candidate
+    plans = [hooks.plan_request(f"r{i}", "p", 0) for i in range(4)]
+    assert [p.is_probe for p in plans] == [True, True, False, False]  # offers_per_step = 2 per version
+    assert [p.max_tokens for p in plans] == [16, 16, 8, 8]
+    assert all(p.window == 8 for p in plans)
+    hooks.on_sync(1)
+    assert hooks.plan_request("r4", "p", 1).is_probe, "a new version opens a new offer budget"
+    assert ctrl.telemetry(run).probes["active"] == 3
+
+
+def test_max_active_probes_bounds_probes_in_flight() -> None:
+    ctrl, run = setup(max_active_probes=3)
+    hooks = ControllerWindowHooks(ctrl, run, max_len=16)
+    probes = 0
+    for v in range(4):
+        hooks.on_sync(v)
+        probes += sum(hooks.plan_request(f"r{v}-{i}", "p", v).is_probe for i in range(4))
+    assert probes == 3
+    # v0: 2 accepted; v1: 1 accepted + 1 declined; v2, v3: 1 declined each, then no more asking
+    assert hooks.counts["offered"] == 6, "after a declined offer the hooks stop asking in that version"
+
+
+def test_non_adwin_runs_never_offer_probes() -> None:
+    ctrl, run = setup()
+    hooks = ControllerWindowHooks(ctrl, run, max_len=16, probing=False)
+    hooks.on_sync(0)
+    assert not any(hooks.plan_request(f"r{i}", "p", 0).is_probe for i in range(5))
+    assert ctrl.telemetry(run).probes.get("active", 0) == 0
+
+
+def test_completed_probes_are_reported_audited_in_controller_order_and_decide_the_window() -> None:
+    ctrl, run = setup()
+    seen: list[list[str]] = []
+
+    def auditor(items):
+        seen.append([it.request_id for it in items])
+        return AuditIn(cosines={4: 0.9, 8: 0.99})
+
+    hooks = ControllerWindowHooks(ctrl, run, max_len=16, auditor=auditor)
+    hooks.on_sync(0)
+    ids = [f"r{i}" for i in range(2)]
+    assert all(hooks.plan_request(r, "p", 0).is_probe for r in ids)
+    assert hooks.poll_audit(0) == {}, "no batch before P probes are complete"
+    for r in reversed(ids):  # completion order differs from submission order
+        hooks.on_probe_complete(Done(r, version_breakpoints=[(3, 1)], newest_version=1), 1)
+    m = hooks.poll_audit(1)
+    assert seen == [ids], "the audit batch comes in the controller's submission order"
+    assert m["audit/next_window"] == 4.0 and m["audit/micro_cos_4"] == pytest.approx(0.9)
+    assert hooks.on_sync(2).window == 4
+    tel = ctrl.telemetry(run)
+    assert tel.probes["audited"] == 2 and len(tel.audits) == 1
+    assert hooks.counts == {"offered": 2, "accepted": 2, "reported": 2, "audits": 1, "conflicts": 0}
+
+
+def test_probes_at_the_staleness_limit_are_listed_for_forced_completion() -> None:
+    ctrl, run = setup()
+    hooks = ControllerWindowHooks(ctrl, run, max_len=16)
+    hooks.on_sync(0)
+    hooks.plan_request("r0", "p", 0)
+    assert hooks.on_sync(1).force_complete == []
+    assert hooks.on_sync(2).force_complete == ["r0"]  # staleness 2 - 0 >= S = 2
+    hooks.on_probe_complete(Done("r0", forced=True, newest_version=2), 2)
+    assert ctrl.telemetry(run).probes["forced"] == 1
+
+
+def test_step_metrics_reach_the_controller_only_when_asked() -> None:
+    ctrl, run = setup()
+    ControllerWindowHooks(ctrl, run, max_len=16).on_step(0, {"loss/total": 1.5})
+    ControllerWindowHooks(ctrl, run, max_len=16, report_steps=False).on_step(1, {"loss/total": 2.5})
+    steps = ctrl.telemetry(run).steps
+    assert [s["step"] for s in steps] == [0] and steps[0]["metrics"]["loss/total"] == 1.5
+
+
+def test_static_hooks_pick_every_kth_request_and_audit_in_batches() -> None:
+    audits: list[int] = []
+    hooks = StaticWindowHooks(4, 16, probe_every=2, probe_batch_size=2,
+                              auditor=lambda items: audits.append(len(items)) or AuditIn(cosines={4: 1.0}))
+    plans = [hooks.plan_request(f"r{i}", "p", 0) for i in range(4)]
+    assert [p.is_probe for p in plans] == [False, True, False, True]
+    hooks.on_probe_complete(Done("r1"), 0)
+    assert hooks.poll_audit(0) == {}
+    hooks.on_probe_complete(Done("r3"), 0)
+    assert hooks.poll_audit(0) == {"audit/submitted": 1.0} and audits == [2]

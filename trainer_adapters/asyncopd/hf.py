@@ -1,0 +1,226 @@
+"""Transformers stages of the AsyncOPD pipeline: rollout snapshot, teacher scoring, MC reverse-KL learner.
+
+- ``HFRolloutEngine``: a rollout worker's own copy of the student (its latest synced snapshot). Each
+  ``step`` decodes one token per request from the behavior distribution ``softmax(logits / T)`` and, for
+  the multi-sample MC estimator, draws ``m`` actions iid (with replacement) from the same distribution,
+  caching their behavior logprobs (AsyncOPD Appendix G: "for each visited prefix, cache the MC actions,
+  rollout logprobs under p_old and the rollout student version"). There is no KV cache: every step
+  re-encodes the prefix, so after a keep-mode sync the attention state of a kept prefix is rebuilt under
+  the new weights, which is exactly what the paper's prefix-cache reset achieves.
+- ``HFTeacherScorer``: teacher logprobs of the realized tokens (probe audits) and of the cached actions.
+- ``HFLearner``: recomputes ``log p_theta`` of the cached actions under the current student and applies
+  ``adwin.losses.reverse_kl_mc`` via ``opd_loss``: ``-(1/m) sum_i rho_i sg(A_theta(a_i))`` with
+  ``A_theta = log q - log p_theta`` recomputed at learner time and unclipped old-to-current IS
+  ``rho = p_theta / p_behavior`` (the config's ``is_method``/clip can override, off by default).
+- ``make_auditor``: audits a batch of completed probes under the current learner weights.
+
+Learner batches are padded to the global maximum width (``max prompt + max_response_len``) when
+``width`` is given, so the window caps generated tokens but never changes tensor shapes.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from typing import Any
+
+import torch
+
+from adwin.alignment import ProbeBatch, audit
+from adwin.controller.schemas import AuditIn
+from adwin.losses import action_logprobs, opd_loss, token_logprobs
+from adwin.rollout import Rows, layout, left_pad
+from adwin.teacher import Teachers
+from adwin.trainer_adapters.asyncopd.items import StreamItem, TokenOut
+from adwin.trainer_adapters.hooks import Auditor, StampedItem
+
+
+def _rows(items: Sequence[StreamItem], pad_id: int, width: int | None) -> Rows:
+    """Right-padded prompt+response rows, widened to ``width`` when given (B, L)."""
+    rows = layout([it.prompt_ids for it in items], [it.tokens for it in items], pad_id)
+    if width is None or rows.input_ids.shape[1] >= width:
+        return rows
+    extra = width - rows.input_ids.shape[1]
+    pad = torch.nn.functional.pad
+    return Rows(pad(rows.input_ids, (0, extra), value=pad_id), pad(rows.attention_mask, (0, extra)),
+                pad(rows.response_mask, (0, extra)))
+
+
+def _per_action(items: Sequence[StreamItem], width: int, field: str, fill: float) -> torch.Tensor:
+    """(B, L, m) tensor of a per-token, per-action list field, aligned with ``input_ids``."""
+    m = max((len(it.mc_actions[0]) for it in items if it.mc_actions), default=1)
+    dtype = torch.long if field == "mc_actions" else torch.float32
+    out = torch.full((len(items), width, m), fill, dtype=dtype)
+    for b, it in enumerate(items):
+        vals = getattr(it, field)
+        if vals:
+            n_p = len(it.prompt_ids)
+            out[b, n_p : n_p + len(vals)] = torch.tensor(vals, dtype=dtype)
+    return out
+
+
+def _per_token(items: Sequence[StreamItem], width: int, field: str) -> torch.Tensor:
+    """(B, L) tensor of a per-token list field (behavior or teacher logprobs), aligned with ``input_ids``."""
+    out = torch.zeros((len(items), width))
+    for b, it in enumerate(items):
+        vals = getattr(it, field)
+        if vals is None:
+            raise ValueError(f"item {it.request_id} has no {field}")
+        n_p = len(it.prompt_ids)
+        out[b, n_p : n_p + len(vals)] = torch.tensor(vals, dtype=torch.float32)
+    return out
+
+
+class HFRolloutEngine:
+    """A rollout worker's student snapshot; see the module docstring."""
+
+    def __init__(self, model: torch.nn.Module, *, eos: set[int], pad_id: int, temperature: float = 1.0,
+                 mc_samples: int = 1, seed: int = 0) -> None:
+        if temperature <= 0:
+            raise ValueError("the MC estimator needs a sampling distribution: temperature must be > 0")
+        self.model = model.eval().requires_grad_(False)
+        if mc_samples < 0:
+            raise ValueError(f"mc_samples must be >= 0, got {mc_samples}")
+        self.eos, self.pad_id, self.temperature, self.m = eos, pad_id, temperature, mc_samples  # m = 0: no MC cache
+        self.version = 0
+        self.gen = torch.Generator().manual_seed(seed)
+
+    def load_weights(self, weights: dict[str, torch.Tensor], version: int) -> None:
+        self.model.load_state_dict(weights)
+        self.version = version
+
+    @torch.no_grad()
+    def step(self, items: Sequence[StreamItem]) -> list[TokenOut | None]:
+        device = next(self.model.parameters()).device
+        ids, attn = left_pad([it.prompt_ids + it.tokens for it in items], self.pad_id, device)  # (n, L)
+        pos = (attn.cumsum(-1) - 1).clamp_min(0)  # left padding: positions count real tokens only
+        logits = self.model(input_ids=ids, attention_mask=attn, position_ids=pos).logits[:, -1].float()  # (n, V)
+        logp = torch.log_softmax(logits / self.temperature, dim=-1).cpu()  # (n, V) behavior distribution
+        probs = logp.exp()
+        tok = torch.multinomial(probs, 1, generator=self.gen)  # (n, 1)
+        tok_lp = logp.gather(-1, tok).squeeze(-1)  # (n,)
+        if self.m == 0:
+            return [TokenOut(int(tok[b, 0]), float(tok_lp[b]), eos=int(tok[b, 0]) in self.eos) for b in range(len(items))]
+        acts = torch.multinomial(probs, self.m, replacement=True, generator=self.gen)  # (n, m)
+        acts_lp = logp.gather(-1, acts)  # (n, m)
+        return [TokenOut(int(tok[b, 0]), float(tok_lp[b]), eos=int(tok[b, 0]) in self.eos,
+                         mc_actions=acts[b].tolist(), mc_logprobs=acts_lp[b].tolist()) for b in range(len(items))]
+
+
+class HFTeacherScorer:
+    """Teacher logprobs of realized tokens and cached MC actions, one teacher pass per batch."""
+
+    def __init__(self, teachers: Teachers, pad_id: int) -> None:
+        self.teachers, self.pad_id = teachers, pad_id
+
+    def score(self, items: list[StreamItem]) -> None:
+        rows = _rows(items, self.pad_id, None)
+        logits = self.teachers.logits(rows.input_ids, rows.attention_mask, [it.route for it in items])  # (B, L, V)
+        realized = token_logprobs(logits, rows.input_ids)  # (B, L)
+        mc = None
+        if any(it.mc_actions for it in items):
+            acts = _per_action(items, rows.input_ids.shape[1], "mc_actions", -1)  # (B, L, m)
+            mc = action_logprobs(logits, acts)  # (B, L, m)
+        for b, it in enumerate(items):
+            n_p, n = len(it.prompt_ids), it.response_len
+            it.teacher_logprobs = realized[b, n_p : n_p + n].tolist()
+            if mc is not None and it.mc_actions:
+                it.teacher_mc_logprobs = mc[b, n_p : n_p + n].tolist()
+
+
+LEARNER_LOSSES = ("reverse_kl_mc", "reverse_kl_pg")
+
+
+class HFLearner:
+    """One optimizer step of the OPD loss per call; see the module docstring.
+
+    ``loss="reverse_kl_mc"`` (default) uses the cached MC actions; ``"reverse_kl_pg"`` is the same
+    old-to-current IS estimator on the realized tokens only (one action per position, no MC cache).
+    """
+
+    def __init__(self, student: torch.nn.Module, optimizer: torch.optim.Optimizer, lr_scheduler: Any, *,
+                 pad_id: int, width: int | None, loss: str = "reverse_kl_mc", aggregation: str = "token-mean",
+                 grad_clip: float = 1.0,
+                 is_method: str = "none", is_low: float = 0.5, is_high: float = 2.0,
+                 clip_low: float | None = None, clip_high: float | None = None) -> None:
+        if loss not in LEARNER_LOSSES:
+            raise ValueError(f"the AsyncOPD learner supports {LEARNER_LOSSES}, got {loss!r}")
+        self.student, self.optimizer, self.lr_scheduler, self.loss = student, optimizer, lr_scheduler, loss
+        self.pad_id, self.width, self.aggregation, self.grad_clip = pad_id, width, aggregation, grad_clip
+        self.is_kw = {"is_method": is_method, "is_low": is_low, "is_high": is_high,
+                      "clip_low": clip_low, "clip_high": clip_high}
+        self.shapes: list[tuple[int, int]] = []  # (B, L) of every update: fixed when width is given
+
+    def update(self, items: list[StreamItem], version: int) -> dict[str, float]:
+        mc = self.loss == "reverse_kl_mc"
+        if mc and any(not it.mc_actions or it.teacher_mc_logprobs is None for it in items):
+            raise ValueError("every training item needs cached MC actions and their teacher logprobs")
+        rows = _rows(items, self.pad_id, self.width)
+        L = rows.input_ids.shape[1]
+        self.shapes.append((len(items), L))
+        if mc:
+            actions = _per_action(items, L, "mc_actions", -1)  # (B, L, m)
+            behavior = _per_action(items, L, "mc_logprobs", 0.0)  # (B, L, m)
+            teacher = _per_action(items, L, "teacher_mc_logprobs", 0.0)  # (B, L, m)
+        else:
+            actions = None
+            behavior, teacher = _per_token(items, L, "logprobs"), _per_token(items, L, "teacher_logprobs")  # (B, L)
+        device = next(self.student.parameters()).device
+        self.student.train()
+        self.optimizer.zero_grad(set_to_none=True)
+        ids = rows.input_ids.to(device)
+        logits = self.student(input_ids=ids, attention_mask=rows.attention_mask.to(device)).logits  # (B, L, V)
+        loss, lm = opd_loss(self.loss, input_ids=ids, response_mask=rows.response_mask.to(device),
+                            student_logits=logits, teacher_logprobs=teacher.to(device),
+                            behavior_logprobs=behavior.to(device),
+                            action_ids=None if actions is None else actions.to(device),
+                            aggregation=self.aggregation, **self.is_kw)
+        loss.backward()
+        clip = self.grad_clip if self.grad_clip > 0 else math.inf
+        grad_norm = torch.nn.utils.clip_grad_norm_(self.student.parameters(), clip)
+        self.optimizer.step()
+        if self.lr_scheduler is not None:
+            self.lr_scheduler.step()
+        out = {"loss/total": float(loss.detach()), "optim/grad_norm": float(grad_norm)}
+        out |= {k: float(v) for k, v in lm.items() if k != "loss/value"}
+        return out
+
+    def weights(self) -> dict[str, torch.Tensor]:
+        """A detached copy: the learner keeps training while workers load it."""
+        return {k: v.detach().clone() for k, v in self.student.state_dict().items()}
+
+
+def probe_batch(items: Sequence[StampedItem], pad_id: int) -> ProbeBatch:
+    """Right-padded rows of completed probes with their teacher/behavior logprobs and version tags."""
+    its: list[StreamItem] = list(items)  # type: ignore[arg-type]
+    rows = _rows(its, pad_id, None)
+    shape = tuple(rows.input_ids.shape)
+    teacher, behavior = torch.zeros(shape), torch.zeros(shape)  # (B, L)
+    versions = torch.full(shape, -1, dtype=torch.long)  # (B, L)
+    for b, it in enumerate(its):
+        if it.teacher_logprobs is None:
+            raise ValueError(f"probe {it.request_id} reached the audit unscored")
+        n_p, n = len(it.prompt_ids), it.response_len
+        teacher[b, n_p : n_p + n] = torch.tensor(it.teacher_logprobs)
+        behavior[b, n_p : n_p + n] = torch.tensor(it.logprobs)
+        versions[b, n_p : n_p + n] = torch.tensor(it.token_versions)
+    return ProbeBatch(rows.input_ids, rows.attention_mask, rows.response_mask, teacher,
+                      behavior_logprobs=behavior, versions=versions)
+
+
+def make_auditor(student: torch.nn.Module, candidates: Sequence[int], *, pad_id: int, method: str = "fast",
+                 metric: str = "identity", optimizer: torch.optim.Optimizer | None = None,
+                 sketch_dim: int | None = None, seed: int = 0) -> Auditor:
+    """An ``Auditor`` that runs ``adwin.alignment.audit`` under the student's current weights.
+
+    Call it only between learner updates (the train dispatcher's thread does): it reads the live weights.
+    """
+
+    def auditor(items: Sequence[StampedItem]) -> AuditIn:
+        batch = probe_batch(items, pad_id)
+        res = audit(student, batch, list(candidates), method=method, metric=metric, optimizer=optimizer,
+                    sketch_dim=sketch_dim, seed=seed)
+        return AuditIn(cosines=res.cosines, macro_cosines=res.macro_cosines or None,
+                       stats={"elapsed_s": res.elapsed_s, "probes": float(len(items))})
+
+    return auditor

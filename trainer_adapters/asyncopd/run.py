@@ -1,0 +1,167 @@
+"""``run_asyncopd``: one AsyncOPD-scheduled distillation run from a ``TrainConfig`` and a controller.
+
+What it wires (everything else is reused from the synchronous trainer: parts loading, run spec,
+optimizer, loggers): a prompt source over ``parts.train_prompts``; ``rollout_workers`` snapshots of the
+student (``HFRolloutEngine``); the teacher stage; the MC reverse-KL learner on the live student; and
+``ControllerWindowHooks`` so that windows and probes come from the ADWIN controller (probes only under
+the ``adwin`` policy). B = ``rollout.prompts_per_step * rollout.samples_per_prompt`` samples per update,
+m = ``loss.mc_samples`` cached actions per position.
+
+Scheduler options come from ``cfg.asyncopd`` when the config has that section, else from the
+``options`` argument, else from ``AsyncOPDOptions()`` defaults (paper: queue depth tau = 4).
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+import logging
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, fields
+from pathlib import Path
+from typing import Any
+
+from adwin.config import TrainConfig
+from adwin.controller.api import ControllerAPI
+from adwin.rollout import encode_prompts, eos_ids, pad_id_of
+from adwin.trainer import Parts, build_optimizer, load_parts, open_loggers, run_spec, seed_everything
+from adwin.trainer_adapters.asyncopd.hf import (
+    LEARNER_LOSSES,
+    HFLearner,
+    HFRolloutEngine,
+    HFTeacherScorer,
+    make_auditor,
+)
+from adwin.trainer_adapters.asyncopd.items import PromptSpec
+from adwin.trainer_adapters.asyncopd.scheduler import AsyncOPDScheduler, SchedulerConfig
+from adwin.trainer_adapters.hooks import ControllerWindowHooks
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class AsyncOPDOptions:
+    """Scheduler knobs; the field names are what a ``cfg.asyncopd`` config section would hold."""
+
+    queue_depth: int = 4  # tau: (tau + 1) * B permits
+    rollout_workers: int = 1
+    worker_batch: int = 16  # active requests per rollout worker (continuous batching)
+    teacher_batch: int = 16
+    pad_to_horizon: bool = True  # learner tensors padded to max prompt + max response length
+    throughput_warmup: int = 5  # learner updates left out of the throughput (paper: 5)
+    wait_timeout_s: float = 600.0  # no progress for this long: fail instead of hanging
+
+
+def resolve_options(cfg: TrainConfig, options: AsyncOPDOptions | None) -> AsyncOPDOptions:
+    section = getattr(cfg, "asyncopd", None)
+    if section is None:
+        return options or AsyncOPDOptions()
+    raw = section.model_dump() if hasattr(section, "model_dump") else dict(section)
+    known = {f.name for f in fields(AsyncOPDOptions)}
+    return AsyncOPDOptions(**{k: v for k, v in raw.items() if k in known})
+
+
+def prompt_source(parts: Parts, max_prompt_len: int) -> Callable[[], PromptSpec]:
+    lock = threading.Lock()  # PromptStream is not thread-safe; the feeder is its only caller, but be safe
+
+    def nxt() -> PromptSpec:
+        with lock:
+            p = parts.train_prompts.next_batch(1)[0]
+        ids = encode_prompts(parts.tokenizer, [p.prompt], max_prompt_len)[0]
+        return PromptSpec(p.id, ids, p.route)
+
+    return nxt
+
+
+@dataclass
+class AsyncOPDRun:
+    """Everything ``build_asyncopd`` wired, before it runs."""
+
+    scheduler: AsyncOPDScheduler
+    hooks: ControllerWindowHooks
+    learner: HFLearner
+    engines: list[HFRolloutEngine]
+    options: AsyncOPDOptions
+    run_id: str
+    run_dir: Path
+    lr_scheduler: Any
+
+
+def build_asyncopd(cfg: TrainConfig, controller: ControllerAPI, *, parts: Parts | None = None,
+                   options: AsyncOPDOptions | None = None, profile: str = "default",
+                   engine_cls: type[HFRolloutEngine] = HFRolloutEngine) -> AsyncOPDRun:
+    """Register the run and build the stages; ``engine_cls`` is the seam for another rollout engine."""
+    if cfg.loss.name not in LEARNER_LOSSES:
+        raise ValueError(f"--scheduler asyncopd trains with {LEARNER_LOSSES} (old-to-current IS on cached "
+                         f"behavior logprobs), not loss.name={cfg.loss.name!r}")
+    opts = resolve_options(cfg, options)
+    parts = parts or load_parts(cfg, profile)
+    seed_everything(cfg.seed)
+    run_id = controller.register_run(run_spec(cfg)).run_id
+    optimizer, lr_scheduler = build_optimizer(cfg, parts.student)
+    eos = eos_ids(parts.student, parts.tokenizer)
+    pad = pad_id_of(parts.tokenizer, eos)
+    r = cfg.rollout
+    width = cfg.data.max_prompt_len + r.max_response_len if opts.pad_to_horizon else None
+    m = cfg.loss.mc_samples if cfg.loss.name == "reverse_kl_mc" else 0
+    engines = [engine_cls(copy.deepcopy(parts.student), eos=eos, pad_id=pad, temperature=r.temperature,
+                          mc_samples=m, seed=cfg.seed + 1000 * i)
+               for i in range(opts.rollout_workers)]
+    lc = cfg.loss
+    learner = HFLearner(parts.student, optimizer, lr_scheduler, pad_id=pad, width=width, loss=lc.name,
+                        aggregation=lc.aggregation,
+                        grad_clip=cfg.optim.grad_clip, is_method=lc.is_method, is_low=lc.is_low, is_high=lc.is_high,
+                        clip_low=lc.clip_low, clip_high=lc.clip_high)
+    probing = cfg.window.policy == "adwin" and cfg.probes.offers_per_step > 0
+    auditor = make_auditor(parts.student, cfg.window.candidates, pad_id=pad, method=cfg.audit.method,
+                           metric=cfg.audit.metric, optimizer=optimizer, sketch_dim=cfg.audit.sketch_dim,
+                           seed=cfg.seed) if probing else None
+    hooks = ControllerWindowHooks(controller, run_id, max_len=r.max_response_len, auditor=auditor,
+                                  probing=probing, report_steps=False)
+    scfg = SchedulerConfig(batch_size=r.prompts_per_step * r.samples_per_prompt, queue_depth=opts.queue_depth,
+                           samples_per_prompt=r.samples_per_prompt, max_response_len=r.max_response_len,
+                           worker_batch=opts.worker_batch, teacher_batch=opts.teacher_batch,
+                           wait_timeout_s=opts.wait_timeout_s, throughput_warmup=opts.throughput_warmup)
+    sched = AsyncOPDScheduler(scfg, prompt_source(parts, cfg.data.max_prompt_len), engines,
+                              HFTeacherScorer(parts.teachers, pad), learner, hooks)
+    return AsyncOPDRun(sched, hooks, learner, engines, opts, run_id, Path(cfg.out_dir) / cfg.name, lr_scheduler)
+
+
+def run_asyncopd(cfg: TrainConfig, controller: ControllerAPI, *, parts: Parts | None = None,
+                 options: AsyncOPDOptions | None = None, profile: str = "default",
+                 on_step: Callable[[int, dict[str, Any]], None] | None = None,
+                 built: AsyncOPDRun | None = None) -> dict[str, Any]:
+    """Distill for ``cfg.steps`` learner updates under the AsyncOPD scheduler; returns the summary dict.
+
+    The summary (also written to ``<out_dir>/<name>/summary.json``) holds the run id, the throughput
+    (response tokens/s after ``throughput_warmup`` updates), the pipeline overlap, the staleness
+    distribution, the permit bound as observed, probe/audit counts and the per-update history.
+    ``built``: run what ``build_asyncopd`` returned (tests inspect the stages afterwards).
+    """
+    b = built or build_asyncopd(cfg, controller, parts=parts, options=options, profile=profile)
+    sinks = open_loggers(cfg, b.run_dir, controller, b.run_id)  # JSONL + the controller's step telemetry
+    started = time.perf_counter()
+
+    def log_step(step: int, m: dict[str, float]) -> None:
+        m = {**m, "optim/lr": b.lr_scheduler.get_last_lr()[0], "time/wall": time.perf_counter() - started}
+        sinks.log(step, m)
+        if on_step is not None:
+            on_step(step, m)
+
+    try:
+        out = b.scheduler.run(cfg.steps, on_step=log_step)
+    finally:
+        sinks.close()
+    out |= {"run_id": b.run_id, "run_dir": str(b.run_dir), "scheduler": "asyncopd", "options": asdict(b.options),
+            "batch_size": b.scheduler.cfg.batch_size, "loss": cfg.loss.name,
+            "mc_samples": cfg.loss.mc_samples if cfg.loss.name == "reverse_kl_mc" else 0,
+            "probes": dict(b.hooks.counts), "learner_shapes": sorted(set(b.learner.shapes)),
+            "wall_s": time.perf_counter() - started}
+    b.run_dir.mkdir(parents=True, exist_ok=True)
+    (b.run_dir / "summary.json").write_text(json.dumps({k: v for k, v in out.items() if k != "history"},
+                                                       indent=2, default=str))
+    log.info("asyncopd run %s: %d updates, throughput %s tok/s, overlap %.2f", b.run_id, out["updates"],
+             out["throughput_tokens_per_s"], out["overlap"].get("pipeline/overlap", 0.0))
+    return out

@@ -1,0 +1,287 @@
+"""Window hooks: how an AsyncOPD-style streaming scheduler asks the ADWIN controller for windows and probes.
+
+A streaming scheduler (prompt feeder -> rollout workers -> teacher scoring -> learner, see
+``adwin.trainer_adapters.asyncopd``) has no synchronous "step" at which a whole batch is rolled out,
+so the synchronous trainer's loop (DESIGN.md) is split into five calls, each made at a well-defined
+point of the pipeline. Any scheduler that makes these calls gets adaptive windows; any object that
+implements ``WindowHooks`` can serve them (``ControllerWindowHooks`` talks to a ``ControllerAPI``,
+``StaticWindowHooks`` is a fixed window without a controller).
+
+Contract, in pipeline order:
+
+1. ``on_sync(version)`` at every weight-sync boundary, *while the sync gate is closed* (before the
+   feeder may use the permits the learner just released), and once with ``version = 0`` before the
+   feeder starts. It reads the window for the coming phase from the controller and returns which
+   in-flight probes reached the staleness limit (force-complete them). The window is constant between
+   two syncs: requests submitted in the same phase get the same cap.
+2. ``plan_request(request_id, prompt_id, version)`` by the feeder for every request, at submission.
+   It decides whether the request is a *probe* and how many tokens it may generate:
+
+   - a training request gets ``max_tokens = window``: the window caps the number of generated tokens
+     per request, never the tensor width. Learner batches stay padded to the global maximum
+     (``max prompt + max_response_len``) so that a changing window never changes tensor shapes.
+   - a probe gets ``max_tokens = max_response_len`` (full length). It is detached from the logical
+     batch: the learner never waits for it, it is never trained on, and it does **not** hold a
+     learner permit (the feeder returns the permit it took). Probes are bounded instead by the
+     controller, which declines offers beyond ``offers_per_step`` per version and
+     ``max_active_probes`` in flight; a declined offer is an ordinary training request.
+3. The scheduler stamps every completed item (``StampedItem``): ``window`` (the cap in force at
+   submission), ``is_probe``, ``finish_reason`` (``eos``, ``window`` = stopped by the cap,
+   ``horizon`` = reached ``max_response_len``), ``forced`` and the *version breakpoints*: the token
+   indices at which the generating weights changed under keep-mode sync, as
+   ``[(token_index, new_version), ...]`` after the first token's ``behavior_version``.
+4. ``on_probe_complete(item, version)`` by the train dispatcher when a probe leaves the pipeline; the
+   hooks report it to the controller (tokens, newest version, finished/forced) and keep it for its audit.
+5. ``poll_audit(version)`` by the learner between updates: when the controller has a batch of P
+   completed probes ready (windowed FIFO), the hooks hand the items to an *auditor* (which runs
+   ``adwin.alignment.audit`` under the current learner weights) and submit its ``AuditIn``; the next
+   ``on_sync`` then reads the window that audit decided.
+
+``on_step(step, metrics)`` forwards learner metrics to the controller's telemetry (optional).
+
+Versions are learner versions: the number of optimizer updates applied. The controller's ``step``
+argument is always the current learner version.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Protocol, runtime_checkable
+
+from adwin.controller.api import ControllerAPI, ControllerError, ProbeConflict
+from adwin.controller.schemas import AuditIn, OfferIn, ProbeOfferItem, ProbeReportIn, StepMetricsIn
+from adwin.metrics_log import numeric
+
+log = logging.getLogger(__name__)
+
+FINISH_REASONS: tuple[str, ...] = ("eos", "window", "horizon")
+
+
+class StampedItem(Protocol):
+    """What the hooks read from a completed item; the scheduler's item carries more (tokens, logprobs)."""
+
+    request_id: str
+    prompt_id: str
+    window: int  # the window in force when the request was submitted
+    max_tokens: int  # the cap it was given: window, or max_response_len for probes
+    is_probe: bool
+    finish_reason: str | None  # one of FINISH_REASONS once complete
+    forced: bool  # a probe force-completed at the staleness limit
+    version_breakpoints: list[tuple[int, int]]  # (token index, new version) where the weights changed
+
+    @property
+    def behavior_version(self) -> int: ...  # version of the first (oldest) token
+
+    @property
+    def newest_version(self) -> int: ...
+
+    @property
+    def response_len(self) -> int: ...
+
+
+@dataclass(frozen=True)
+class RequestPlan:
+    """The hooks' answer for one request at submission."""
+
+    max_tokens: int
+    is_probe: bool
+    window: int
+
+
+@dataclass
+class SyncDecision:
+    """What ``on_sync`` read: the window of the next phase and probes to force-complete now."""
+
+    version: int
+    window: int
+    force_complete: list[str] = field(default_factory=list)
+    metrics: dict[str, float] = field(default_factory=dict)
+
+
+# An auditor turns a batch of completed probes (controller order) into the audit to submit.
+Auditor = Callable[[Sequence[StampedItem]], AuditIn]
+
+
+@runtime_checkable
+class WindowHooks(Protocol):
+    """The five calls an AsyncOPD-style scheduler makes (module docstring has the full contract)."""
+
+    def on_sync(self, version: int) -> SyncDecision: ...
+
+    def plan_request(self, request_id: str, prompt_id: str, version: int) -> RequestPlan: ...
+
+    def on_probe_complete(self, item: StampedItem, version: int) -> None: ...
+
+    def poll_audit(self, version: int) -> dict[str, float]: ...
+
+    def on_step(self, step: int, metrics: Mapping[str, float]) -> None: ...
+
+
+class StaticWindowHooks:
+    """A fixed window without a controller; every ``probe_every``-th request is a probe (0: none).
+
+    For schedulers run without ADWIN and for tests. Completed probes are collected in ``completed``
+    and, when an ``auditor`` is given, audited in batches of ``probe_batch_size``.
+    """
+
+    def __init__(self, window: int, max_len: int, *, probe_every: int = 0, probe_batch_size: int = 1,
+                 auditor: Auditor | None = None) -> None:
+        if not 1 <= window <= max_len:
+            raise ValueError(f"window must be in [1, {max_len}], got {window}")
+        self.window, self.max_len, self.probe_every = window, max_len, probe_every
+        self.probe_batch_size, self.auditor = probe_batch_size, auditor
+        self.completed: list[StampedItem] = []
+        self.audits: list[AuditIn] = []
+        self.syncs: list[int] = []
+        self._pending: list[StampedItem] = []
+        self._n = 0
+        self._lock = threading.Lock()
+
+    def on_sync(self, version: int) -> SyncDecision:
+        self.syncs.append(version)
+        return SyncDecision(version, self.window)
+
+    def plan_request(self, request_id: str, prompt_id: str, version: int) -> RequestPlan:
+        with self._lock:
+            self._n += 1
+            probe = self.probe_every > 0 and self._n % self.probe_every == 0
+        return RequestPlan(self.max_len if probe else self.window, probe, self.window)
+
+    def on_probe_complete(self, item: StampedItem, version: int) -> None:
+        with self._lock:
+            self.completed.append(item)
+            self._pending.append(item)
+
+    def poll_audit(self, version: int) -> dict[str, float]:
+        with self._lock:
+            if self.auditor is None or len(self._pending) < self.probe_batch_size:
+                return {}
+            batch, self._pending = self._pending[: self.probe_batch_size], self._pending[self.probe_batch_size :]
+        self.audits.append(self.auditor(batch))
+        return {"audit/submitted": 1.0}
+
+    def on_step(self, step: int, metrics: Mapping[str, float]) -> None:
+        return None
+
+
+class ControllerWindowHooks:
+    """``WindowHooks`` backed by a ``ControllerAPI`` (in-process ``Controller`` or ``RemoteController``).
+
+    ``max_len`` is the full horizon (probes generate up to it). ``probing=False`` never offers probes
+    (non-adwin policies). ``offers_per_version`` limits how many offers are made per learner version
+    (defaults to the run's ``offers_per_step``); the controller still has the last word. Every write
+    carries an idempotency key derived from the request id or the version, so a retried call counts once.
+    ``report_steps`` forwards ``on_step`` metrics to ``report_step`` (off when another logger does it).
+    Thread-safe: the feeder calls ``plan_request`` while the learner thread calls the rest.
+    """
+
+    def __init__(self, controller: ControllerAPI, run_id: str, *, max_len: int, auditor: Auditor | None = None,
+                 probing: bool = True, offers_per_version: int | None = None, report_steps: bool = True,
+                 max_audits_per_poll: int = 1) -> None:
+        self.controller, self.run_id, self.max_len = controller, run_id, max_len
+        self.auditor, self.probing, self.report_steps = auditor, probing, report_steps
+        spec = controller.get_run(run_id).spec
+        self.offers_per_version = int(spec.get("offers_per_step", 0) if offers_per_version is None
+                                      else offers_per_version)
+        self.max_audits_per_poll = max_audits_per_poll
+        self._lock = threading.Lock()
+        self._window = 0
+        self._version = -1
+        self._offered = 0  # offers made in the current version
+        self._exhausted = False  # the controller declined an offer in this version: stop asking
+        self._complete: dict[str, StampedItem] = {}  # reported complete, waiting for their audit batch
+        self._audit_seq = 0
+        self.counts = {"offered": 0, "accepted": 0, "reported": 0, "audits": 0, "conflicts": 0}
+
+    @property
+    def window(self) -> int:
+        return self._window
+
+    def on_sync(self, version: int) -> SyncDecision:
+        win = self.controller.get_window(self.run_id, version)
+        forced: list[str] = []
+        metrics = {"window/current": float(win.window)}
+        if self.probing:
+            plan = self.controller.probe_plan(self.run_id, version)
+            forced = list(plan.force_complete)
+            metrics |= {"probe/active": float(len(plan.active)), "probe/force_complete": float(len(forced))}
+        with self._lock:
+            self._window, self._version = int(win.window), version
+            self._offered, self._exhausted = 0, False
+        return SyncDecision(version, int(win.window), forced, metrics)
+
+    def plan_request(self, request_id: str, prompt_id: str, version: int) -> RequestPlan:
+        with self._lock:
+            window = self._window
+            if window < 1:
+                raise RuntimeError("plan_request before the first on_sync: no window has been read yet")
+            ask = self.probing and not self._exhausted and self._offered < self.offers_per_version
+            if ask:
+                self._offered += 1
+        if not ask:
+            return RequestPlan(window, False, window)
+        offer = OfferIn(step=version, offers=[ProbeOfferItem(sample_id=request_id, prompt_id=prompt_id,
+                                                             response_len=0, version=version)])
+        out = self.controller.offer_probes(self.run_id, offer, idempotency_key=f"{self.run_id}-aoffer-{request_id}")
+        probe = request_id in out.accepted
+        with self._lock:
+            self.counts["offered"] += 1
+            self.counts["accepted"] += int(probe)
+            if not probe:
+                self._exhausted = True
+        return RequestPlan(self.max_len if probe else window, probe, window)
+
+    def on_probe_complete(self, item: StampedItem, version: int) -> None:
+        report = ProbeReportIn(probe_id=item.request_id, step=version, tokens_added=item.response_len,
+                               version=item.newest_version, finished=True, forced=item.forced)
+        try:
+            self.controller.report_probe(self.run_id, report,
+                                         idempotency_key=f"{self.run_id}-areport-{item.request_id}")
+        except ProbeConflict as e:  # dropped by the controller meanwhile: nothing to audit
+            log.warning("probe %s not accepted as complete: %s", item.request_id, e)
+            with self._lock:
+                self.counts["conflicts"] += 1
+            return
+        with self._lock:
+            self._complete[item.request_id] = item
+            self.counts["reported"] += 1
+
+    def poll_audit(self, version: int) -> dict[str, float]:
+        if self.auditor is None:
+            return {}
+        metrics: dict[str, float] = {}
+        for _ in range(self.max_audits_per_poll):
+            with self._lock:
+                key = f"{self.run_id}-abatch-{self._audit_seq}"
+                self._audit_seq += 1
+            ready = self.controller.next_probe_batch(self.run_id, idempotency_key=key)
+            if ready is None:
+                break
+            with self._lock:
+                missing = [pid for pid in ready.probe_ids if pid not in self._complete]
+                if missing:
+                    raise RuntimeError(f"audit {ready.audit_id} names probes this scheduler never completed: {missing}")
+                items = [self._complete.pop(pid) for pid in ready.probe_ids]
+            audit = self.auditor(items)
+            try:
+                out = self.controller.submit_audit(self.run_id, ready.audit_id, audit,
+                                                   idempotency_key=f"{self.run_id}-aaudit-{ready.audit_id}")
+            except ControllerError as e:  # e.g. non-finite cosines: the controller records a fallback
+                log.warning("audit %s refused: %s", ready.audit_id, e)
+                continue
+            with self._lock:
+                self.counts["audits"] += 1
+            metrics["audit/id"] = float(ready.audit_id)
+            metrics["audit/staleness_max"] = float(max(version - it.behavior_version for it in items))
+            metrics |= {f"audit/micro_cos_{c}": float(v) for c, v in (audit.cosines or {}).items()}
+            if out.decision is not None:
+                metrics["audit/next_window"] = float(out.decision.window)
+        return metrics
+
+    def on_step(self, step: int, metrics: Mapping[str, float]) -> None:
+        if self.report_steps:
+            self.controller.report_step(self.run_id, StepMetricsIn(step=step, metrics=numeric(metrics)),
+                                        idempotency_key=f"{self.run_id}-astep-{step}")
