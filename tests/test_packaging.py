@@ -13,7 +13,8 @@ import pytest
 ROOT = Path(__file__).resolve().parents[1]
 MATH_MODULES = ["adwin/losses.py", "adwin/importance.py", "adwin/window.py", "adwin/alignment.py", "adwin/config.py"]
 UPPER = ("adwin.controller", "adwin.probes", "adwin.trainer_adapters", "adwin.trainer", "adwin.cli",
-         "adwin.commands", "adwin.tasks", "adwin.bench", "adwin.rollout", "adwin.teacher")
+         "adwin.commands", "adwin.tasks", "adwin.bench", "adwin.rollout", "adwin.teacher",
+         "adwin.parts", "adwin.step", "adwin.probing", "adwin.accounting", "adwin.evaluate")
 
 
 def _imports(path: Path) -> set[str]:

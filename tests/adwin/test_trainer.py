@@ -9,10 +9,13 @@ import pytest
 import torch
 from test_trainer_fixtures import tiny_overrides
 
+from adwin.accounting import TokenLedger
 from adwin.config import apply_policy_spec, load_config
 from adwin.controller import Controller
+from adwin.parts import build_optimizer, load_parts
 from adwin.rollout import Rows
-from adwin.trainer import Batch, TokenLedger, build_optimizer, load_parts, train
+from adwin.step import Batch
+from adwin.trainer import train
 
 NAMESPACES = ("window/", "rollout/", "probe/", "audit/", "optim/", "loss/", "eval/", "time/")
 
