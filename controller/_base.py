@@ -25,7 +25,7 @@ logger = logging.getLogger(__name__)
 
 
 
-PROBE_STATES = ("active", "complete", "batched", "audited", "dropped")
+PROBE_STATES = ("active", "complete", "batched", "audited", "dropped", "expired")
 
 
 @dataclass

@@ -214,8 +214,9 @@ class Controller(ProbeScheduler, AuditAggregator):
                 audits = {"pending": 0, "decided": 0}
                 for r in self._store.all("SELECT state, COUNT(*) AS n FROM audits WHERE run_id=? GROUP BY state", (run.run_id,)):
                     audits[r["state"]] = r["n"]
-                oldest = self._store.one(
-                    "SELECT MIN(oldest_version) AS v FROM probes WHERE run_id=? AND state='active'", (run.run_id,)
+                oldest = self._store.one(  # unbatched probes: complete ones wait for their batch, and age
+                    "SELECT MIN(oldest_version) AS v FROM probes WHERE run_id=? AND state IN ('active', 'complete')",
+                    (run.run_id,),
                 )["v"]
                 out.append(
                     {

@@ -7,10 +7,19 @@
 * ``next_probe_batch`` is a windowed FIFO: a complete probe may be taken only while it is among the
   first ``P + lookahead`` non-dropped, not-yet-batched probes in submission order, so short probes
   cannot overtake long ones by more than ``lookahead`` places (``../shared/seeds/002_...``).
+* Staleness never exceeds ``S`` in a batch. The staleness of a probe at version ``v`` is
+  ``v - oldest_version``. When the plan for version ``v`` finds an unbatched probe at staleness ``S``,
+  it also force-completes the active probes among the first ``P`` unbatched ones, so that the batch
+  is formable at ``v`` (forced fill). ``next_probe_batch`` (at the newest version seen) expires complete
+  probes past ``S``, and those at ``S`` when fewer than ``P`` unbatched probes exist at all: no batch can
+  hold them within ``S`` any more. Expired probes are counted (state ``expired``), never batched.
+* ``probe_plan`` is a read (HTTP GET): it only records the version it was asked about as the newest
+  step seen (like ``get_window``); every state change happens in the POSTs (reports, batches).
 """
 
 from __future__ import annotations
 
+import logging
 import random
 import time
 from collections.abc import Callable
@@ -28,6 +37,8 @@ from adwin.controller.schemas import (
     ProbeReportIn,
 )
 from adwin.controller.store import dumps
+
+logger = logging.getLogger(__name__)
 
 
 class ProbeScheduler(ControllerBase):
@@ -117,17 +128,31 @@ class ProbeScheduler(ControllerBase):
             raise InvalidInput(f"step must be in [0, {MAX_INT}], got {step}")
         with self._lock:
             run = self._run(run_id)
-            rows = self._store.all(
-                "SELECT probe_id, oldest_version FROM probes WHERE run_id=? AND state='active' ORDER BY seq",
-                (run_id,),
-            )
-            limit = run.spec["staleness_limit"]
+            if step > run.last_step:
+                run.last_step = step  # the version the round runs at; persisted with the next write
+            queue = self._unbatched(run_id)
+            limit, p = run.spec["staleness_limit"], run.spec["probe_batch_size"]
+            force = {r["probe_id"] for r in queue if r["state"] == "active" and step - r["oldest_version"] >= limit}
+            # Forced fill: probes past S are expired at the next batch call, so only those still
+            # batchable (staleness <= S) count; if one of them is at S, the first P must be complete now.
+            live = [r for r in queue if step - r["oldest_version"] <= limit]
+            if len(live) >= p and any(step - r["oldest_version"] >= limit for r in live):
+                force.update(r["probe_id"] for r in live[:p] if r["state"] == "active")
+            active = [r["probe_id"] for r in queue if r["state"] == "active"]
             return ProbePlanOut(
                 step=step,
                 extend_by=run.policy.window(step),
-                active=[r["probe_id"] for r in rows],
-                force_complete=[r["probe_id"] for r in rows if step - r["oldest_version"] >= limit],
+                active=active,
+                force_complete=[pid for pid in active if pid in force],
             )
+
+    def _unbatched(self, run_id: str) -> list[Any]:
+        """Active and complete probes (not dropped, expired or batched) in submission order."""
+        return self._store.all(
+            "SELECT probe_id, state, oldest_version FROM probes WHERE run_id=? AND state IN ('active', 'complete') "
+            "ORDER BY seq",
+            (run_id,),
+        )
 
     def report_probe(self, run_id: str, report: ProbeReportIn, *, idempotency_key: str | None = None) -> ProbeOut:
         def apply() -> tuple[Any, Callable[[], None] | None]:
@@ -170,16 +195,16 @@ class ProbeScheduler(ControllerBase):
     def next_probe_batch(self, run_id: str, *, idempotency_key: str | None = None) -> ProbeBatchOut | None:
         def apply() -> tuple[Any, Callable[[], None] | None]:
             run = self._run(run_id)
-            p, lookahead = run.spec["probe_batch_size"], run.spec["lookahead"]
-            head = self._store.all(
-                "SELECT probe_id, state FROM probes WHERE run_id=? AND state IN ('active', 'complete') "
-                "ORDER BY seq LIMIT ?",
-                (run_id, p + lookahead),
-            )
-            ready = [r["probe_id"] for r in head if r["state"] == "complete"]
+            p, lookahead, limit = run.spec["probe_batch_size"], run.spec["lookahead"], run.spec["staleness_limit"]
+            version = run.last_step
+            self._touch_step(run, version)  # persist a version that only a read (window, plan) has seen
+            queue = self._expire(run_id, self._unbatched(run_id), version, limit, p)
+            head = queue[: p + lookahead]
+            ready = [r for r in head if r["state"] == "complete"]
             if len(ready) < p:
                 return None, None
-            batch = ready[:p]
+            batch = [r["probe_id"] for r in ready[:p]]
+            staleness = max(version - r["oldest_version"] for r in ready[:p])
             self._store.execute(  # purge the sketch blobs of decided audits (kept off the decision path)
                 "DELETE FROM audit_parts WHERE run_id=? AND audit_id IN "
                 "(SELECT audit_id FROM audits WHERE run_id=? AND state='decided')",
@@ -194,10 +219,33 @@ class ProbeScheduler(ControllerBase):
             self._store.execute(
                 "INSERT INTO audits (run_id, audit_id, step, probe_ids, state, created_at) "
                 "VALUES (?, ?, ?, ?, 'pending', ?)",
-                (run_id, audit_id, run.last_step, dumps(batch), time.time()),
+                (run_id, audit_id, version, dumps(batch), time.time()),
             )
-            return ProbeBatchOut(audit_id=audit_id, probe_ids=batch).model_dump(mode="json"), None
+            out = ProbeBatchOut(audit_id=audit_id, probe_ids=batch, version=version, staleness_max=staleness)
+            return out.model_dump(mode="json"), None
 
         answer = self._write(run_id, idempotency_key, "next_probe_batch", apply)
         return None if answer is None else ProbeBatchOut.model_validate(answer)
 
+    def _expire(self, run_id: str, queue: list[Any], version: int, limit: int, p: int) -> list[Any]:
+        """Expire complete probes that no batch can take within the staleness limit; the rest of ``queue``.
+
+        Past ``S`` always. At ``S`` too when fewer than ``P`` unbatched probes remain: no batch can form at
+        this version, and at the next one they would be past ``S``. Active probes are left alone (the plan
+        force-completes them and their report must still be accepted); they expire once complete.
+        """
+        doomed = {r["probe_id"] for r in queue if r["state"] == "complete" and version - r["oldest_version"] > limit}
+        if len(queue) - len(doomed) < p:
+            doomed.update(
+                r["probe_id"] for r in queue if r["state"] == "complete" and version - r["oldest_version"] >= limit
+            )
+        ids = sorted(doomed)
+        for chunk in range(0, len(ids), 500):
+            part = ids[chunk : chunk + 500]
+            self._store.execute(
+                f"UPDATE probes SET state='expired' WHERE run_id=? AND probe_id IN ({','.join('?' * len(part))})",
+                (run_id, *part),
+            )
+        if ids:
+            logger.info("run %s: %d probe(s) expired at version %d (staleness limit %d)", run_id, len(ids), version, limit)
+        return [r for r in queue if r["probe_id"] not in doomed]

@@ -97,7 +97,9 @@ class ProbePlanOut(_Out):
     step: int
     extend_by: int  # tokens each active probe may add this round: the current window
     active: list[str]  # in submission order
-    force_complete: list[str]  # staleness reached S: complete now, before anything is consumed
+    # complete now, before anything is consumed: probes whose staleness reached S, and (forced fill) the
+    # active ones among the first P unbatched probes when any of those reached S
+    force_complete: list[str]
 
 
 class ProbeReportIn(_In):
@@ -112,7 +114,7 @@ class ProbeReportIn(_In):
 
 class ProbeOut(_Out):
     probe_id: str
-    state: Literal["active", "complete", "batched", "audited", "dropped"]
+    state: Literal["active", "complete", "batched", "audited", "dropped", "expired"]
     tokens: int
     oldest_version: int
     newest_version: int
@@ -123,6 +125,8 @@ class ProbeOut(_Out):
 class ProbeBatchOut(_Out):
     audit_id: int
     probe_ids: list[str]
+    version: int | None = None  # the version the batch was formed at (the newest step the controller saw)
+    staleness_max: int | None = None  # max over the batch of version - oldest_version; never above S
 
 
 # --- audits --------------------------------------------------------------------------------------
@@ -167,4 +171,4 @@ class TelemetryOut(_Out):
     steps: list[dict]  # {"step": int, "metrics": {...}}
     decisions: list[dict]  # {"step", "window", "reason", "audit_id", "cosines"}
     audits: list[dict]  # {"audit_id", "step", "cosines", "macro_cosines", "probe_ids", "stats"}
-    probes: dict[str, int]  # counts by state, plus "declined" and "forced"
+    probes: dict[str, int]  # counts by state (incl. "expired"), plus "declined", "forced", "tokens_added"

@@ -62,7 +62,7 @@ CREATE TABLE IF NOT EXISTS probes (
     probe_id TEXT NOT NULL,
     seq INTEGER NOT NULL,          -- submission order
     prompt_id TEXT NOT NULL,
-    state TEXT NOT NULL,           -- active | complete | batched | audited | dropped
+    state TEXT NOT NULL,           -- active | complete | batched | audited | dropped | expired
     tokens INTEGER NOT NULL,       -- prefix length at offer + tokens added by extensions
     tokens_added INTEGER NOT NULL DEFAULT 0,
     oldest_version INTEGER NOT NULL,

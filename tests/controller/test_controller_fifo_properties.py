@@ -32,8 +32,9 @@ def _reference_batch(queue: list[tuple[str, str]], p: int, lookahead: int) -> li
 def test_scheduler_matches_the_windowed_fifo_reference(events, p, lookahead, cap, per_step):
     ctrl = Controller()
     rid = ctrl.register_run(
+        # S out of reach: this property is the FIFO rule alone (test_controller_staleness covers S)
         RunIn(policy=PolicyIn(candidates=[4, 8], max_len=16), probe_batch_size=p, lookahead=lookahead,
-              max_active_probes=cap, offers_per_step=per_step)
+              max_active_probes=cap, offers_per_step=per_step, staleness_limit=10_000)
     ).run_id
     queue: list[tuple[str, str]] = []  # reference: submission order, not dropped, not batched
     n_offered = 0
