@@ -53,16 +53,36 @@ class RolloutConfig(_Strict):
     top_p: float = Field(1.0, gt=0.0, le=1.0)
 
 
-class WindowSection(_Strict):
-    """Window policy: ``adwin`` (default), ``full``, ``fixed`` (``window``), ``linear`` (``start``, ``step``)."""
+class SurpriseSection(_Strict):
+    """``surprise`` policy: teacher-surprise horizon (``adwin.surprise`` measures, the policy smooths)."""
 
-    policy: Literal["adwin", "full", "fixed", "linear"] = "adwin"
+    threshold: float = Field(-9.2, lt=0.0, description="a token is lost when the teacher's logprob of it is below")
+    rank: int = Field(8, ge=1, le=1_000_000, description="per sample: the position of the rank-th lost token")
+    quantile: float = Field(0.9, ge=0.0, le=1.0, description="quantile of those positions over the batch")
+    scale: float = Field(1.25, gt=0.0, le=100.0, description="proposal = scale x quantile")
+    ema: float = Field(0.3, gt=0.0, le=1.0, description="weight of the newest proposal in the EMA")
+    min: int | None = Field(None, ge=1, description="None: the smallest candidate")
+    max: int | None = Field(None, ge=1, description="None: rollout.max_response_len")
+
+
+class WindowSection(_Strict):
+    """Window policy: ``adwin`` (default), ``full``, ``fixed`` (``window``), ``linear`` (``start``, ``step``),
+    ``surprise`` (``surprise.*``)."""
+
+    policy: Literal["adwin", "full", "fixed", "linear", "surprise"] = "adwin"
     candidates: list[int] = Field(default_factory=lambda: [32, 64, 128, 192, 256])
     threshold: float = Field(0.7, gt=0.0, le=1.0)
     initial: int | None = Field(None, ge=1)
     window: int | None = Field(None, ge=1)
     start: int | None = Field(None, ge=1)
     step: int | None = Field(None, ge=0)
+    surprise: SurpriseSection = Field(default_factory=SurpriseSection)
+
+    def policy_options(self) -> dict[str, float]:
+        """Policy-specific numbers for ``build_policy(options=...)`` (only ``surprise`` has any)."""
+        if self.policy != "surprise":
+            return {}
+        return {k: float(v) for k, v in self.surprise.model_dump().items() if v is not None}
 
 
 class ProbeConfig(_Strict):
@@ -100,6 +120,14 @@ class LossConfig(_Strict):
     is_low: float = Field(0.5, ge=0.0)
     is_high: float = Field(2.0, gt=0.0)
     mc_samples: int = Field(1, ge=1, le=4096, description="m cached actions per position for reverse_kl_mc")
+    iw_gamma: float = Field(0.0, ge=0.0, le=100.0, description="IW-OPD position weight 1 + gamma(1 - cum|A|/total|A|); 0 = off")
+
+    @model_validator(mode="after")
+    def _iw_needs_sampled_tokens(self) -> LossConfig:
+        if self.iw_gamma > 0 and self.name not in ("reverse_kl_pg", "k2", "k3"):
+            raise ValueError(f"loss.iw_gamma: IW-OPD weights need a sampled-token loss (reverse_kl_pg, k2, k3), "
+                             f"got loss.name={self.name!r}")
+        return self
 
 
 class OptimConfig(_Strict):
@@ -164,6 +192,7 @@ class TrainConfig(_Strict):
                 window=w.window,
                 start=w.start,
                 step=w.step,
+                options=w.policy_options(),
             )
         except WindowConfigError as e:
             raise ValueError(f"window: {e} (rollout.max_response_len={self.rollout.max_response_len})") from e

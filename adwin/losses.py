@@ -310,6 +310,29 @@ def generalized_jsd(student_logits: torch.Tensor, teacher_logits: torch.Tensor, 
     return _finish(per_pos, mask)
 
 
+# ----------------------------------------------------------------------------- IW-OPD position weights
+
+
+def iw_opd_weights(advantage: torch.Tensor, mask: torch.Tensor, gamma: float) -> torch.Tensor:
+    """IW-OPD per-token weights ``1 + gamma * (1 - C_t / C)`` (constants, no gradient).
+
+    advantage, mask: (B, L). Per sample, ``C_t`` is the cumulative ``|A|`` over the sample's masked
+    tokens strictly before ``t`` and ``C`` the total over all of them, so the first token weighs
+    ``1 + gamma`` and the weight falls towards 1 as the sample's teacher-student disagreement is used
+    up: late positions count less. A sample with ``C = 0`` (no disagreement, hence no loss) gets
+    ``1 + gamma`` everywhere. Returns (B, L), 0 off the mask.
+    """
+    if not math.isfinite(gamma) or gamma < 0:
+        raise ValueError(f"iw_gamma must be finite and >= 0, got {gamma}")
+    keep = mask > 0
+    a = torch.where(keep, _upcast(advantage.detach()).abs(), torch.zeros((), dtype=_upcast(advantage).dtype))
+    a = torch.nan_to_num(a, nan=0.0, posinf=0.0, neginf=0.0)  # (B, L)
+    before = a.cumsum(dim=1) - a  # (B, L) exclusive cumulative |A|
+    total = a.sum(dim=1, keepdim=True)  # (B, 1)
+    frac = torch.where(total > 0, before / total.clamp_min(torch.finfo(a.dtype).tiny), torch.zeros_like(before))
+    return torch.where(keep, 1.0 + gamma * (1.0 - frac), torch.zeros_like(frac))
+
+
 # ----------------------------------------------------------------------------- aggregation, dispatch
 
 
@@ -366,6 +389,7 @@ def opd_loss(
     is_method: str = "none",
     is_low: float = 0.5,
     is_high: float = 2.0,
+    iw_gamma: float = 0.0,
 ) -> tuple[torch.Tensor, dict[str, float]]:
     """One OPD loss by name over the first ``window`` response tokens -> (scalar loss, metrics).
 
@@ -376,7 +400,9 @@ def opd_loss(
     or neither). Metrics: ``loss/value``, ``loss/tokens`` (counted tokens), ``loss/teacher_kl`` (mean k1
     of KL(p || q) on sampled tokens, when the teacher's realized-token logprobs are known;
     ``reverse_kl_mc`` averages over the cached actions), ``loss/teacher_kl_k3``, and per loss the IS-ratio
-    percentiles and affected fractions or the top-k masses.
+    percentiles and affected fractions or the top-k masses. ``iw_gamma > 0`` (sampled-token losses only)
+    multiplies each token's loss by the IW-OPD weight ``iw_opd_weights(A, mask, iw_gamma)`` with
+    ``A = log q - log p`` over the counted tokens (metric ``loss/iw_weight_mean``).
     """
     if name not in LOSS_NAMES:
         raise ValueError(f"loss must be one of {LOSS_NAMES}, got {name!r}")
@@ -437,6 +463,14 @@ def opd_loss(
             per_token = reverse_kl(student_logits, teacher_logits, mask)
         else:
             per_token = generalized_jsd(student_logits, teacher_logits, beta, mask)
+
+    if iw_gamma:
+        if name not in ("reverse_kl_pg", "k2", "k3"):
+            raise ValueError(f"iw_gamma needs a sampled-token loss (reverse_kl_pg, k2, k3), got {name!r}")
+        lp = _upcast(realized.detach())
+        weights = iw_opd_weights(_fill_off(_upcast(teacher_realized), mask, lp) - lp, mask, iw_gamma)  # (B, L)
+        per_token = per_token * weights
+        metrics["loss/iw_weight_mean"] = _masked_mean(weights, mask)
 
     loss = aggregate(per_token, mask, aggregation)
     metrics["loss/value"] = float(loss.detach())

@@ -98,6 +98,7 @@ def optimize(student: torch.nn.Module, optimizer: torch.optim.Optimizer, schedul
         teacher_topk_ids=None if teacher.topk_ids is None else teacher.topk_ids.to(device),
         teacher_topk_logprobs=None if teacher.topk_logprobs is None else teacher.topk_logprobs.to(device),
         window=window, aggregation=lc.aggregation, beta=lc.jsd_beta, clip_low=lc.clip_low, clip_high=lc.clip_high,
+        iw_gamma=lc.iw_gamma,
     )
     loss.backward()
     clip = cfg.optim.grad_clip if cfg.optim.grad_clip > 0 else float("inf")
@@ -107,6 +108,7 @@ def optimize(student: torch.nn.Module, optimizer: torch.optim.Optimizer, schedul
     behavior = token_logprobs(logits.detach(), rows.input_ids.to(device)).cpu()  # (B, L)
     metrics = {"loss/total": float(loss.detach()), "loss/teacher_kl": lm.get("loss/teacher_kl", float("nan")),
                "loss/tokens": lm["loss/tokens"], "optim/grad_norm": float(grad_norm)}
+    metrics |= {k: v for k, v in lm.items() if k == "loss/iw_weight_mean"}  # IW-OPD runs only
     return metrics, behavior
 
 

@@ -25,6 +25,7 @@ from adwin.parts import Parts, build_optimizer, load_parts, open_loggers, run_sp
 from adwin.probes.pool import InlineProbeExecutor, ProbePool
 from adwin.probing import audit_ready_batch, extend_probes, offer_prefixes
 from adwin.step import Sampler, optimize, score_teacher, window_metrics
+from adwin.surprise import surprise_metrics
 
 log = logging.getLogger(__name__)
 
@@ -75,6 +76,8 @@ def train(cfg: TrainConfig, controller: ControllerAPI, parts: Parts | None = Non
             with clock("audit"):
                 m |= audit_ready_batch(controller, run_id, pool, parts, cfg, optimizer, version)
         m |= window_metrics(win) | ledger.record(batch, win.window, pool.tokens_generated)
+        m |= surprise_metrics(teacher.logprobs, batch.rows.response_mask, cfg.window.surprise) | {
+            "rollout/prompt_tokens": float(sum(map(len, batch.prompt_ids)))}  # surprise policy input; FLOPs
         if t == 0:
             m |= initial
         if (cfg.eval.every and (t + 1) % cfg.eval.every == 0) or t == cfg.steps - 1:

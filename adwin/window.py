@@ -35,6 +35,13 @@ class WindowPolicy(Protocol):
     def load_state_dict(self, state: Mapping[str, Any]) -> None: ...
 
 
+@runtime_checkable
+class StepObserver(Protocol):
+    """A policy that learns from each step's metrics (the controller feeds them from ``report_step``)."""
+
+    def observe_step(self, step: int, metrics: Mapping[str, float]) -> bool: ...
+
+
 def _check_positive_int(field: str, value: int) -> int:
     if isinstance(value, bool) or not isinstance(value, int) or value < 1:
         raise WindowConfigError(f"{field} must be an integer >= 1, got {value!r}")
@@ -209,12 +216,93 @@ class AdaptiveWindow:
         self.decisions = int(state.get("decisions", 0))
 
 
+class SurpriseWindow:
+    """Teacher-surprise horizon: a gradient-free adaptive baseline (no probes, no audits).
+
+    Each step the trainer reports ``rollout/surprise_horizon`` (``adwin.surprise``: ``scale`` x the
+    ``quantile`` over samples of the response position of the ``rank``-th token whose teacher logprob is
+    below ``threshold``). The next window is an EMA of those proposals, ``(1 - ema) * old + ema * new``,
+    rounded and clipped to ``[min_window, max_window]``. Before the first observation the window is
+    ``initial`` (default: the full horizon, so the first observations see whole rollouts).
+
+    Observations arrive as step metrics (``observe_step``), once per step: a repeated or older step is
+    ignored, so a step reported twice (in parts, or retried) cannot move the EMA twice.
+    """
+
+    name = "surprise"
+    METRIC = "rollout/surprise_horizon"
+
+    def __init__(
+        self,
+        max_len: int,
+        *,
+        min_window: int = 1,
+        max_window: int | None = None,
+        ema: float = 0.3,
+        initial: int | None = None,
+    ) -> None:
+        self.max_len = _check_positive_int("max_len", max_len)
+        self.min_window = _check_positive_int("min", min_window)
+        self.max_window = _check_positive_int("max", max_window if max_window is not None else max_len)
+        if self.max_window > self.max_len:
+            raise WindowConfigError(f"max={self.max_window} must be <= max_len={self.max_len}")
+        if self.min_window > self.max_window:
+            raise WindowConfigError(f"min={self.min_window} must be <= max={self.max_window}")
+        if isinstance(ema, bool) or not isinstance(ema, (int, float)) or not 0.0 < ema <= 1.0:
+            raise WindowConfigError(f"ema must be in (0, 1] (the weight of the newest observation), got {ema!r}")
+        self.ema = float(ema)
+        self.initial = _check_positive_int("initial", initial if initial is not None else self.max_window)
+        if not self.min_window <= self.initial <= self.max_window:
+            raise WindowConfigError(f"initial={self.initial} must be in [min={self.min_window}, max={self.max_window}]")
+        self.level = float(self.initial)  # the EMA, before rounding and clipping
+        self.last_step = -1
+        self.observations = 0
+
+    def window(self, step: int) -> int:
+        return min(self.max_window, max(self.min_window, int(round(self.level))))
+
+    def observe(self, result: Any) -> bool:
+        return False  # audits do not steer this policy
+
+    def observe_step(self, step: int, metrics: Mapping[str, float]) -> bool:
+        """Fold step ``step``'s surprise horizon into the EMA; True when the window changed."""
+        value = metrics.get(self.METRIC)
+        if value is None or step <= self.last_step:
+            return False
+        value = float(value)
+        if not math.isfinite(value) or value < 0:
+            raise ValueError(f"{self.METRIC} must be finite and >= 0, got {value}")
+        before = self.window(step)
+        self.level = (1.0 - self.ema) * self.level + self.ema * value
+        self.last_step, self.observations = step, self.observations + 1
+        return self.window(step + 1) != before
+
+    def state_dict(self) -> dict[str, Any]:
+        return {
+            "name": self.name,
+            "max_len": self.max_len,
+            "min": self.min_window,
+            "max": self.max_window,
+            "ema": self.ema,
+            "initial": self.initial,
+            "level": self.level,
+            "last_step": self.last_step,
+            "observations": self.observations,
+        }
+
+    def load_state_dict(self, state: Mapping[str, Any]) -> None:
+        self.max_len, self.min_window, self.max_window = int(state["max_len"]), int(state["min"]), int(state["max"])
+        self.ema, self.initial = float(state["ema"]), int(state["initial"])
+        self.level, self.last_step = float(state["level"]), int(state["last_step"])
+        self.observations = int(state.get("observations", 0))
+
+
 def parse_policy_spec(spec: str) -> dict[str, Any]:
-    """Parse the CLI shorthand ``adwin``, ``full``, ``fixed:W``, ``linear:START:STEP`` into fields."""
+    """Parse the CLI shorthand ``adwin``, ``full``, ``surprise``, ``fixed:W``, ``linear:START:STEP``."""
     name, _, rest = spec.partition(":")
     args = [a for a in rest.split(":") if a] if rest else []
     try:
-        if name in ("adwin", "full") and not args:
+        if name in ("adwin", "full", "surprise") and not args:
             return {"name": name}
         if name == "fixed" and len(args) == 1:
             return {"name": "fixed", "window": int(args[0])}
@@ -223,7 +311,7 @@ def parse_policy_spec(spec: str) -> dict[str, Any]:
     except ValueError:
         pass
     raise WindowConfigError(
-        f"window_policy {spec!r} is not one of: adwin, full, fixed:W, linear:START:STEP (integers)"
+        f"window_policy {spec!r} is not one of: adwin, full, surprise, fixed:W, linear:START:STEP (integers)"
     )
 
 
@@ -237,8 +325,14 @@ def build_policy(
     window: int | None = None,
     start: int | None = None,
     step: int | None = None,
+    options: Mapping[str, float] | None = None,
 ) -> WindowPolicy:
-    """Build a policy from plain fields (what configs and the controller's register call carry)."""
+    """Build a policy from plain fields (what configs and the controller's register call carry).
+
+    ``options`` holds policy-specific numbers; ``surprise`` reads ``min`` (default: the smallest
+    candidate, else 1), ``max`` (default ``max_len``) and ``ema`` (default 0.3) and ignores the rest
+    (the trainer's measurement parameters travel along for the record).
+    """
     if name == "adwin":
         return AdaptiveWindow(candidates, threshold=threshold, max_len=max_len, initial=initial)
     if name == "full":
@@ -251,7 +345,18 @@ def build_policy(
         if start is None or step is None:
             raise WindowConfigError("start and step are required for the linear policy")
         return LinearWindow(start, step, max_len)
-    raise WindowConfigError(f"policy name must be one of adwin, full, fixed, linear; got {name!r}")
+    if name == "surprise":
+        opts = dict(options or {})
+        lo = opts.get("min")
+        hi = opts.get("max")
+        return SurpriseWindow(
+            max_len,
+            min_window=int(lo) if lo is not None else (int(candidates[0]) if candidates else 1),
+            max_window=int(hi) if hi is not None else None,
+            ema=float(opts.get("ema", 0.3)),
+            initial=initial,
+        )
+    raise WindowConfigError(f"policy name must be one of adwin, full, fixed, linear, surprise; got {name!r}")
 
 
 def policy_from_state(state: Mapping[str, Any]) -> WindowPolicy:
@@ -265,6 +370,9 @@ def policy_from_state(state: Mapping[str, Any]) -> WindowPolicy:
         policy = FixedWindow(int(state["w"]))
     elif name == "linear":
         policy = LinearWindow(int(state["start"]), int(state["step"]), int(state["max_len"]))
+    elif name == "surprise":
+        policy = SurpriseWindow(int(state["max_len"]), min_window=int(state["min"]), max_window=int(state["max"]),
+                                ema=float(state["ema"]), initial=int(state["initial"]))
     else:
         raise WindowConfigError(f"unknown policy name in state: {name!r}")
     policy.load_state_dict(state)

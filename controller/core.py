@@ -32,7 +32,7 @@ from adwin.controller.audits import AuditAggregator
 from adwin.controller.scheduler import ProbeScheduler
 from adwin.controller.schemas import MAX_INT, RunIn, RunOut, StepMetricsIn, TelemetryOut, WindowOut
 from adwin.controller.store import dumps, loads
-from adwin.window import WindowConfigError, build_policy, validate_candidates
+from adwin.window import StepObserver, WindowConfigError, build_policy, policy_from_state, validate_candidates
 
 logger = logging.getLogger(__name__)
 
@@ -59,6 +59,7 @@ class Controller(ProbeScheduler, AuditAggregator):
                 window=p.window,
                 start=p.start,
                 step=p.step,
+                options=p.options,
             )
         except WindowConfigError as e:
             raise InvalidInput(f"policy: {e}") from e
@@ -142,13 +143,32 @@ class Controller(ProbeScheduler, AuditAggregator):
                 (run_id, metrics.step, dumps(merged)),
             )
             self._touch_step(run, metrics.step)
+            policy = self._observe_step(run, metrics)  # step-metric policies (surprise); None: unchanged
 
             def on_commit() -> None:
                 run.last_step = max(run.last_step, metrics.step)
+                if policy is not None:
+                    run.policy = policy
 
             return None, on_commit
 
         self._write(run_id, idempotency_key, "report_step", apply)
+
+    def _observe_step(self, run: Any, metrics: StepMetricsIn) -> Any:
+        """Feed a step-observing policy (``StepObserver``) on a copy; persist its state, log a changed window."""
+        if not isinstance(run.policy, StepObserver):
+            return None
+        policy = policy_from_state(run.policy.state_dict())
+        try:
+            changed = policy.observe_step(metrics.step, metrics.metrics)
+        except ValueError as e:
+            raise InvalidInput(f"step {metrics.step}: {e}") from e
+        self._store.execute("UPDATE runs SET policy_state=? WHERE run_id=?", (dumps(policy.state_dict()), run.run_id))
+        if changed:
+            seq = self._store.one("SELECT MAX(seq) AS s FROM decisions WHERE run_id=?", (run.run_id,))["s"] + 1
+            self._store.execute("INSERT INTO decisions (run_id, seq, step, window, reason) VALUES (?, ?, ?, ?, 'schedule')",
+                                (run.run_id, seq, metrics.step + 1, policy.window(metrics.step + 1)))
+        return policy
 
     def telemetry(self, run_id: str, since_step: int = 0) -> TelemetryOut:
         if not 0 <= since_step <= MAX_INT:

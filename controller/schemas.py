@@ -28,7 +28,7 @@ class _Out(BaseModel):
 
 
 class PolicyIn(_In):
-    name: Literal["adwin", "full", "fixed", "linear"] = "adwin"
+    name: Literal["adwin", "full", "fixed", "linear", "surprise"] = "adwin"
     candidates: list[PositiveCount] = Field(default_factory=list)
     threshold: float = Field(0.7, gt=0.0, le=1.0)
     max_len: int = Field(8192, ge=1, le=MAX_INT)
@@ -36,6 +36,8 @@ class PolicyIn(_In):
     window: int | None = Field(None, ge=1, le=MAX_INT)
     start: int | None = Field(None, ge=1, le=MAX_INT)
     step: int | None = Field(None, ge=0, le=MAX_INT)
+    options: dict[str, Annotated[float, Field(allow_inf_nan=False, ge=-1e9, le=1e9)]] = Field(
+        default_factory=dict, description="policy-specific numbers (surprise: min, max, ema, ...)")
 
 
 class RunIn(_In):
