@@ -97,6 +97,10 @@ class ProbeConfig(_Strict):
     is_low: float = Field(0.5, ge=0.0)
     is_high: float = Field(2.0, gt=0.0)
     ray_address: str | None = None
+    ray_num_cpus: int = Field(2, ge=1, le=4096, description="CPUs of the local Ray cluster when no ray_address")
+    workers: int = Field(1, ge=1, le=1024, description="probe workers (threads or Ray actors), one round each in flight")
+    fault_policy: Literal["reissue", "drop"] = Field("reissue", description="probes of a failed worker round")
+    max_reissues: int = Field(2, ge=0, le=1000, description="re-issues per probe before it is dropped as lost")
 
 
 class AuditConfig(_Strict):

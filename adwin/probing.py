@@ -13,9 +13,11 @@ from adwin.config import TrainConfig
 from adwin.controller.api import ControllerAPI
 from adwin.controller.schemas import AuditIn, OfferIn, ProbeOfferItem
 from adwin.parts import Parts
-from adwin.probes.pool import InlineProbeExecutor, Probe, ProbePool
+from adwin.probes.async_executor import AsyncProbeExecutor
+from adwin.probes.executors import build_executor
+from adwin.probes.pool import Probe, ProbePool
 from adwin.rollout import eos_ids, pad_id_of
-from adwin.step import Batch
+from adwin.step import Batch, Sampler
 
 log = logging.getLogger(__name__)
 
@@ -43,13 +45,24 @@ def offer_prefixes(controller: ControllerAPI, run_id: str, step: int, batch: Bat
     return {"probe/offered": float(len(offers)), "probe/accepted": float(len(accepted))}
 
 
-def extend_probes(controller: ControllerAPI, run_id: str, version: int, executor: InlineProbeExecutor,
+def make_executor(cfg: TrainConfig, pool: ProbePool, parts: Parts, gen: Sampler) -> AsyncProbeExecutor:
+    """The configured probe backend. Inline rounds use the trainer's sampler; thread and Ray workers a replica."""
+    p, r = cfg.probes, cfg.rollout
+    return build_executor(p.backend, pool, parts.student, eos=gen.eos, pad_id=gen.pad, temperature=r.temperature,
+                          top_p=r.top_p, extend=gen.extend, workers=p.workers, ray_address=p.ray_address,
+                          ray_num_cpus=p.ray_num_cpus, fault_policy=p.fault_policy, max_reissues=p.max_reissues)
+
+
+def extend_probes(controller: ControllerAPI, run_id: str, version: int, executor: AsyncProbeExecutor,
                   pool: ProbePool, ledger: TokenLedger, limit: int) -> dict[str, float]:
-    """One probe round under the controller's plan with weights ``version``; report every probe."""
-    plan = controller.probe_plan(run_id, version)
-    stats = executor.run_round(plan, version)
+    """Publish weights ``version`` to the workers and advance the probe rounds; report every probe.
+
+    Returns at once unless the plan force-completes probes at the staleness limit (``probe/blocked_s``;
+    with the inline backend every round blocks). Rounds in flight keep running into the next step.
+    """
+    sync_s = executor.publish(version)
+    stats = executor.advance(controller, run_id, version)
     for rep in stats.reports:
-        controller.report_probe(run_id, rep, idempotency_key=f"{run_id}-probe-{rep.probe_id}-{version}")
         probe = pool.get(rep.probe_id) if rep.probe_id in pool else None
         if rep.finished and probe is not None and probe.versions and probe.versions[-1] > probe.submitted_step:
             ledger.completed_lengths.append(len(probe.response_ids))  # a truncated sample's full length
@@ -58,16 +71,22 @@ def extend_probes(controller: ControllerAPI, run_id: str, version: int, executor
     stale = [pool.get(r.probe_id).staleness(version) for r in stats.reports if r.probe_id in pool]
     if stale and max(stale) > limit:
         raise RuntimeError(f"probe staleness {max(stale)} exceeds the limit S={limit} at version {version}")
-    return {"probe/active": float(len(plan.active)), "probe/forced": float(stats.forced),
+    expired = pool.evict_complete_past(version, limit)  # the controller expires them: they can never be audited
+    return {"probe/active": float(stats.active), "probe/forced": float(stats.forced),
             "probe/completed": float(stats.completed), "probe/tokens": float(stats.tokens), "probe/pool": float(len(pool)),
             "probe/staleness_max": float(max(stale, default=0)),
-            "probe/staleness_mean": float(np.mean(stale)) if stale else 0.0}
+            "probe/staleness_mean": float(np.mean(stale)) if stale else 0.0,
+            "probe/blocked_s": stats.blocked_s, "probe/sync_s": sync_s, "probe/in_flight": float(stats.in_flight),
+            "probe/submitted": float(stats.submitted), "probe/reissued": float(stats.reissued),
+            "probe/lost": float(stats.lost), "probe/worker_restarts": float(stats.restarts),
+            "probe/evicted": float(expired)}
 
 
 def audit_ready_batch(controller: ControllerAPI, run_id: str, pool: ProbePool, parts: Parts, cfg: TrainConfig,
                       optimizer: torch.optim.Optimizer, version: int) -> dict[str, float]:
     """When P probes are complete: audit them under the current weights and submit the cosines."""
     from adwin.alignment import audit
+    from adwin.stale_audit import stale_token_weights
 
     ready = controller.next_probe_batch(run_id, idempotency_key=f"{run_id}-batch-{version}")
     if ready is None:
@@ -79,14 +98,17 @@ def audit_ready_batch(controller: ControllerAPI, run_id: str, pool: ProbePool, p
                     ready.audit_id, max(stale), cfg.probes.staleness_limit)
     batch = pool.probe_batch(probes, pad_id_of(parts.tokenizer, eos_ids(parts.student, parts.tokenizer)),
                              parts.teachers.score)
+    pc = cfg.probes
+    weights, is_metrics = stale_token_weights(parts.student, batch, pc.is_method, pc.is_low, pc.is_high, version)
     res = audit(parts.student, batch, cfg.window.candidates, method=cfg.audit.method, metric=cfg.audit.metric,
-                optimizer=optimizer, sketch_dim=cfg.audit.sketch_dim, seed=cfg.seed)
+                optimizer=optimizer, sketch_dim=cfg.audit.sketch_dim, seed=cfg.seed, token_weights=weights)
     out = controller.submit_audit(run_id, ready.audit_id,
                                   AuditIn(cosines=res.cosines, macro_cosines=res.macro_cosines or None,
                                           stats={"elapsed_s": res.elapsed_s, "probes": float(len(probes))}),
                                   idempotency_key=f"{run_id}-audit-{ready.audit_id}")
     m = {"audit/id": float(ready.audit_id), "audit/time": res.elapsed_s, "audit/staleness_max": float(max(stale)),
          "audit/staleness_mean": float(np.mean(stale)), "audit/probe_tokens": float(batch.response_mask.sum())}
+    m |= is_metrics
     m |= {f"audit/micro_cos_{c}": v for c, v in res.cosines.items()}
     m |= {f"audit/macro_cos_{c}": v for c, v in res.macro_cosines.items()}
     if out.decision is not None:

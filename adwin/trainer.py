@@ -22,8 +22,8 @@ from adwin.config import TrainConfig
 from adwin.controller.api import ControllerAPI
 from adwin.evaluate import evaluate
 from adwin.parts import Parts, build_optimizer, load_parts, open_loggers, run_spec, seed_everything
-from adwin.probes.pool import InlineProbeExecutor, ProbePool
-from adwin.probing import audit_ready_batch, extend_probes, offer_prefixes
+from adwin.probes.pool import ProbePool
+from adwin.probing import audit_ready_batch, extend_probes, make_executor, offer_prefixes
 from adwin.step import Sampler, optimize, score_teacher, window_metrics
 from adwin.surprise import surprise_metrics
 
@@ -51,9 +51,9 @@ def train(cfg: TrainConfig, controller: ControllerAPI, parts: Parts | None = Non
     optimizer, scheduler = build_optimizer(cfg, parts.student)
     gen = Sampler(parts, cfg)
     pool = ProbePool(cfg.rollout.max_response_len)
-    executor = InlineProbeExecutor(pool, gen.extend)
     ledger = TokenLedger(cfg.rollout.max_response_len)
     probing = cfg.window.policy == "adwin" and cfg.probes.offers_per_step > 0
+    executor = make_executor(cfg, pool, parts, gen) if probing else None  # thread/Ray workers start here
     clock, started = Clock(), time.perf_counter()
     with clock("eval"):
         initial = evaluate(parts, cfg, gen)
@@ -92,6 +92,8 @@ def train(cfg: TrainConfig, controller: ControllerAPI, parts: Parts | None = Non
         clock.reset()  # after logging: step 0 carries the initial evaluation's time
         if on_step is not None:
             on_step(t, m)
+    if executor is not None:
+        executor.close()
     sinks.close()
     return TrainResult(run_id, run_dir, initial, final, sinks.history, ledger.totals(pool.tokens_generated))
 

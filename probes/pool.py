@@ -114,6 +114,38 @@ class ProbePool:
         with self._lock:
             return [p.staleness(version_now) for p in self._probes.values()]
 
+    def evict_complete_past(self, version_now: int, limit: int) -> int:
+        """Drop finished probes whose staleness is past ``limit``: no audit may take them any more."""
+        with self._lock:
+            gone = [pid for pid, p in self._probes.items() if p.finished and p.staleness(version_now) > limit]
+            for pid in gone:
+                del self._probes[pid]
+        return len(gone)
+
+    def budget(self, probe: Probe, cap: int | None) -> int:
+        """Tokens ``probe`` may add this round: up to ``cap`` (``None``: to the horizon)."""
+        left = self.max_response_len - len(probe.response_ids)
+        return max(0, left if cap is None else min(cap, left))
+
+    def apply(self, probes: Sequence[Probe], ext: Extension, version: int, *, force: bool) -> dict[str, int]:
+        """Append one extension per probe (tagged ``version``); returns tokens added by probe id.
+
+        Called from one thread at a time (the trainer's, or the inline executor's); a probe that left the
+        pool meanwhile (dropped) is skipped.
+        """
+        added: dict[str, int] = {}
+        for i, p in enumerate(probes):
+            if p.probe_id not in self._probes:
+                continue
+            p.append(ext.tokens[i], ext.logprobs[i], version)
+            added[p.probe_id] = len(ext.tokens[i])
+            at_horizon = len(p.response_ids) >= self.max_response_len
+            # A forced probe is complete by definition once its one long extension returns.
+            p.finished = bool(ext.finished[i]) or at_horizon or force
+            p.forced = p.forced or force
+            self.tokens_generated += len(ext.tokens[i])
+        return added
+
     def probe_batch(self, probes: Sequence[Probe], pad_id: int,
                     score: Callable[[torch.Tensor, torch.Tensor, list[str]], torch.Tensor]) -> ProbeBatch:
         """Right-padded rows of complete probes, teacher-scored by ``score(input_ids, attention_mask, routes)``."""
@@ -168,27 +200,20 @@ class InlineProbeExecutor:
     def _extend(self, ids: list[str], cap: int | None, step: int, version: int, stats: RoundStats, *, force: bool) -> None:
         probes = [self.pool.get(pid) for pid in ids]
         todo = [p for p in probes if not p.finished]
-        budgets = [self._budget(p, cap) for p in todo]
+        budgets = [self.pool.budget(p, cap) for p in todo]
         ext = self.extend([p.prompt_ids + p.response_ids for p in todo], budgets) if todo else None
-        added: dict[str, int] = {}
-        for i, p in enumerate(todo):
-            assert ext is not None
-            p.append(ext.tokens[i], ext.logprobs[i], version)
-            added[p.probe_id] = len(ext.tokens[i])
-            at_horizon = len(p.response_ids) >= self.pool.max_response_len
-            # A forced probe is complete by definition once its one long extension returns.
-            p.finished = bool(ext.finished[i]) or at_horizon or force
-            p.forced = p.forced or force
-        for p in probes:
-            n = added.get(p.probe_id, 0)
-            stats.tokens += n
-            self.pool.tokens_generated += n
-            stats.extended += int(n > 0)
-            stats.forced += int(force)
-            stats.completed += int(p.finished)
-            stats.reports.append(ProbeReportIn(probe_id=p.probe_id, step=step, tokens_added=n, version=version,
-                                               finished=p.finished, forced=force))
+        added = self.pool.apply(todo, ext, version, force=force) if ext is not None else {}
+        record_round(stats, probes, added, step, version, force=force)
 
-    def _budget(self, probe: Probe, cap: int | None) -> int:
-        left = self.pool.max_response_len - len(probe.response_ids)
-        return max(0, left if cap is None else min(cap, left))
+
+def record_round(stats: RoundStats, probes: Sequence[Probe], added: dict[str, int], step: int, version: int,
+                 *, force: bool) -> None:
+    """Count one applied extension round into ``stats`` and add one report per probe."""
+    for p in probes:
+        n = added.get(p.probe_id, 0)
+        stats.tokens += n
+        stats.extended += int(n > 0)
+        stats.forced += int(force)
+        stats.completed += int(p.finished)
+        stats.reports.append(ProbeReportIn(probe_id=p.probe_id, step=step, tokens_added=n, version=version,
+                                           finished=p.finished, forced=force))

@@ -38,6 +38,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--log-stdout", action="store_true", help="print one metrics line per step")
     parser.add_argument("--no-progress", action="store_true", help="no progress bar")
     parser.add_argument("--no-serve", action="store_true", help="do not serve the embedded controller over HTTP")
+    parser.add_argument("--probe-backend", choices=["inline", "thread", "ray"],
+                        help="where probe rounds run: inline (in the step), thread (background thread with its own "
+                             "student replica) or ray (Ray actors; local cluster unless --ray-address)")
+    parser.add_argument("--ray-address", metavar="ADDR", help="Ray cluster for --probe-backend ray (default: start a local one)")
 
 
 def _overrides(args: argparse.Namespace) -> dict[str, Any]:
@@ -54,7 +58,8 @@ def _overrides(args: argparse.Namespace) -> dict[str, Any]:
     if args.window_policy:
         apply_policy_spec(ov, args.window_policy)
     simple = {"window.threshold": args.threshold, "steps": args.steps, "seed": args.seed, "out_dir": args.out,
-              "name": args.name, "controller.url": args.controller_url, "logging.wandb": args.wandb}
+              "name": args.name, "controller.url": args.controller_url, "logging.wandb": args.wandb,
+              "probes.backend": args.probe_backend, "probes.ray_address": args.ray_address}
     ov.update({k: v for k, v in simple.items() if v is not None})
     if args.log_stdout:
         ov["logging.stdout"] = True

@@ -1,0 +1,75 @@
+"""``build_executor``: the probe executor for a backend (``inline`` | ``thread`` | ``ray``), one interface.
+
+* ``inline``: rounds run in the trainer's thread on the trainer's model (every round blocks the step).
+* ``thread``: ``workers`` background threads, each with its own replica (a deep copy of the student).
+* ``ray``: ``workers`` Ray actors, each with its own replica shipped through the object store; weights
+  are ``ray.put`` once per version. ``ray_address`` joins a cluster, else a local one with
+  ``ray_num_cpus`` CPUs starts.
+"""
+
+from __future__ import annotations
+
+import copy
+from collections.abc import Callable
+from typing import Any, Literal
+
+import torch
+
+from adwin.probes.async_executor import AsyncProbeExecutor, FaultPolicy
+from adwin.probes.extender import ModelExtender, snapshot_weights
+from adwin.probes.pool import Extender, ProbePool
+from adwin.probes.workers import InlineWorker, ProbeWorker, ThreadWorker
+
+Backend = Literal["inline", "thread", "ray"]
+BACKENDS: tuple[str, ...] = ("inline", "thread", "ray")
+
+
+def build_executor(backend: str, pool: ProbePool, model: torch.nn.Module, *, eos: set[int], pad_id: int,
+                   temperature: float = 1.0, top_p: float = 1.0, extend: Extender | None = None, workers: int = 1,
+                   ray_address: str | None = None, ray_num_cpus: int = 2, fault_policy: FaultPolicy = "reissue",
+                   max_reissues: int = 2) -> AsyncProbeExecutor:
+    """An executor whose workers sample like ``ModelExtender(model, eos, pad_id, temperature, top_p)``.
+
+    ``extend`` overrides the inline backend's extender (the trainer's own sampler); ``model`` is the
+    trainer's student, the source of every replica and weights snapshot.
+    """
+    if backend not in BACKENDS:
+        raise ValueError(f"probe backend must be one of {BACKENDS}, got {backend!r}")
+    kw: dict[str, Any] = {"workers": workers, "fault_policy": fault_policy, "max_reissues": max_reissues}
+    if backend == "inline":
+        inline = extend or ModelExtender(model, eos, pad_id, temperature, top_p)
+        return AsyncProbeExecutor(pool, lambda: InlineWorker(inline), **{**kw, "workers": 1})
+    if backend == "thread":
+        return AsyncProbeExecutor(pool, _thread_spawner(model, eos, pad_id, temperature, top_p),
+                                  snapshot=lambda: snapshot_weights(model), **kw)
+    return _ray_executor(pool, model, eos, pad_id, temperature, top_p, ray_address, ray_num_cpus, kw)
+
+
+def _thread_spawner(model: torch.nn.Module, eos: set[int], pad_id: int, temperature: float,
+                    top_p: float) -> Callable[[], ProbeWorker]:
+    count = iter(range(1_000_000))
+
+    def spawn() -> ProbeWorker:
+        replica = copy.deepcopy(model).eval()  # loads the published version before its first round
+        ext = ModelExtender(replica, eos, pad_id, temperature, top_p)
+        return ThreadWorker(ext, ext.load, name=f"probe-worker-{next(count)}")
+
+    return spawn
+
+
+def _ray_executor(pool: ProbePool, model: torch.nn.Module, eos: set[int], pad_id: int, temperature: float,
+                  top_p: float, address: str | None, num_cpus: int, kw: dict[str, Any]) -> AsyncProbeExecutor:
+    import ray
+
+    from adwin.probes.ray_actor import RayWorker, ensure_ray
+
+    ensure_ray(address, num_cpus)
+    replica = copy.deepcopy(model).to("cpu").eval()
+    for p in replica.parameters():
+        p.grad = None
+    model_ref = ray.put(replica)  # shipped once; every (re)started actor starts from it
+
+    def spawn() -> ProbeWorker:
+        return RayWorker(model_ref, eos, pad_id, temperature, top_p)
+
+    return AsyncProbeExecutor(pool, spawn, snapshot=lambda: ray.put(snapshot_weights(model)), **kw)

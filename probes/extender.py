@@ -1,0 +1,36 @@
+"""An ``Extender`` over a transformers causal LM: what probe workers run on their own student replica."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+import torch
+
+from adwin.probes.pool import Extension
+from adwin.rollout import generate
+
+
+@dataclass
+class ModelExtender:
+    """Samples continuations with ``model`` (temperature/top-p as the rollouts) and records behavior logprobs."""
+
+    model: torch.nn.Module
+    eos: set[int]
+    pad_id: int
+    temperature: float = 1.0
+    top_p: float = 1.0
+
+    def __call__(self, contexts: list[list[int]], budgets: list[int]) -> Extension:
+        g = generate(self.model, contexts, budgets, eos=self.eos, pad_id=self.pad_id, temperature=self.temperature,
+                     top_p=self.top_p, with_logprobs=True)
+        return Extension(g.response_ids, g.logprobs or [[] for _ in contexts], g.finished)
+
+    def load(self, weights: Mapping[str, torch.Tensor]) -> None:
+        """Move the replica to a published version (a step-boundary snapshot of the trainer's weights)."""
+        self.model.load_state_dict(weights)
+
+
+def snapshot_weights(model: torch.nn.Module) -> dict[str, torch.Tensor]:
+    """A CPU copy of ``model``'s state at a step boundary: the trainer keeps updating its own tensors."""
+    return {k: v.detach().to("cpu", copy=True) for k, v in model.state_dict().items()}

@@ -1,0 +1,88 @@
+"""Ray probe workers: one actor per worker, each holding its own student replica.
+
+``ray.init()`` starts a local cluster (``num_cpus`` CPUs, 2 by default) unless an address is given
+(``--ray-address``). The model is shipped once through the object store when an actor starts; at step
+boundaries the executor ``ray.put``s the new weights once and passes the reference with the next round
+of each actor that is behind, so every actor loads each version at most once and only when it works.
+"""
+
+from __future__ import annotations
+
+import logging
+from concurrent.futures import Future
+from functools import cache
+from typing import Any
+
+import torch
+
+from adwin.probes.pool import Extension
+from adwin.probes.workers import RoundJob
+
+log = logging.getLogger(__name__)
+
+
+def ensure_ray(address: str | None = None, num_cpus: int = 2) -> None:
+    """Connect to ``address`` or start a local cluster, once per process."""
+    import ray
+
+    if ray.is_initialized():
+        return
+    if address:
+        ray.init(address=address, log_to_driver=False)
+    else:
+        ray.init(num_cpus=num_cpus, include_dashboard=False, log_to_driver=False, configure_logging=False)
+
+
+@cache
+def _actor_class() -> Any:
+    import ray
+
+    @ray.remote
+    class ProbeActor:
+        def __init__(self, model: torch.nn.Module, eos: list[int], pad_id: int, temperature: float,
+                     top_p: float) -> None:
+            from adwin.probes.extender import ModelExtender
+
+            torch.set_num_threads(1)  # small models: one intra-op thread; the trainer needs the other core
+            self.extender = ModelExtender(model.eval(), set(eos), pad_id, temperature, top_p)
+
+        def extend(self, contexts: list[list[int]], budgets: list[int],
+                   weights: dict[str, torch.Tensor] | None) -> Extension:
+            if weights is not None:
+                self.extender.load(weights)
+            return self.extender(contexts, budgets)
+
+        def ping(self) -> bool:
+            return True
+
+    return ProbeActor
+
+
+class RayWorker:
+    """A ``ProbeWorker`` backed by one Ray actor; ``model_ref`` is the replica in the object store."""
+
+    synchronous = False
+
+    def __init__(self, model_ref: Any, eos: set[int], pad_id: int, temperature: float = 1.0,
+                 top_p: float = 1.0, num_cpus: float = 1.0) -> None:
+        self.actor = _actor_class().options(num_cpus=num_cpus, max_restarts=0).remote(
+            model_ref, sorted(eos), pad_id, temperature, top_p)
+
+    def submit(self, job: RoundJob) -> Future[Extension]:
+        return self.actor.extend.remote(job.contexts, job.budgets, job.weights).future()
+
+    def alive(self) -> bool:
+        import ray
+
+        try:
+            return bool(ray.get(self.actor.ping.remote(), timeout=30))
+        except Exception:  # noqa: BLE001 - any failure to answer means the actor is gone for us
+            return False
+
+    def close(self) -> None:
+        import ray
+
+        try:
+            ray.kill(self.actor)
+        except Exception:  # noqa: BLE001 - already dead
+            log.debug("ray actor already gone", exc_info=True)

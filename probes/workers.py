@@ -1,0 +1,125 @@
+"""Probe workers: where extension rounds run. One narrow interface, three kinds.
+
+A worker takes one ``RoundJob`` at a time (contexts, budgets, the weights version to use and, when the
+worker's replica is older, that version's weights) and answers with a ``concurrent.futures.Future`` of
+an ``Extension``. The executor (``adwin.probes.async_executor``) decides what to submit and applies
+results; workers never touch the pool or the controller.
+
+* ``InlineWorker``: runs the job in the caller's thread on the trainer's own model (no replica, no sync).
+* ``ThreadWorker``: one background thread holding its own student replica. An exception in a job
+  kills the thread (the future carries the error); the executor then spawns a fresh worker.
+* ``RayWorker`` (``adwin.probes.ray_actor``): a Ray actor holding its own replica.
+"""
+
+from __future__ import annotations
+
+import logging
+import queue
+import threading
+from collections.abc import Callable, Mapping
+from concurrent.futures import Future
+from dataclasses import dataclass, field
+from typing import Any, Protocol, runtime_checkable
+
+from adwin.probes.pool import Extender, Extension
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class RoundJob:
+    """One extension round for one worker: ragged contexts with their token budgets."""
+
+    probe_ids: list[str]
+    contexts: list[list[int]]
+    budgets: list[int]
+    version: int  # the weights version every token of this round is tagged with
+    force: bool = False  # forced completion at the staleness limit (budgets run to the horizon)
+    weights: Any = None  # that version's weights when the worker's replica is older, else None
+    meta: dict[str, Any] = field(default_factory=dict)
+
+
+@runtime_checkable
+class ProbeWorker(Protocol):
+    synchronous: bool  # True: ``submit`` runs the job before returning (time spent is blocking time)
+
+    def submit(self, job: RoundJob) -> Future[Extension]: ...
+
+    def alive(self) -> bool: ...
+
+    def close(self) -> None: ...
+
+
+class InlineWorker:
+    """Extends in the caller's thread with the trainer's model: every round is on the critical path."""
+
+    synchronous = True
+
+    def __init__(self, extend: Extender) -> None:
+        self.extend = extend
+
+    def submit(self, job: RoundJob) -> Future[Extension]:
+        fut: Future[Extension] = Future()
+        try:
+            fut.set_result(self.extend(job.contexts, job.budgets))
+        except Exception as e:  # noqa: BLE001 - the executor's fault path handles every failure alike
+            fut.set_exception(e)
+        return fut
+
+    def alive(self) -> bool:
+        return True
+
+    def close(self) -> None:
+        return None
+
+
+_STOP = object()
+
+
+class ThreadWorker:
+    """A daemon thread with its own replica: ``load(weights)`` then ``extend`` for each job, in order.
+
+    ``load`` moves the replica to the job's version (a snapshot taken at a step boundary), so the trainer
+    thread never waits for the replica to catch up. A job that raises kills the thread: its future holds
+    the exception and ``alive()`` turns False.
+    """
+
+    synchronous = False
+
+    def __init__(self, extend: Extender, load: Callable[[Mapping[str, Any]], None] | None = None,
+                 name: str = "probe-worker") -> None:
+        self.extend, self.load = extend, load
+        self._jobs: queue.Queue[Any] = queue.Queue()
+        self._thread = threading.Thread(target=self._loop, name=name, daemon=True)
+        self._thread.start()
+
+    def submit(self, job: RoundJob) -> Future[Extension]:
+        fut: Future[Extension] = Future()
+        if not self._thread.is_alive():
+            fut.set_exception(RuntimeError(f"{self._thread.name} is dead"))
+            return fut
+        self._jobs.put((job, fut))
+        return fut
+
+    def alive(self) -> bool:
+        return self._thread.is_alive()
+
+    def close(self) -> None:
+        self._jobs.put(_STOP)  # a round in progress finishes; its result is no longer read
+
+    def _loop(self) -> None:
+        while True:
+            item = self._jobs.get()
+            if item is _STOP:
+                return
+            job, fut = item
+            try:
+                if job.weights is not None and self.load is not None:
+                    self.load(job.weights)
+                ext = self.extend(job.contexts, job.budgets)
+            except BaseException as e:  # noqa: BLE001 - the thread dies; the executor re-issues its probes
+                log.warning("%s died in a round of %d probes (version %d): %r", self._thread.name,
+                            len(job.probe_ids), job.version, e)
+                fut.set_exception(e)
+                return
+            fut.set_result(ext)
