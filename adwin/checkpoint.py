@@ -1,16 +1,37 @@
-"""Checkpoints in the run folder: ``<run>/checkpoint-<step>/`` holds the student (``save_pretrained``),
-its tokenizer, the optimizer and scheduler, the step, the RNG states and the window policy's state as the
-controller holds it (so a resumed run continues with the same window)."""
+"""Checkpoints in the run folder, written atomically.
+
+``<run>/checkpoint-<step>/`` holds the student (``save_pretrained``), its tokenizer, ``trainer_state.pt``
+(optimizer, scheduler, RNG states and whatever extra run state the caller passes: prompt stream position,
+probe pool, token ledger, fault counters), optional extra files (the embedded controller's database) and
+``state.json`` (the step, the window policy's state, the run id). ``step`` counts the loop steps done, so
+a resumed run continues with step ``step``.
+
+Atomicity: everything is written into a temporary sibling folder, fsynced, then renamed to
+``checkpoint-<step>`` (a rename within one folder is atomic on POSIX). A crash mid-write leaves at most a
+``.checkpoint-*.tmp`` folder, which ``latest_checkpoint`` ignores and the next save removes; the previous
+checkpoint is untouched.
+"""
 
 from __future__ import annotations
 
 import json
+import logging
+import os
 import random
+import re
+import shutil
+import tempfile
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import torch
+
+log = logging.getLogger(__name__)
+
+_NAME = re.compile(r"^checkpoint-(\d+)$")
+_TMP_PREFIX = ".checkpoint-"
 
 
 def rng_state() -> dict[str, Any]:
@@ -36,24 +57,132 @@ def save_checkpoint(
     optimizer: torch.optim.Optimizer,
     scheduler: Any,
     policy_state: dict[str, Any],
+    *,
+    extra: dict[str, Any] | None = None,
+    meta: dict[str, Any] | None = None,
+    write_files: Callable[[Path], None] | None = None,
 ) -> Path:
-    """Write ``checkpoint-<step>`` (``step`` = optimizer steps applied) and return its path."""
-    path = Path(run_dir) / f"checkpoint-{step}"
-    path.mkdir(parents=True, exist_ok=True)
-    model.save_pretrained(path)  # type: ignore[operator]
-    if tokenizer is not None and hasattr(tokenizer, "save_pretrained"):
-        tokenizer.save_pretrained(path)
-    torch.save({"optimizer": optimizer.state_dict(), "scheduler": scheduler.state_dict(), "rng": rng_state()},
-               path / "trainer_state.pt")
-    (path / "state.json").write_text(json.dumps({"step": step, "policy_state": policy_state}, indent=2))
-    return path
+    """Atomically write ``checkpoint-<step>`` and return its path.
+
+    ``extra`` goes into ``trainer_state.pt`` (anything ``torch.save`` pickles), ``meta`` into ``state.json``
+    (JSON), ``write_files(folder)`` may add files (e.g. a database snapshot) before the folder is published.
+    """
+    run_dir = Path(run_dir)
+    run_dir.mkdir(parents=True, exist_ok=True)
+    remove_partial_checkpoints(run_dir)
+    tmp = Path(tempfile.mkdtemp(prefix=f"{_TMP_PREFIX}{step}.", suffix=".tmp", dir=run_dir))
+    try:
+        model.save_pretrained(tmp)  # type: ignore[operator]
+        if tokenizer is not None and hasattr(tokenizer, "save_pretrained"):
+            tokenizer.save_pretrained(tmp)
+        blob = {"optimizer": optimizer.state_dict(), "scheduler": scheduler.state_dict(), "rng": rng_state(),
+                "extra": extra or {}}
+        torch.save(blob, tmp / "trainer_state.pt")
+        if write_files is not None:
+            write_files(tmp)
+        # state.json last: a folder with it (and trainer_state.pt) is complete even for pre-atomic checkpoints
+        (tmp / "state.json").write_text(json.dumps({"step": step, "policy_state": policy_state, **(meta or {})},
+                                                   indent=2))
+        _fsync_tree(tmp)
+        final = run_dir / f"checkpoint-{step}"
+        _publish(tmp, final)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    log.debug("checkpoint written: %s", final)
+    return final
+
+
+def _publish(tmp: Path, final: Path) -> None:
+    """Rename ``tmp`` to ``final``; an existing ``final`` (a step re-run after resume) is replaced."""
+    if final.exists():
+        trash = final.with_name(f"{_TMP_PREFIX}{final.name}.old.tmp")
+        shutil.rmtree(trash, ignore_errors=True)
+        os.rename(final, trash)
+        os.rename(tmp, final)
+        shutil.rmtree(trash, ignore_errors=True)
+    else:
+        os.rename(tmp, final)
+    _fsync_dir(final.parent)
+
+
+def _fsync_tree(folder: Path) -> None:
+    for path in folder.rglob("*"):
+        if path.is_file():
+            with path.open("rb") as fh:
+                os.fsync(fh.fileno())
+    _fsync_dir(folder)
+
+
+def _fsync_dir(folder: Path) -> None:
+    try:
+        fd = os.open(folder, os.O_RDONLY)
+    except OSError:  # platforms without directory fds
+        return
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def remove_partial_checkpoints(run_dir: str | Path) -> int:
+    """Delete ``.checkpoint-*.tmp`` folders left by a crash mid-write; returns how many."""
+    n = 0
+    for p in Path(run_dir).glob(f"{_TMP_PREFIX}*.tmp"):
+        shutil.rmtree(p, ignore_errors=True)
+        n += 1
+    if n:
+        log.warning("removed %d partial checkpoint folder(s) in %s", n, run_dir)
+    return n
+
+
+def is_complete(path: Path) -> bool:
+    return (path / "state.json").is_file() and (path / "trainer_state.pt").is_file()
+
+
+def latest_checkpoint(run_dir: str | Path) -> Path | None:
+    """The complete ``checkpoint-<step>`` with the highest step, or None."""
+    run_dir = Path(run_dir)
+    if not run_dir.is_dir():
+        return None
+    found = [(int(m.group(1)), p) for p in run_dir.iterdir() if (m := _NAME.match(p.name)) and p.is_dir()]
+    for _, path in sorted(found, reverse=True):
+        if is_complete(path):
+            return path
+        log.warning("skipping incomplete checkpoint %s", path)
+    return None
+
+
+def load_weights(path: str | Path, model: torch.nn.Module) -> None:
+    """Load a ``save_pretrained`` folder's weights into ``model`` in place (the optimizer keeps its params)."""
+    from safetensors.torch import load_file
+
+    path = Path(path)
+    index = path / "model.safetensors.index.json"
+    files = sorted(set(json.loads(index.read_text())["weight_map"].values())) if index.is_file() else ["model.safetensors"]
+    state: dict[str, torch.Tensor] = {}
+    for name in files:  # shard by shard: peak memory is one shard beyond the model
+        state.update(load_file(str(path / name)))
+    missing, unexpected = model.load_state_dict(state, strict=False)
+    tied = {k for k in missing if "lm_head" in k or "embed" in k}  # save_pretrained drops tied copies
+    if unexpected or set(missing) - tied:
+        raise ValueError(f"{path}: checkpoint does not match the student (missing {sorted(set(missing) - tied)[:3]}, "
+                         f"unexpected {sorted(unexpected)[:3]})")
+    if tied and hasattr(model, "tie_weights"):
+        model.tie_weights()
 
 
 def load_checkpoint(path: str | Path, optimizer: torch.optim.Optimizer, scheduler: Any) -> dict[str, Any]:
-    """Restore optimizer, scheduler and RNG states (the model loads with ``from_pretrained(path)``)."""
+    """Restore optimizer, scheduler and RNG states; return ``state.json`` plus ``extra`` (see ``save_checkpoint``).
+
+    Restores the RNG states, so call it last, right before the step loop. The model loads with
+    ``load_weights(path, model)`` (in place) or ``from_pretrained(path)``.
+    """
     path = Path(path)
     blob = torch.load(path / "trainer_state.pt", weights_only=False)
     optimizer.load_state_dict(blob["optimizer"])
     scheduler.load_state_dict(blob["scheduler"])
     set_rng_state(blob["rng"])
-    return json.loads((path / "state.json").read_text())
+    state = json.loads((path / "state.json").read_text())
+    state["extra"] = blob.get("extra", {})
+    return state

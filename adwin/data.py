@@ -98,7 +98,15 @@ class PromptStream:
         return out
 
     def state_dict(self) -> dict:
-        return {"order": list(self._order), "epoch": self.epoch, "rng": self._rng.getstate()}
+        return {"order": list(self._order), "epoch": self.epoch, "rng": self._rng.getstate(), "size": len(self._prompts)}
+
+    def load_state_dict(self, state: dict) -> None:
+        """Continue where ``state_dict`` left off (same prompts: the size must match)."""
+        if state.get("size", len(self._prompts)) != len(self._prompts):
+            raise DataError(f"prompt stream state is for {state['size']} prompts, this source has {len(self._prompts)}")
+        self._order = list(state["order"])
+        self.epoch = int(state["epoch"])
+        self._rng.setstate(state["rng"])
 
 
 def builtin_checker() -> Callable[[str, str], bool]:
