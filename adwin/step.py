@@ -13,6 +13,7 @@ from adwin.controller.schemas import WindowOut
 from adwin.data import (
     Prompt,
 )
+from adwin.guards import is_finite
 from adwin.losses import opd_loss, token_logprobs
 from adwin.parts import Parts
 from adwin.probes.pool import Extension
@@ -103,11 +104,17 @@ def optimize(student: torch.nn.Module, optimizer: torch.optim.Optimizer, schedul
     loss.backward()
     clip = cfg.optim.grad_clip if cfg.optim.grad_clip > 0 else float("inf")
     grad_norm = torch.nn.utils.clip_grad_norm_(student.parameters(), clip)
-    optimizer.step()
-    scheduler.step()
+    skip = not is_finite(float(loss.detach()), float(grad_norm))
+    if skip:  # a NaN/Inf update would corrupt the weights and Adam's moments: drop it (adwin.guards)
+        log.warning("non-finite loss %.4g or grad norm %.4g: optimizer step skipped", float(loss.detach()),
+                    float(grad_norm))
+        optimizer.zero_grad(set_to_none=True)
+    else:
+        optimizer.step()
+    scheduler.step()  # the LR schedule follows loop steps, skipped or not
     behavior = token_logprobs(logits.detach(), rows.input_ids.to(device)).cpu()  # (B, L)
     metrics = {"loss/total": float(loss.detach()), "loss/teacher_kl": lm.get("loss/teacher_kl", float("nan")),
-               "loss/tokens": lm["loss/tokens"], "optim/grad_norm": float(grad_norm)}
+               "loss/tokens": lm["loss/tokens"], "optim/grad_norm": float(grad_norm), "optim/skipped": float(skip)}
     metrics |= {k: v for k, v in lm.items() if k == "loss/iw_weight_mean"}  # IW-OPD runs only
     return metrics, behavior
 

@@ -19,11 +19,21 @@ from typing import Any
 from adwin.accounting import Clock, TokenLedger
 from adwin.checkpoint import save_checkpoint
 from adwin.config import TrainConfig
-from adwin.controller.api import ControllerAPI
+from adwin.controller.api import ControllerAPI, InvalidInput
 from adwin.evaluate import evaluate
+from adwin.guards import FaultCounter, NumericalFault, drop_overstale_probes
 from adwin.parts import Parts, build_optimizer, load_parts, open_loggers, run_spec, seed_everything
 from adwin.probes.pool import ProbePool
 from adwin.probing import audit_ready_batch, extend_probes, make_executor, offer_prefixes
+from adwin.resilient_controller import controller_metrics, drain_controller
+from adwin.resume import (
+    CONTROLLER_DB,
+    read_state,
+    resume_from,
+    run_state,
+    snapshot_controller,
+    truncate_metrics,
+)
 from adwin.step import Sampler, optimize, score_teacher, window_metrics
 from adwin.surprise import surprise_metrics
 
@@ -41,12 +51,19 @@ class TrainResult:
 
 
 def train(cfg: TrainConfig, controller: ControllerAPI, parts: Parts | None = None,
-          on_step: Callable[[int, dict[str, Any]], None] | None = None) -> TrainResult:
-    """Distill ``parts.student`` for ``cfg.steps`` steps, windows decided by ``controller``."""
+          on_step: Callable[[int, dict[str, Any]], None] | None = None, resume: Path | None = None) -> TrainResult:
+    """Distill ``parts.student`` for ``cfg.steps`` steps, windows decided by ``controller``.
+
+    ``resume``: a checkpoint folder of this run to continue from (``adwin.resume``; the embedded controller
+    must be ``adwin.resume.open_resumed_controller(resume)``).
+    """
     parts = parts or load_parts(cfg)
     seed_everything(cfg.seed)
     run_dir = Path(cfg.out_dir) / cfg.name
-    run_id = controller.register_run(run_spec(cfg)).run_id
+    run_id = read_state(resume)["run_id"] if resume else controller.register_run(run_spec(cfg)).run_id
+    if resume:
+        truncate_metrics(run_dir, read_state(resume)["step"])
+        controller.get_run(run_id)  # the controller must know the run (and a wrapper caches it)
     sinks = open_loggers(cfg, run_dir, controller, run_id)
     optimizer, scheduler = build_optimizer(cfg, parts.student)
     gen = Sampler(parts, cfg)
@@ -54,11 +71,25 @@ def train(cfg: TrainConfig, controller: ControllerAPI, parts: Parts | None = Non
     ledger = TokenLedger(cfg.rollout.max_response_len)
     probing = cfg.window.policy == "adwin" and cfg.probes.offers_per_step > 0
     executor = make_executor(cfg, pool, parts, gen) if probing else None  # thread/Ray workers start here
+    faults = FaultCounter(cfg.optim.max_bad_steps)
     clock, started = Clock(), time.perf_counter()
-    with clock("eval"):
-        initial = evaluate(parts, cfg, gen)
+
+    def checkpoint(step: int) -> Path:
+        return save_checkpoint(run_dir, step, parts.student, parts.tokenizer, optimizer, scheduler,
+                               controller.get_run(run_id).policy_state,
+                               extra=run_state(pool, ledger, parts.train_prompts, faults),
+                               meta={"run_id": run_id, "initial_eval": initial},
+                               write_files=lambda d: snapshot_controller(controller, d / CONTROLLER_DB))
+
+    start = 0
+    if resume:  # RNG states are restored last: nothing below may draw before the loop
+        initial, start = resume_from(resume, parts.student, optimizer, scheduler, pool, ledger, parts.train_prompts,
+                                     faults)
+    else:
+        with clock("eval"):
+            initial = evaluate(parts, cfg, gen)
     final = initial
-    for t in range(cfg.steps):
+    for t in range(start, cfg.steps):
         win = controller.get_window(run_id, t)
         prompts = parts.train_prompts.next_batch(cfg.rollout.prompts_per_step)
         with clock("rollout"):
@@ -67,14 +98,28 @@ def train(cfg: TrainConfig, controller: ControllerAPI, parts: Parts | None = Non
             teacher = score_teacher(parts.teachers, batch, cfg)
         with clock("train"):
             m, behavior = optimize(parts.student, optimizer, scheduler, batch, teacher, cfg, win.window)
+        m |= faults.record(bool(m["optim/skipped"]))
+        if faults.exhausted:  # skipped steps never touched the weights: this checkpoint is the last good state
+            sinks.log(t, m | controller_metrics(controller))
+            path = checkpoint(t + 1)
+            if executor is not None:
+                executor.close()
+            sinks.close()
+            raise NumericalFault(f"{faults.consecutive} consecutive non-finite steps at step {t} "
+                                 f"(optim.max_bad_steps={cfg.optim.max_bad_steps}): run stopped; last good "
+                                 f"state saved in {path}")
         version = t + 1  # optimizer steps applied: the weights every probe token from now on comes from
         if probing:
             with clock("probe"):
                 offered = offer_prefixes(controller, run_id, t, batch, behavior, pool, win.window)
-                m |= offered | extend_probes(controller, run_id, version, executor, pool, ledger,
-                                             cfg.probes.staleness_limit)
+                m |= offered | drop_overstale_probes(controller, run_id, pool, version, cfg.probes.staleness_limit)
+                m |= extend_probes(controller, run_id, version, executor, pool, ledger, cfg.probes.staleness_limit)
             with clock("audit"):
-                m |= audit_ready_batch(controller, run_id, pool, parts, cfg, optimizer, version)
+                try:
+                    m |= audit_ready_batch(controller, run_id, pool, parts, cfg, optimizer, version)
+                except InvalidInput as e:  # e.g. NaN cosines: the controller refused it, the window stays
+                    log.warning("audit rejected by the controller: %s", e)
+                    m["audit/rejected"] = 1.0
         m |= window_metrics(win) | ledger.record(batch, win.window, pool.tokens_generated)
         m |= surprise_metrics(teacher.logprobs, batch.rows.response_mask, cfg.window.surprise) | {
             "rollout/prompt_tokens": float(sum(map(len, batch.prompt_ids)))}  # surprise policy input; FLOPs
@@ -84,16 +129,17 @@ def train(cfg: TrainConfig, controller: ControllerAPI, parts: Parts | None = Non
             with clock("eval"):
                 final = evaluate(parts, cfg, gen)
             m |= final
-        if (cfg.checkpoint_every and (t + 1) % cfg.checkpoint_every == 0) or t == cfg.steps - 1:
-            save_checkpoint(run_dir, version, parts.student, parts.tokenizer, optimizer, scheduler,
-                            controller.get_run(run_id).policy_state)
+        m |= controller_metrics(controller)  # controller/degraded etc. (degraded-mode wrapper only)
         m |= clock.metrics() | {"optim/lr": scheduler.get_last_lr()[0], "time/wall": time.perf_counter() - started}
         sinks.log(t, m)
+        if (cfg.checkpoint_every and (t + 1) % cfg.checkpoint_every == 0) or t == cfg.steps - 1:
+            checkpoint(t + 1)  # after logging, so the controller snapshot holds this step's telemetry
         clock.reset()  # after logging: step 0 carries the initial evaluation's time
         if on_step is not None:
             on_step(t, m)
     if executor is not None:
         executor.close()
+    drain_controller(controller)  # degraded mode: deliver what is still buffered (bounded wait)
     sinks.close()
     return TrainResult(run_id, run_dir, initial, final, sinks.history, ledger.totals(pool.tokens_generated))
 
