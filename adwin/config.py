@@ -142,6 +142,8 @@ class OptimConfig(_Strict):
     grad_clip: float = Field(1.0, ge=0.0)
     warmup_steps: int = Field(0, ge=0)
     schedule: Literal["constant", "cosine", "linear"] = "constant"
+    max_bad_steps: int = Field(3, ge=1, le=1_000_000,
+                               description="consecutive non-finite (skipped) steps before the run stops")
 
 
 class EvalConfig(_Strict):
@@ -165,12 +167,30 @@ class LoggingConfig(_Strict):
     progress: bool = True
 
 
+class AsyncOPDSection(_Strict):
+    """``scheduler: asyncopd`` knobs (AsyncOPD Appendix G); the sync scheduler ignores them."""
+
+    queue_depth: int = Field(4, ge=0, le=4096, description="tau: the feeder holds at most (tau + 1) * B permits")
+    rollout_workers: int = Field(1, ge=1, le=1024)
+    workers: Literal["thread", "ray"] = "thread"  # where rollout workers' engines run
+    worker_batch: int = Field(16, ge=1, le=65_536, description="active requests per rollout worker")
+    teacher_batch: int = Field(16, ge=1, le=65_536)
+    pad_to_horizon: bool = True  # learner tensors padded to max prompt + max response length
+    throughput_warmup: int = Field(5, ge=1, le=1_000_000, description="learner updates left out of throughput")
+    wait_timeout_s: float = Field(600.0, gt=0.0, description="no pipeline progress for this long: fail")
+    ray_address: str | None = None  # None: start a local Ray instance
+
+
+ASYNCOPD_LOSSES = ("reverse_kl_mc", "reverse_kl_pg")
+
+
 class TrainConfig(_Strict):
     name: str = "adwin-builtin"
     seed: int = Field(0, ge=0)
     steps: int = Field(40, ge=1, le=10_000_000)
     out_dir: str = "runs"
     checkpoint_every: int = Field(0, ge=0, description="0 = only at the end")
+    scheduler: Literal["sync", "asyncopd"] = "sync"
     model: ModelConfig = Field(default_factory=ModelConfig)
     data: DataConfig = Field(default_factory=DataConfig)
     rollout: RolloutConfig = Field(default_factory=RolloutConfig)
@@ -182,6 +202,7 @@ class TrainConfig(_Strict):
     eval: EvalConfig = Field(default_factory=EvalConfig)
     controller: ControllerSection = Field(default_factory=ControllerSection)
     logging: LoggingConfig = Field(default_factory=LoggingConfig)
+    asyncopd: AsyncOPDSection = Field(default_factory=AsyncOPDSection)
 
     @model_validator(mode="after")
     def _window_fits_horizon(self) -> TrainConfig:
@@ -200,6 +221,9 @@ class TrainConfig(_Strict):
             )
         except WindowConfigError as e:
             raise ValueError(f"window: {e} (rollout.max_response_len={self.rollout.max_response_len})") from e
+        if self.scheduler == "asyncopd" and self.loss.name not in ASYNCOPD_LOSSES:
+            raise ValueError(f"loss.name: scheduler 'asyncopd' trains with {ASYNCOPD_LOSSES} (old-to-current IS "
+                             f"on cached behavior logprobs), got {self.loss.name!r}")
         return self
 
 
