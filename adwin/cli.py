@@ -16,6 +16,7 @@ COMMANDS: list[tuple[tuple[str, ...], str, str]] = [
     (("controller", "serve"), "adwin.controller.serve", "serve the controller HTTP API and dashboard"),
     (("bench", "audit"), "adwin.bench.audit", "time and memory of the alignment audit methods"),
     (("bench", "controller"), "adwin.bench.controller", "latency and throughput of the controller service"),
+    (("bench", "compare"), "adwin.bench.compare", "every window method side by side: accuracy, tokens, FLOPs, time"),
 ]
 
 

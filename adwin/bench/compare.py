@@ -1,0 +1,247 @@
+"""The paper's table at small scale: every window method through the same trainer, side by side.
+
+Methods (ADWIN paper Tables 1 and 3, appendix D, plus two gradient-free adaptive baselines):
+``full`` (full-rollout OPD), ``linear`` (Fast OPD; start and step scaled to the horizon as 256/+256 is
+to 8192), ``fixed-W`` for each candidate W (Prefix OPD), ``adwin-T`` at thresholds 0.7 (the default)
+and 0.5/0.6/0.8/0.9 (sensitivity), ``surprise`` (teacher-surprise horizon) and ``iw-opd``
+(importance-weighted full-rollout OPD, gamma 0.5). Every run uses the same base config, steps, seeds,
+batch sizes and prompts; only the window policy (and for ``iw-opd`` the loss weights) differ.
+
+Runs execute one after another in this process, each with its own embedded controller (HTTP serving
+off) and freshly loaded models. The built-in task's models come from one prepared asset folder
+(``--assets-seed``); the seed varies the training prompts' order and all sampling; the evaluation
+problems are the same for every run. Output: a table, ``<out>/<date>[-quick|-tiny]/results.json``,
+``accuracy_vs_tokens.png``, ``windows.png`` and ``index.html``.
+
+``--quick`` is a smoke run (one seed, fewer steps, six methods) and says so in every output;
+``--profile tiny`` uses the tiny built-in models and a tiny budget (the test suite's smoke test).
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime as dt
+import json
+import logging
+import math
+import os
+import shlex
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+log = logging.getLogger(__name__)
+
+THRESHOLDS = (0.7, 0.5, 0.6, 0.8, 0.9)  # the default first, then appendix D's sensitivity
+IW_GAMMA = 0.5
+FAST_OPD = (256, 256, 8192)  # Fast OPD: start 256, +256 per step, at a horizon of 8192
+STEPS = {"default": 24, "quick": 8, "tiny": 2}
+SEEDS = {"default": 3, "quick": 1, "tiny": 1}
+TINY_OVERRIDES: dict[str, Any] = {  # a budget the test suite can afford (< 60 s for the whole compare)
+    "rollout.prompts_per_step": 2, "rollout.samples_per_prompt": 2, "rollout.max_response_len": 16,
+    "window.candidates": [4, 8, 12], "probes.batch_size": 2, "probes.offers_per_step": 2,
+    "probes.staleness_limit": 2, "probes.max_active": 8, "eval.n_problems": 4, "eval.every": 0,
+}
+
+
+@dataclass(frozen=True)
+class Method:
+    key: str
+    label: str
+    overrides: dict[str, Any] = field(default_factory=dict)
+    adaptive: bool = False  # its window changes during the run (plotted over steps)
+
+
+def fast_opd_schedule(max_len: int) -> int:
+    """Fast OPD's start (= step) scaled to ``max_len`` as 256 is to 8192 (10 at 320), at least 1."""
+    start, _, horizon = FAST_OPD
+    return max(1, round(start * max_len / horizon))
+
+
+def all_methods(max_len: int, candidates: list[int]) -> list[Method]:
+    s = fast_opd_schedule(max_len)
+    out = [Method("full", "OPD (full rollout)", {"window.policy": "full"}),
+           Method("linear", f"Fast OPD (linear {s}/+{s})",
+                  {"window.policy": "linear", "window.start": s, "window.step": s}, adaptive=True)]
+    out += [Method(f"fixed-{c}", f"Prefix OPD-{c}", {"window.policy": "fixed", "window.window": c}) for c in candidates]
+    out += [Method(f"adwin-{t}", f"ADWIN (tau={t})", {"window.policy": "adwin", "window.threshold": t}, adaptive=True)
+            for t in THRESHOLDS]
+    out += [Method("surprise", "teacher-surprise horizon", {"window.policy": "surprise"}, adaptive=True),
+            Method("iw-opd", f"IW-OPD (gamma={IW_GAMMA})", {"window.policy": "full", "loss.iw_gamma": IW_GAMMA})]
+    return out
+
+
+def quick_keys(candidates: list[int]) -> list[str]:
+    """The reduced set of smoke runs: one of each family."""
+    return ["full", "linear", f"fixed-{candidates[len(candidates) // 2]}", "adwin-0.7", "surprise", "iw-opd"]
+
+
+def select_methods(spec: str | None, methods: list[Method], default_keys: list[str] | None) -> list[Method]:
+    """``--methods``: comma-separated keys; a family name (``fixed``, ``adwin``) selects all its members."""
+    by_key = {m.key: m for m in methods}
+    if not spec:
+        keys = default_keys or list(by_key)
+    else:
+        keys = []
+        for name in (x.strip() for x in spec.split(",") if x.strip()):
+            family = [k for k in by_key if k.startswith(f"{name}-")]
+            if name in by_key:
+                keys.append(name)
+            elif family:
+                keys += family
+            else:
+                raise ValueError(f"--methods: unknown method {name!r}; known: {', '.join(by_key)} (or fixed, adwin)")
+    if "full" not in keys:
+        keys.insert(0, "full")  # every ratio is to full-rollout OPD
+    return [by_key[k] for k in dict.fromkeys(keys)]
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--profile", choices=("default", "tiny"), default="default",
+                   help="built-in task models; tiny: tiny models and budget (smoke test, < 60 s)")
+    p.add_argument("--quick", action="store_true", help="smoke run: one seed, fewer steps, six methods")
+    p.add_argument("--methods", help="comma-separated method keys or families (full, linear, fixed, fixed-64, adwin, "
+                                     "adwin-0.7, surprise, iw-opd); default: all (quick: one per family)")
+    p.add_argument("--seeds", help="number of seeds (N: 0..N-1) or a comma-separated list (default 3; quick 1)")
+    p.add_argument("--steps", type=int, help=f"optimizer steps per run (default {STEPS['default']}; "
+                                             f"quick {STEPS['quick']}; tiny {STEPS['tiny']})")
+    p.add_argument("--config", metavar="YAML", help="base config (default: configs/default.yaml if present)")
+    p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="config override (repeatable)")
+    p.add_argument("--assets-seed", type=int, default=0, help="which prepared built-in models to use")
+    p.add_argument("--out", default="bench/compare", help="results go to OUT/<date>[-quick|-tiny]/")
+    p.add_argument("--no-plots", action="store_true", help="skip the PNGs and the HTML page")
+
+
+def parse_seeds(spec: str | None, default: int) -> list[int]:
+    if not spec:
+        return list(range(default))
+    if "," in spec:
+        return [int(x) for x in spec.split(",") if x.strip()]
+    n = int(spec)
+    if n < 1:
+        raise ValueError("--seeds must be >= 1")
+    return list(range(n))
+
+
+def base_overrides(args: argparse.Namespace, mode: str, steps: int) -> dict[str, Any]:
+    import yaml
+
+    ov: dict[str, Any] = dict(TINY_OVERRIDES) if args.profile == "tiny" else {}
+    for item in args.set:
+        key, sep, value = item.partition("=")
+        if not sep or not key:
+            raise ValueError(f"--set expects KEY=VALUE, got {item!r}")
+        ov[key] = yaml.safe_load(value)
+    ov |= {"steps": steps, "controller.serve": False, "logging.progress": False, "logging.stdout": False,
+           "logging.wandb": "off"}
+    return ov
+
+
+def main(args: argparse.Namespace) -> int:
+    from adwin.config import load_config
+
+    mode = "tiny" if args.profile == "tiny" else "quick" if args.quick else "default"
+    steps = args.steps or STEPS[mode]
+    seeds = parse_seeds(args.seeds, SEEDS[mode])
+    config_path = args.config or ("configs/default.yaml" if Path("configs/default.yaml").is_file() else None)
+    base = load_config(config_path, base_overrides(args, mode, steps))
+    methods = all_methods(base.rollout.max_response_len, list(base.window.candidates))
+    default_keys = quick_keys(base.window.candidates) if mode != "default" else None
+    chosen = select_methods(args.methods, methods, default_keys)
+    stamp = dt.datetime.now().strftime("%Y-%m-%d")
+    out_dir = Path(args.out) / (stamp + ("" if mode == "default" else f"-{mode}"))
+    out_dir.mkdir(parents=True, exist_ok=True)
+    meta = {
+        "date": dt.datetime.now().isoformat(timespec="seconds"),
+        "command": "adwin bench compare " + " ".join(shlex.quote(a) for a in sys.argv[2:])
+        if sys.argv[1:2] == ["bench"] else None,
+        "mode": mode, "smoke": mode != "default", "profile": args.profile, "steps": steps, "seeds": seeds,
+        "methods": [m.key for m in chosen], "base_config": config_path, "overrides": base_overrides(args, mode, steps),
+        "assets_seed": args.assets_seed, "machine_before": machine_info(),
+    }
+    started = time.perf_counter()
+    runs = run_all(base, chosen, seeds, args, out_dir)
+    meta |= {"machine": machine_info(), "total_s": time.perf_counter() - started}
+    from adwin.bench.compare_report import finish
+
+    finish(meta, chosen, runs, out_dir, plots=not args.no_plots)
+    return 0
+
+
+def machine_info() -> dict[str, Any]:
+    import torch
+
+    load = os.getloadavg() if hasattr(os, "getloadavg") else (math.nan,) * 3
+    return {"cpus": os.cpu_count(), "loadavg": [round(x, 2) for x in load], "torch": torch.__version__,
+            "threads": torch.get_num_threads(), "note": "a shared machine unless stated otherwise"}
+
+
+def run_all(base: Any, methods: list[Method], seeds: list[int], args: argparse.Namespace,
+            out_dir: Path) -> list[dict[str, Any]]:
+    """Seed-major order (all methods for seed 0, then seed 1, ...), so a partial run is still a comparison."""
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+    runs: list[dict[str, Any]] = []
+    jobs = [(s, m) for s in seeds for m in methods]
+    columns = (TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn())
+    with Progress(*columns, transient=False) as bar:
+        task = bar.add_task("compare", total=len(jobs))
+        for seed, method in jobs:
+            bar.update(task, description=f"{method.key} seed {seed}")
+            runs.append(run_one(base, method, seed, args, out_dir))
+            bar.advance(task)
+            (out_dir / "runs.partial.json").write_text(json.dumps(runs, indent=1, default=_json_default))
+    return runs
+
+
+def run_one(base: Any, method: Method, seed: int, args: argparse.Namespace, out_dir: Path) -> dict[str, Any]:
+    """One training run through ``adwin.trainer.train`` with an embedded controller; its measured row."""
+    import torch
+    from transformers.utils import logging as hf_logging
+
+    from adwin.bench.compare_stats import measure_run
+    from adwin.config import TrainConfig
+    from adwin.controller import Controller
+    from adwin.data import PromptStream
+    from adwin.parts import load_parts, load_prompts
+    from adwin.trainer import train
+
+    hf_logging.disable_progress_bar()
+    data = base.model_dump(mode="json")
+    for dotted, value in method.overrides.items():
+        node = data
+        *parents, leaf = dotted.split(".")
+        for p in parents:
+            node = node[p]
+        node[leaf] = value
+    data |= {"seed": seed, "name": f"{method.key}-seed{seed}", "out_dir": str(out_dir / "runs")}
+    cfg = TrainConfig.model_validate(data)
+    torch.set_num_threads(1)  # the built-in models are tiny; see adwin.commands.train.limit_threads
+    # models (and the fixed evaluation problems) from one prepared asset folder; training data from the seed
+    parts = load_parts(cfg.model_copy(update={"seed": args.assets_seed}), args.profile)
+    parts.train_prompts = PromptStream(load_prompts(cfg)[0], cfg.seed)
+    controller = Controller()
+    t0 = time.perf_counter()
+    try:
+        res = train(cfg, controller, parts)
+    finally:
+        controller.close()
+    n_student = sum(p.numel() for p in parts.student.parameters())
+    teachers = list(parts.teachers.models.values())
+    n_teacher = round(sum(sum(p.numel() for p in t.parameters()) for t in teachers) / max(len(teachers), 1))
+    row = measure_run(res.history, res.initial_eval, res.final_eval, res.totals, n_student=n_student,
+                      n_teacher=n_teacher, probe_batch=cfg.probes.batch_size,
+                      samples_per_step=cfg.rollout.prompts_per_step * cfg.rollout.samples_per_prompt)
+    row |= {"method": method.key, "seed": seed, "run_dir": str(res.run_dir), "n_student": n_student,
+            "n_teacher": n_teacher, "elapsed_s": time.perf_counter() - t0}
+    log.info("%s seed %d: accuracy %.3f, %.0f sync + %.0f probe tokens, %.1f s", method.key, seed,
+             row["accuracy_final"], row["sync_tokens"], row["probe_tokens"], row["wall_s"])
+    return row
+
+
+def _json_default(o: Any) -> Any:
+    if isinstance(o, float) and not math.isfinite(o):
+        return None
+    return str(o)

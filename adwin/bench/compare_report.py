@@ -1,0 +1,212 @@
+"""``adwin bench compare`` outputs: the rich table, results.json, the two PNGs and the HTML page."""
+
+from __future__ import annotations
+
+import html
+import json
+import math
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+from adwin.bench.compare_stats import FLOPS_FORMULA, FLOPS_NOTE, aggregate, goal_check
+
+SMOKE_BANNER = "SMOKE RUN ({mode}): one seed, few steps, reduced budget. Not a result; do not quote these numbers."
+
+
+def clean(o: Any) -> Any:
+    """JSON-safe: non-finite floats become null (json.dumps would write NaN, which is not JSON)."""
+    if isinstance(o, float):
+        return o if math.isfinite(o) else None
+    if isinstance(o, Mapping):
+        return {str(k): clean(v) for k, v in o.items()}
+    if isinstance(o, (list, tuple)):
+        return [clean(v) for v in o]
+    return o
+
+
+def finish(meta: dict[str, Any], methods: Sequence[Any], runs: list[dict[str, Any]], out_dir: Path,
+           plots: bool = True) -> dict[str, Any]:
+    labels = {m.key: m.label for m in methods}
+    per_method = aggregate(runs, [m.key for m in methods])
+    for key, entry in per_method.items():
+        entry["label"] = labels[key]
+    results = {"meta": meta | {"flops_formula": FLOPS_FORMULA, "flops_note": FLOPS_NOTE},
+               "methods": per_method, "goal": goal_check(per_method), "runs": runs}
+    (out_dir / "results.json").write_text(json.dumps(clean(results), indent=2))
+    partial = out_dir / "runs.partial.json"
+    if partial.exists():
+        partial.unlink()
+    print_table(results)
+    if plots:
+        adaptive = [m.key for m in methods if m.adaptive]
+        plot_accuracy_vs_tokens(per_method, out_dir / "accuracy_vs_tokens.png", meta)
+        plot_windows(runs, adaptive, labels, out_dir / "windows.png", meta)
+        write_html(results, out_dir / "index.html")
+    return results
+
+
+def _ms(entry: Mapping[str, Any], metric: str, fmt: str = "{:.3f}") -> str:
+    v = entry["metrics"][metric]
+    if v["n"] == 0:
+        return "—"
+    if v["n"] == 1:
+        return fmt.format(v["mean"])
+    return f"{fmt.format(v['mean'])} ± {fmt.format(v['std'])}"
+
+
+def _ratio(entry: Mapping[str, Any], metric: str) -> str:
+    r = entry["ratio_to_full"][metric]
+    return "—" if r is None or not math.isfinite(r) else f"{r:.2f}×"
+
+
+def _eng(x: float) -> str:
+    if not math.isfinite(x):
+        return "—"
+    for unit, scale in (("P", 1e15), ("T", 1e12), ("G", 1e9), ("M", 1e6)):
+        if abs(x) >= scale:
+            return f"{x / scale:.2f} {unit}"
+    return f"{x:.0f}"
+
+
+COLUMNS: list[tuple[str, Any]] = [
+    ("method", lambda k, e: k),
+    ("accuracy", lambda k, e: _ms(e, "accuracy_final")),
+    ("teacher KL", lambda k, e: _ms(e, "teacher_kl_final")),
+    ("sync tokens", lambda k, e: _ms(e, "sync_tokens", "{:,.0f}")),
+    ("probe tokens", lambda k, e: _ms(e, "probe_tokens", "{:,.0f}")),
+    ("× full tokens", lambda k, e: _ratio(e, "rollout_tokens")),
+    ("FLOPs", lambda k, e: _eng(e["metrics"]["flops"]["mean"])),
+    ("× full FLOPs", lambda k, e: _ratio(e, "flops")),
+    ("wall s", lambda k, e: _ms(e, "wall_s", "{:.1f}")),
+    ("× full wall", lambda k, e: _ratio(e, "train_wall_s")),
+    ("audit share", lambda k, e: _ms(e, "audit_overhead_frac", "{:.2f}")),
+    ("mean W", lambda k, e: _ms(e, "mean_window", "{:.0f}")),
+    ("acc / 1M tok", lambda k, e: _ms(e, "accuracy_per_mtoken", "{:.2f}")),
+]
+
+
+def table_rows(results: Mapping[str, Any]) -> list[list[str]]:
+    return [[fn(k, e) for _, fn in COLUMNS] for k, e in results["methods"].items()]
+
+
+def goal_text(goal: Mapping[str, Any]) -> str:
+    if not goal.get("evaluated"):
+        return f"goal not evaluated: {goal.get('why')}"
+    red = goal["rollout_token_reduction"]
+    return (f"goal (ADWIN 0.7 vs full): accuracy within full's spread: {'yes' if goal['accuracy_within_full_spread'] else 'NO'}; "
+            f"rollout tokens {red:.2f}× fewer (sync only {goal['sync_token_reduction']:.2f}×), >= 3×: "
+            f"{'yes' if goal['reduction_at_least_3x'] else 'NO'}; best accuracy per rollout token: "
+            f"{goal['best_accuracy_per_token']} → goal {'MET' if goal['met'] else 'NOT MET'} (as measured)")
+
+
+def print_table(results: Mapping[str, Any], console: Any = None) -> None:
+    from rich.console import Console
+    from rich.table import Table
+
+    console = console or Console(width=max(Console().width, 200))  # 13 columns: never squeeze them
+    meta = results["meta"]
+    if meta.get("smoke"):
+        console.print(f"[bold red]{SMOKE_BANNER.format(mode=meta['mode'])}[/bold red]")
+    title = (f"adwin bench compare — {meta['steps']} steps × seeds {meta['seeds']} "
+             f"(mean ± std over seeds; ratios of means to full)")
+    table = Table(title=title)
+    for name, _ in COLUMNS:
+        table.add_column(name, justify="left" if name == "method" else "right")
+    for row in table_rows(results):
+        table.add_row(*row)
+    console.print(table)
+    console.print("methods: " + "; ".join(f"{k} = {e.get('label', k)}" for k, e in results["methods"].items()))
+    console.print(f"FLOPs (estimate): {FLOPS_FORMULA}")
+    console.print(goal_text(results["goal"]))
+    console.print(f"total {meta.get('total_s', math.nan):.0f} s; machine before: {meta.get('machine_before')}, "
+                  f"after: {meta.get('machine')}")
+
+
+def _plt() -> Any:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    return plt
+
+
+def plot_accuracy_vs_tokens(methods: Mapping[str, Any], path: Path, meta: Mapping[str, Any]) -> None:
+    """One point per method: final accuracy against rollout tokens (sync + probe), error bars = std over seeds."""
+    plt = _plt()
+    fig, ax = plt.subplots(figsize=(8, 5.5))
+    for key, e in methods.items():
+        x, y = e["metrics"]["rollout_tokens"], e["metrics"]["accuracy_final"]
+        if not (math.isfinite(x["mean"]) and math.isfinite(y["mean"])):
+            continue
+        marker = "*" if key.startswith("adwin") else "s" if key in ("full", "iw-opd") else "o"
+        ax.errorbar(x["mean"], y["mean"], xerr=x["std"] or None, yerr=y["std"] or None, fmt=marker, capsize=3,
+                    markersize=10 if marker == "*" else 6, label=e.get("label", key))
+        ax.annotate(key, (x["mean"], y["mean"]), textcoords="offset points", xytext=(5, 4), fontsize=8)
+    ax.set_xscale("log")
+    ax.set_xlabel("rollout tokens per run (sync + probe), log scale")
+    ax.set_ylabel("final accuracy (mean@k)")
+    title = "accuracy vs rollout tokens (error bars: std over seeds)"
+    if meta.get("smoke"):
+        title = f"SMOKE RUN — {title}"
+    ax.set_title(title, fontsize=10)
+    ax.grid(True, alpha=0.3)
+    ax.legend(fontsize=7, loc="best")
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def plot_windows(runs: Sequence[Mapping[str, Any]], keys: Sequence[str], labels: Mapping[str, str], path: Path,
+                 meta: Mapping[str, Any]) -> None:
+    """Window over steps for the adaptive methods: the mean over seeds, shaded from min to max."""
+    import numpy as np
+
+    plt = _plt()
+    fig, ax = plt.subplots(figsize=(8, 5))
+    for key in keys:
+        series = [r["windows"] for r in runs if r["method"] == key and r.get("windows")]
+        if not series:
+            continue
+        n = min(len(s) for s in series)
+        arr = np.array([s[:n] for s in series], dtype=float)  # (seeds, steps)
+        steps = np.arange(n)
+        (line,) = ax.plot(steps, arr.mean(0), label=labels.get(key, key), drawstyle="steps-post")
+        if len(series) > 1:
+            ax.fill_between(steps, arr.min(0), arr.max(0), step="post", alpha=0.15, color=line.get_color())
+    ax.set_xlabel("optimizer step")
+    ax.set_ylabel("window (response tokens)")
+    title = "window over steps (mean over seeds; band: min-max)"
+    ax.set_title(f"SMOKE RUN — {title}" if meta.get("smoke") else title, fontsize=10)
+    ax.grid(True, alpha=0.3)
+    ax.legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def write_html(results: Mapping[str, Any], path: Path) -> None:
+    meta, esc = results["meta"], html.escape
+    head = "".join(f"<th>{esc(n)}</th>" for n, _ in COLUMNS)
+    body = "".join("<tr>" + "".join(f"<td>{esc(c)}</td>" for c in row) + "</tr>" for row in table_rows(results))
+    banner = f"<p class='smoke'>{esc(SMOKE_BANNER.format(mode=meta['mode']))}</p>" if meta.get("smoke") else ""
+    page = f"""<!doctype html>
+<html><head><meta charset="utf-8"><title>adwin bench compare {esc(meta['date'])}</title>
+<style>body{{font-family:sans-serif;max-width:1200px;margin:2em auto}} table{{border-collapse:collapse}}
+td,th{{border:1px solid #ccc;padding:4px 8px;text-align:right}} td:first-child{{text-align:left}}
+.smoke{{color:#b00;font-weight:bold;font-size:1.2em}} code{{background:#f4f4f4}}</style></head><body>
+<h1>adwin bench compare</h1>{banner}
+<p>{esc(meta['date'])} · {meta['steps']} steps × seeds {esc(str(meta['seeds']))} · profile {esc(meta['profile'])}
+· command: <code>{esc(str(meta.get('command')))}</code></p>
+<p>Mean ± std over seeds; × columns are ratios of means to full-rollout OPD (wall: without evaluation).</p>
+<table><tr>{head}</tr>{body}</table>
+<p>{esc(goal_text(results['goal']))}</p>
+<p><b>FLOPs (estimate):</b> {esc(FLOPS_FORMULA)}. {esc(FLOPS_NOTE)}</p>
+<p>total {meta.get('total_s', 0):.0f} s · machine before: {esc(json.dumps(meta.get('machine_before')))}, after:
+{esc(json.dumps(meta.get('machine')))}</p>
+<h2>Accuracy vs rollout tokens</h2><img src="accuracy_vs_tokens.png" alt="accuracy vs rollout tokens">
+<h2>Window over steps</h2><img src="windows.png" alt="window over steps">
+</body></html>
+"""
+    path.write_text(page)

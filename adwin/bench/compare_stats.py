@@ -1,0 +1,149 @@
+"""What ``adwin bench compare`` measures per run, how it estimates training FLOPs, and how it aggregates
+runs over seeds into per-method mean, spread and ratios to full-rollout OPD."""
+
+from __future__ import annotations
+
+import math
+import statistics
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+FLOPS_FORMULA = (
+    "FLOPs = (2·N_s + 2·N_t + 6·N_s) · (prompt + response tokens of the training rollouts)"
+    " + 2·N_s · (probe extension tokens)"
+    " + (2·N_t + 6·N_s) · (prompt + response tokens of the audited probe batches)"
+)
+FLOPS_NOTE = (
+    "N_s, N_t: student and teacher parameter counts (all parameters; tied embeddings counted once, which is "
+    "the LM-head matmul). 2·N per token for a forward pass (student generation with a KV cache, teacher "
+    "scoring), 6·N per token for the student's forward+backward (Kaplan et al. 2020's standard estimate; the "
+    "ADWIN paper reports end-to-end training EFLOPs without stating its formula). The audit counts as one "
+    "forward+backward (`fast` measured 1.12x a plain one, docs/benchmarks.md). Not counted: attention's "
+    "context-length term, the prefill repeated by each probe extension round, and evaluation (identical for "
+    "every method)."
+)
+
+# Per-method metrics aggregated over seeds (name -> label); ratios to full are taken of the means.
+METRICS: dict[str, str] = {
+    "accuracy_final": "accuracy (final, mean@k)",
+    "teacher_kl_final": "teacher KL (final)",
+    "sync_tokens": "sync rollout tokens",
+    "probe_tokens": "probe tokens",
+    "rollout_tokens": "rollout tokens (sync + probe)",
+    "flops": "training FLOPs (est.)",
+    "wall_s": "wall time s",
+    "train_wall_s": "wall time without eval s",
+    "audit_overhead_s": "probe + audit time s",
+    "audit_overhead_frac": "probe + audit share of train wall",
+    "mean_window": "mean window",
+    "accuracy_per_mtoken": "accuracy per 1M rollout tokens",
+    "gain_per_mtoken": "accuracy gain per 1M rollout tokens",
+}
+RATIO_METRICS = ("accuracy_final", "teacher_kl_final", "sync_tokens", "rollout_tokens", "flops", "wall_s",
+                 "train_wall_s")
+
+
+def _sum(history: Sequence[Mapping[str, Any]], key: str) -> float:
+    return float(sum(float(h[key]) for h in history if key in h and h[key] is not None))
+
+
+def estimate_flops(history: Sequence[Mapping[str, Any]], n_student: int, n_teacher: int,
+                   probe_batch: int, samples_per_step: int) -> dict[str, float]:
+    """``FLOPS_FORMULA`` from a run's step metrics. Probe prompts are not logged: each audited probe is
+    charged the run's mean prompt length per rollout sample."""
+    prompt, response = _sum(history, "rollout/prompt_tokens"), _sum(history, "rollout/sync_tokens")
+    samples = samples_per_step * sum(1 for h in history if "rollout/prompt_tokens" in h)
+    mean_prompt = prompt / samples if samples else 0.0
+    audited = [h for h in history if "audit/probe_tokens" in h]
+    audit_tokens = _sum(audited, "audit/probe_tokens") + mean_prompt * probe_batch * len(audited)
+    sync = (8.0 * n_student + 2.0 * n_teacher) * (prompt + response)
+    probe = 2.0 * n_student * _sum(history, "probe/tokens") + (2.0 * n_teacher + 6.0 * n_student) * audit_tokens
+    return {"flops": sync + probe, "flops_sync": sync, "flops_probe": probe}
+
+
+def measure_run(history: Sequence[Mapping[str, Any]], initial: Mapping[str, float], final: Mapping[str, float],
+                totals: Mapping[str, float], *, n_student: int, n_teacher: int, probe_batch: int,
+                samples_per_step: int) -> dict[str, Any]:
+    """One run's row: quality, tokens, FLOPs, clocks and its window trajectory."""
+    windows = [int(h["window/current"]) for h in history if "window/current" in h]
+    wall = float(history[-1].get("time/wall", math.nan)) if history else math.nan
+    eval_s = _sum(history, "time/eval")
+    overhead = _sum(history, "time/probe") + _sum(history, "time/audit")
+    sync, probe = float(totals.get("sync_tokens", 0.0)), float(totals.get("probe_tokens", 0.0))
+    acc0, acc = float(initial.get("eval/accuracy", math.nan)), float(final.get("eval/accuracy", math.nan))
+    mtokens = (sync + probe) / 1e6
+    row: dict[str, Any] = {
+        "accuracy_initial": acc0,
+        "accuracy_final": acc,
+        "teacher_kl_initial": float(initial.get("eval/teacher_kl", math.nan)),
+        "teacher_kl_final": float(final.get("eval/teacher_kl", math.nan)),
+        "sync_tokens": sync,
+        "probe_tokens": probe,
+        "rollout_tokens": sync + probe,
+        "wall_s": wall,
+        "eval_s": eval_s,
+        "train_wall_s": wall - eval_s,
+        "audit_overhead_s": overhead,
+        "audit_overhead_frac": overhead / (wall - eval_s) if wall - eval_s > 0 else math.nan,
+        "audits": sum(1 for h in history if "audit/id" in h),
+        "mean_window": statistics.fmean(windows) if windows else math.nan,
+        "windows": windows,
+        "accuracy_per_mtoken": acc / mtokens if mtokens else math.nan,
+        "gain_per_mtoken": (acc - acc0) / mtokens if mtokens else math.nan,
+    }
+    row |= estimate_flops(history, n_student, n_teacher, probe_batch, samples_per_step)
+    return row
+
+
+def mean_std(values: Sequence[float]) -> dict[str, float]:
+    """Mean and sample standard deviation (0 for one value) over the finite values."""
+    vals = [float(v) for v in values if v is not None and math.isfinite(float(v))]
+    if not vals:
+        return {"mean": math.nan, "std": math.nan, "n": 0}
+    return {"mean": statistics.fmean(vals), "std": statistics.stdev(vals) if len(vals) > 1 else 0.0, "n": len(vals)}
+
+
+def aggregate(runs: Sequence[Mapping[str, Any]], order: Sequence[str], reference: str = "full") -> dict[str, Any]:
+    """Per method: mean/std of ``METRICS`` over seeds, ratios of the means to ``reference``."""
+    out: dict[str, Any] = {}
+    for key in order:
+        rows = [r for r in runs if r["method"] == key]
+        if not rows:
+            continue
+        out[key] = {"seeds": [r["seed"] for r in rows],
+                    "metrics": {m: mean_std([r[m] for r in rows]) for m in METRICS}}
+    ref = out.get(reference)
+    for entry in out.values():
+        ratios = {}
+        for m in RATIO_METRICS:
+            num, den = entry["metrics"][m]["mean"], ref["metrics"][m]["mean"] if ref else math.nan
+            ratios[m] = num / den if ref and math.isfinite(num) and math.isfinite(den) and den != 0 else math.nan
+        entry["ratio_to_full"] = ratios
+    return out
+
+
+def goal_check(methods: Mapping[str, Any], adwin: str = "adwin-0.7", reference: str = "full") -> dict[str, Any]:
+    """The issue's goal, evaluated as measured: ADWIN at 0.7 within full's spread of accuracy
+    (mean >= full mean - full std) with >= 3x fewer rollout tokens (sync + probe), and the best accuracy
+    per rollout token of all methods."""
+    if adwin not in methods or reference not in methods:
+        return {"evaluated": False, "why": f"needs both {adwin!r} and {reference!r}"}
+    a, f = methods[adwin]["metrics"], methods[reference]["metrics"]
+    within = a["accuracy_final"]["mean"] >= f["accuracy_final"]["mean"] - f["accuracy_final"]["std"]
+    reduction = f["rollout_tokens"]["mean"] / a["rollout_tokens"]["mean"] if a["rollout_tokens"]["mean"] else math.nan
+    reduction_sync = f["sync_tokens"]["mean"] / a["sync_tokens"]["mean"] if a["sync_tokens"]["mean"] else math.nan
+    per_token = {k: v["metrics"]["accuracy_per_mtoken"]["mean"] for k, v in methods.items()}
+    finite = {k: v for k, v in per_token.items() if math.isfinite(v)}
+    top = max(finite.values(), default=math.nan)
+    leaders = [k for k, v in finite.items() if v == top]
+    best = leaders[0] if len(leaders) == 1 else None  # a tie has no single best
+    return {
+        "evaluated": True,
+        "accuracy_within_full_spread": bool(within),
+        "rollout_token_reduction": reduction,
+        "sync_token_reduction": reduction_sync,
+        "reduction_at_least_3x": bool(math.isfinite(reduction) and reduction >= 3.0),
+        "best_accuracy_per_token": best,
+        "adwin_best_accuracy_per_token": best == adwin,
+        "met": bool(within and math.isfinite(reduction) and reduction >= 3.0 and best == adwin),
+    }

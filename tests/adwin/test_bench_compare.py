@@ -1,0 +1,102 @@
+"""``adwin bench compare``: the method list, the FLOPs estimate, aggregation over seeds, and a tiny smoke run."""
+
+from __future__ import annotations
+
+import json
+import math
+import time
+from pathlib import Path
+
+import pytest
+
+from adwin.bench.compare import all_methods, fast_opd_schedule, quick_keys, select_methods
+from adwin.bench.compare_stats import aggregate, estimate_flops, goal_check, mean_std
+from adwin.cli import main
+
+
+def test_fast_opd_is_scaled_to_the_horizon_as_256_is_to_8192() -> None:
+    assert fast_opd_schedule(8192) == 256
+    assert fast_opd_schedule(320) == 10
+    assert fast_opd_schedule(16) == 1  # never below one token
+
+
+def test_method_list_covers_the_papers_table_and_both_baselines() -> None:
+    methods = {m.key: m for m in all_methods(320, [32, 64, 128, 192, 256])}
+    assert list(methods)[:2] == ["full", "linear"]
+    assert {f"fixed-{c}" for c in (32, 64, 128, 192, 256)} <= set(methods)
+    assert {f"adwin-{t}" for t in (0.5, 0.6, 0.7, 0.8, 0.9)} <= set(methods)
+    assert methods["linear"].overrides == {"window.policy": "linear", "window.start": 10, "window.step": 10}
+    assert methods["iw-opd"].overrides == {"window.policy": "full", "loss.iw_gamma": 0.5}
+    assert methods["surprise"].overrides == {"window.policy": "surprise"} and methods["surprise"].adaptive
+    chosen = [m.key for m in select_methods("adwin,fixed-64", list(methods.values()), None)]
+    assert chosen == ["full", "adwin-0.7", "adwin-0.5", "adwin-0.6", "adwin-0.8", "adwin-0.9", "fixed-64"]
+    assert quick_keys([32, 64, 128, 192, 256]) == ["full", "linear", "fixed-128", "adwin-0.7", "surprise", "iw-opd"]
+    with pytest.raises(ValueError, match="unknown method"):
+        select_methods("bogus", list(methods.values()), None)
+
+
+def test_flops_follow_the_stated_formula() -> None:
+    history = [
+        {"rollout/prompt_tokens": 40.0, "rollout/sync_tokens": 100.0, "probe/tokens": 30.0},
+        {"rollout/prompt_tokens": 40.0, "rollout/sync_tokens": 60.0, "probe/tokens": 10.0, "audit/probe_tokens": 50.0},
+    ]
+    ns, nt = 1000, 3000
+    f = estimate_flops(history, ns, nt, probe_batch=2, samples_per_step=4)
+    mean_prompt = 80.0 / 8  # prompt tokens per rollout sample
+    sync = (2 * ns + 2 * nt + 6 * ns) * (80 + 160)
+    probe = 2 * ns * 40 + (2 * nt + 6 * ns) * (50 + 2 * mean_prompt)
+    assert f["flops_sync"] == pytest.approx(sync)
+    assert f["flops_probe"] == pytest.approx(probe)
+    assert f["flops"] == pytest.approx(sync + probe)
+
+
+def _row(method: str, seed: int, acc: float, tokens: float) -> dict:
+    row = {m: 1.0 for m in ("teacher_kl_final", "probe_tokens", "flops", "wall_s", "train_wall_s", "audit_overhead_s",
+                            "audit_overhead_frac", "mean_window", "gain_per_mtoken")}
+    return row | {"method": method, "seed": seed, "accuracy_final": acc, "sync_tokens": tokens,
+                  "rollout_tokens": tokens, "accuracy_per_mtoken": acc / tokens * 1e6}
+
+
+def test_aggregation_gives_mean_spread_and_ratios_to_full() -> None:
+    runs = [_row("full", 0, 0.6, 1000), _row("full", 1, 0.8, 1000),
+            _row("adwin-0.7", 0, 0.7, 250), _row("adwin-0.7", 1, 0.7, 250), _row("fixed-32", 0, 0.2, 100)]
+    agg = aggregate(runs, ["full", "adwin-0.7", "fixed-32"])
+    full = agg["full"]["metrics"]["accuracy_final"]
+    assert full["mean"] == pytest.approx(0.7) and full["std"] == pytest.approx(math.sqrt(0.02)) and full["n"] == 2
+    assert agg["adwin-0.7"]["ratio_to_full"]["rollout_tokens"] == pytest.approx(0.25)
+    assert agg["fixed-32"]["metrics"]["accuracy_final"]["std"] == 0.0  # one seed: no spread
+    goal = goal_check(agg)
+    assert goal["accuracy_within_full_spread"] and goal["rollout_token_reduction"] == pytest.approx(4.0)
+    assert goal["best_accuracy_per_token"] == "adwin-0.7" and goal["met"]
+    runs[2]["accuracy_final"] = runs[3]["accuracy_final"] = 0.5  # below full's mean minus its std
+    assert not goal_check(aggregate(runs, ["full", "adwin-0.7"]))["met"]
+    assert math.isnan(mean_std([float("nan")])["mean"])
+
+
+def test_tiny_compare_writes_table_json_plots_and_html(tmp_path: Path, monkeypatch, capsys) -> None:
+    monkeypatch.setenv("ADWIN_HOME", str(tmp_path / "home"))
+    t0 = time.perf_counter()
+    rc = main(["bench", "compare", "--profile", "tiny", "--out", str(tmp_path / "out")])
+    elapsed = time.perf_counter() - t0
+    assert rc == 0
+    assert elapsed < 60, f"the tiny compare must stay a smoke test, took {elapsed:.0f}s"
+    (folder,) = (tmp_path / "out").iterdir()
+    assert folder.name.endswith("-tiny")
+    res = json.loads((folder / "results.json").read_text())
+    assert res["meta"]["smoke"] is True and res["meta"]["steps"] == 2
+    keys = ["full", "linear", "fixed-8", "adwin-0.7", "surprise", "iw-opd"]
+    assert list(res["methods"]) == keys and [r["method"] for r in res["runs"]] == keys
+    runs = {r["method"]: r for r in res["runs"]}
+    assert runs["linear"]["windows"] == [1, 2]  # 16-token horizon: Fast OPD 1/+1
+    assert runs["full"]["windows"] == [16, 16] and runs["fixed-8"]["windows"] == [8, 8]
+    assert all(r["probe_tokens"] == 0 for k, r in runs.items() if k != "adwin-0.7")
+    assert runs["full"]["sync_tokens"] >= runs["fixed-8"]["sync_tokens"] >= runs["linear"]["sync_tokens"]
+    assert all(r["flops"] > 0 and 0.0 <= r["accuracy_final"] <= 1.0 for r in runs.values())
+    assert res["methods"]["full"]["ratio_to_full"]["flops"] == pytest.approx(1.0)
+    assert "6·N_s" in res["meta"]["flops_formula"]
+    for name in ("accuracy_vs_tokens.png", "windows.png"):
+        assert (folder / name).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    page = (folder / "index.html").read_text()
+    assert "SMOKE RUN" in page and "adwin-0.7" in page and "accuracy_vs_tokens.png" in page
+    out = capsys.readouterr().out
+    assert "SMOKE RUN" in out and "iw-opd" in out
