@@ -38,6 +38,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--log-stdout", action="store_true", help="print one metrics line per step")
     parser.add_argument("--no-progress", action="store_true", help="no progress bar")
     parser.add_argument("--no-serve", action="store_true", help="do not serve the embedded controller over HTTP")
+    parser.add_argument("--scheduler", choices=["sync", "asyncopd"],
+                        help="sync: the prefix-window trainer; asyncopd: streaming rollout/teacher/learner pipeline "
+                             "(AsyncOPD; loss.name reverse_kl_mc or reverse_kl_pg)")
+    parser.add_argument("--asyncopd-workers", choices=["thread", "ray"],
+                        help="where AsyncOPD rollout workers' engines run (ray: one Ray actor per worker)")
     parser.add_argument("--probe-backend", choices=["inline", "thread", "ray"],
                         help="where probe rounds run: inline (in the step), thread (background thread with its own "
                              "student replica) or ray (Ray actors; local cluster unless --ray-address)")
@@ -59,7 +64,8 @@ def _overrides(args: argparse.Namespace) -> dict[str, Any]:
         apply_policy_spec(ov, args.window_policy)
     simple = {"window.threshold": args.threshold, "steps": args.steps, "seed": args.seed, "out_dir": args.out,
               "name": args.name, "controller.url": args.controller_url, "logging.wandb": args.wandb,
-              "probes.backend": args.probe_backend, "probes.ray_address": args.ray_address}
+              "probes.backend": args.probe_backend, "probes.ray_address": args.ray_address,
+              "scheduler": args.scheduler, "asyncopd.workers": args.asyncopd_workers}
     ov.update({k: v for k, v in simple.items() if v is not None})
     if args.log_stdout:
         ov["logging.stdout"] = True
@@ -101,6 +107,13 @@ def main(args: argparse.Namespace) -> int:
     except (ValidationError, WindowConfigError, ValueError) as e:
         sys.stderr.write(f"adwin train: {config_error(e)}\n")
         return 2
+    from adwin.backends import BackendUnavailable, check_backends
+
+    try:
+        check_backends(cfg)
+    except BackendUnavailable as e:
+        sys.stderr.write(f"adwin train: {e}\n")
+        return 2
     return run(cfg, profile=args.profile)
 
 
@@ -132,6 +145,9 @@ def run(cfg: Any, profile: str = "default") -> int:
     console = Console(stderr=False)
     if cfg.model.device == "cpu" and cfg.model.student == "builtin":
         torch.set_num_threads(1)  # the built-in models are tiny (see limit_threads), preparing them too
+    from adwin.backends import check_backends
+
+    check_backends(cfg)  # an engine that is not installed fails here, before any model loads
     parts = load_parts(cfg, profile)  # loads and checks models, tokenizers and prompts before any training compute
     limit_threads(parts.student, cfg.model.device)
     controller, stop, url = open_controller(cfg)
@@ -139,7 +155,12 @@ def run(cfg: Any, profile: str = "default") -> int:
         console.print(f"controller + dashboard: [bold]{url}[/bold]")
     bar = _progress(cfg)
     try:
-        result = train(cfg, controller, parts, on_step=bar.update if bar else None)
+        if cfg.scheduler == "asyncopd":
+            from adwin.trainer_adapters.asyncopd.train import train_asyncopd
+
+            result = train_asyncopd(cfg, controller, parts, on_step=bar.update if bar else None)
+        else:
+            result = train(cfg, controller, parts, on_step=bar.update if bar else None)
     finally:
         if bar:
             bar.close()
@@ -147,6 +168,10 @@ def run(cfg: Any, profile: str = "default") -> int:
             stop()
     summary = summarize(result.history, result.initial_eval, result.final_eval, result.totals)
     summary["run_id"] = result.run_id
+    if getattr(result, "asyncopd", None):
+        summary["asyncopd"] = result.asyncopd
+        summary["throughput_tokens_per_s"] = result.asyncopd.get("throughput_tokens_per_s")
+        summary["pipeline_overlap"] = result.asyncopd.get("overlap", {}).get("pipeline/overlap")
     (result.run_dir / "summary.json").write_text(json.dumps(summary, indent=2))
     render(summary, console)
     console.print(f"run folder: {result.run_dir}")

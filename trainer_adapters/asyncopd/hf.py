@@ -27,6 +27,7 @@ from typing import Any
 import torch
 
 from adwin.alignment import ProbeBatch, audit
+from adwin.backends.logprob_gap import logprob_gap
 from adwin.controller.schemas import AuditIn
 from adwin.losses import action_logprobs, opd_loss, token_logprobs
 from adwin.rollout import Rows, layout, left_pad
@@ -183,6 +184,9 @@ class HFLearner:
             self.lr_scheduler.step()
         out = {"loss/total": float(loss.detach()), "optim/grad_norm": float(grad_norm)}
         out |= {k: float(v) for k, v in lm.items() if k != "loss/value"}
+        # |log p_theta - log p_behavior| of the realized tokens: staleness plus any rollout-engine mismatch
+        train_lp = token_logprobs(logits.detach(), ids).cpu()  # (B, L)
+        out |= logprob_gap(train_lp, _per_token(items, L, "logprobs"), rows.response_mask)
         return out
 
     def weights(self) -> dict[str, torch.Tensor]:

@@ -7,8 +7,9 @@ student (``HFRolloutEngine``); the teacher stage; the MC reverse-KL learner on t
 the ``adwin`` policy). B = ``rollout.prompts_per_step * rollout.samples_per_prompt`` samples per update,
 m = ``loss.mc_samples`` cached actions per position.
 
-Scheduler options come from ``cfg.asyncopd`` when the config has that section, else from the
-``options`` argument, else from ``AsyncOPDOptions()`` defaults (paper: queue depth tau = 4).
+Scheduler options come from the ``options`` argument when given, else from the config's ``asyncopd``
+section (defaults: paper's queue depth tau = 4). ``asyncopd.workers: ray`` runs each rollout worker's
+engine in a Ray actor (``ray_engine``); the scheduler's worker threads stay on the driver.
 """
 
 from __future__ import annotations
@@ -52,11 +53,13 @@ class AsyncOPDOptions:
     pad_to_horizon: bool = True  # learner tensors padded to max prompt + max response length
     throughput_warmup: int = 5  # learner updates left out of the throughput (paper: 5)
     wait_timeout_s: float = 600.0  # no progress for this long: fail instead of hanging
+    workers: str = "thread"  # thread | ray: where the rollout engines run
+    ray_address: str | None = None
 
 
 def resolve_options(cfg: TrainConfig, options: AsyncOPDOptions | None) -> AsyncOPDOptions:
     section = getattr(cfg, "asyncopd", None)
-    if section is None:
+    if options is not None or section is None:
         return options or AsyncOPDOptions()
     raw = section.model_dump() if hasattr(section, "model_dump") else dict(section)
     known = {f.name for f in fields(AsyncOPDOptions)}
@@ -82,11 +85,13 @@ class AsyncOPDRun:
     scheduler: AsyncOPDScheduler
     hooks: ControllerWindowHooks
     learner: HFLearner
-    engines: list[HFRolloutEngine]
+    engines: list[Any]
     options: AsyncOPDOptions
     run_id: str
     run_dir: Path
     lr_scheduler: Any
+    optimizer: Any = None
+    close: Callable[[], None] | None = None  # releases worker resources (Ray actors)
 
 
 def build_asyncopd(cfg: TrainConfig, controller: ControllerAPI, *, parts: Parts | None = None,
@@ -106,9 +111,24 @@ def build_asyncopd(cfg: TrainConfig, controller: ControllerAPI, *, parts: Parts 
     r = cfg.rollout
     width = cfg.data.max_prompt_len + r.max_response_len if opts.pad_to_horizon else None
     m = cfg.loss.mc_samples if cfg.loss.name == "reverse_kl_mc" else 0
-    engines = [engine_cls(copy.deepcopy(parts.student), eos=eos, pad_id=pad, temperature=r.temperature,
-                          mc_samples=m, seed=cfg.seed + 1000 * i)
-               for i in range(opts.rollout_workers)]
+    engine_kw = {"eos": eos, "pad_id": pad, "temperature": r.temperature, "mc_samples": m}
+    close: Callable[[], None] | None = None
+    if r.backend == "vllm":  # untested on hardware: see adwin.backends
+        from adwin.trainer_adapters.asyncopd.vllm import vllm_engines
+
+        engines = vllm_engines(str(parts.student.name_or_path), opts.rollout_workers, eos=set(eos),
+                               temperature=r.temperature, top_p=r.top_p, mc_samples=m, seed=cfg.seed,
+                               dtype=cfg.model.dtype)
+    elif opts.workers == "ray":
+        from adwin.trainer_adapters.asyncopd.ray_engine import ray_engines
+
+        engines, close = ray_engines(parts.student, opts.rollout_workers, engine_kw, seed=cfg.seed,
+                                     address=opts.ray_address, engine_cls=engine_cls)
+    elif opts.workers == "thread":
+        engines = [engine_cls(copy.deepcopy(parts.student), **engine_kw, seed=cfg.seed + 1000 * i)
+                   for i in range(opts.rollout_workers)]
+    else:
+        raise ValueError(f"asyncopd.workers must be 'thread' or 'ray', got {opts.workers!r}")
     lc = cfg.loss
     learner = HFLearner(parts.student, optimizer, lr_scheduler, pad_id=pad, width=width, loss=lc.name,
                         aggregation=lc.aggregation,
@@ -126,26 +146,33 @@ def build_asyncopd(cfg: TrainConfig, controller: ControllerAPI, *, parts: Parts 
                            wait_timeout_s=opts.wait_timeout_s, throughput_warmup=opts.throughput_warmup)
     sched = AsyncOPDScheduler(scfg, prompt_source(parts, cfg.data.max_prompt_len), engines,
                               HFTeacherScorer(parts.teachers, pad), learner, hooks)
-    return AsyncOPDRun(sched, hooks, learner, engines, opts, run_id, Path(cfg.out_dir) / cfg.name, lr_scheduler)
+    return AsyncOPDRun(sched, hooks, learner, engines, opts, run_id, Path(cfg.out_dir) / cfg.name, lr_scheduler,
+                       optimizer, close)
 
 
 def run_asyncopd(cfg: TrainConfig, controller: ControllerAPI, *, parts: Parts | None = None,
                  options: AsyncOPDOptions | None = None, profile: str = "default",
                  on_step: Callable[[int, dict[str, Any]], None] | None = None,
-                 built: AsyncOPDRun | None = None) -> dict[str, Any]:
+                 built: AsyncOPDRun | None = None,
+                 enrich: Callable[[int, dict[str, float]], dict[str, float]] | None = None) -> dict[str, Any]:
     """Distill for ``cfg.steps`` learner updates under the AsyncOPD scheduler; returns the summary dict.
 
     The summary (also written to ``<out_dir>/<name>/summary.json``) holds the run id, the throughput
     (response tokens/s after ``throughput_warmup`` updates), the pipeline overlap, the staleness
     distribution, the permit bound as observed, probe/audit counts and the per-update history.
-    ``built``: run what ``build_asyncopd`` returned (tests inspect the stages afterwards).
+    ``built``: run what ``build_asyncopd`` returned (tests inspect the stages afterwards). ``enrich(step, m)``
+    returns extra metrics merged into the step's row before it is logged (evaluation, token ledger).
+    The per-step history is under ``"history"``; ``"logged"`` holds the rows as logged.
     """
     b = built or build_asyncopd(cfg, controller, parts=parts, options=options, profile=profile)
     sinks = open_loggers(cfg, b.run_dir, controller, b.run_id)  # JSONL + the controller's step telemetry
     started = time.perf_counter()
 
     def log_step(step: int, m: dict[str, float]) -> None:
-        m = {**m, "optim/lr": b.lr_scheduler.get_last_lr()[0], "time/wall": time.perf_counter() - started}
+        m = {**m, "optim/lr": b.lr_scheduler.get_last_lr()[0]}
+        if enrich is not None:
+            m |= enrich(step, m)
+        m["time/wall"] = time.perf_counter() - started
         sinks.log(step, m)
         if on_step is not None:
             on_step(step, m)
@@ -154,13 +181,15 @@ def run_asyncopd(cfg: TrainConfig, controller: ControllerAPI, *, parts: Parts | 
         out = b.scheduler.run(cfg.steps, on_step=log_step)
     finally:
         sinks.close()
+        if b.close is not None:
+            b.close()
     out |= {"run_id": b.run_id, "run_dir": str(b.run_dir), "scheduler": "asyncopd", "options": asdict(b.options),
             "batch_size": b.scheduler.cfg.batch_size, "loss": cfg.loss.name,
             "mc_samples": cfg.loss.mc_samples if cfg.loss.name == "reverse_kl_mc" else 0,
             "probes": dict(b.hooks.counts), "learner_shapes": sorted(set(b.learner.shapes)),
-            "wall_s": time.perf_counter() - started}
+            "wall_s": time.perf_counter() - started, "logged": list(sinks.history)}
     b.run_dir.mkdir(parents=True, exist_ok=True)
-    (b.run_dir / "summary.json").write_text(json.dumps({k: v for k, v in out.items() if k != "history"},
+    (b.run_dir / "summary.json").write_text(json.dumps({k: v for k, v in out.items() if k not in ("history", "logged")},
                                                        indent=2, default=str))
     log.info("asyncopd run %s: %d updates, throughput %s tok/s, overlap %.2f", b.run_id, out["updates"],
              out["throughput_tokens_per_s"], out["overlap"].get("pipeline/overlap", 0.0))

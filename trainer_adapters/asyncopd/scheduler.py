@@ -363,6 +363,10 @@ class AsyncOPDScheduler:
               "async/tokens": float(n_tokens), "async/permits_outstanding": float(ps.outstanding),
               "async/version": float(self.version), "window/current": float(self.window),
               "async/breakpoints": float(sum(len(it.version_breakpoints) for it in batch))}
+        throughput = self.throughput.throughput()  # None during the warm-up updates
+        if throughput is not None:
+            m["async/throughput_tokens_per_s"] = throughput
+        m |= self.timeline.overlap()  # cumulative since the first stage interval
         self.hooks.on_step(step, m)
         return m
 

@@ -1,0 +1,99 @@
+"""Teacher scoring on vLLM with ``prompt_logprobs``: top-k for ``forward_kl_topk``, or the realized tokens'
+logprobs for the sampled reverse-KL estimators (``reverse_kl_pg``; ``reverse_kl_mc`` needs the logprobs of
+actions that are not in the sequence, which ``prompt_logprobs`` cannot give: score those with the HF teacher).
+
+UNTESTED ON HARDWARE (no GPU while writing it); ``scores_to_tensors`` and the parsing are unit-tested on
+CPU with stand-in outputs. One request per sequence (prompt + response) with ``max_tokens=1`` and
+``prompt_logprobs=k``: vLLM returns, for every position ``i >= 1``, a ``{token_id: Logprob}`` dict holding
+the top-k tokens *and* the realized token ``seq[i]`` (each with its ``rank``), computed from the
+teacher's raw logits given ``seq[:i]``. That is exactly the layout ``adwin.losses`` uses: values aligned
+with ``input_ids``, position 0 has no predictor. The engine must allow ``max_logprobs >= k``.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from adwin.backends import require_vllm
+from adwin.backends.vllm_rollout import engine_kwargs
+
+
+@dataclass
+class TeacherScores:
+    """One sequence's response-token scores (response position ``j`` = sequence position ``n_prompt + j``)."""
+
+    realized: list[float]  # (n_resp,) teacher logprob of each realized response token
+    topk_ids: list[list[int]]  # (n_resp, k) by rank; shorter rows when the engine returned fewer
+    topk_logprobs: list[list[float]]  # (n_resp, k)
+
+
+def parse_prompt_logprobs(seq: Sequence[int], n_prompt: int, prompt_logprobs: Sequence[dict[int, Any] | None],
+                          k: int) -> TeacherScores:
+    """``prompt_logprobs`` of one request -> the response positions' realized and top-k teacher logprobs."""
+    if len(prompt_logprobs) != len(seq):
+        raise ValueError(f"{len(seq)} tokens but {len(prompt_logprobs)} prompt_logprobs entries")
+    if n_prompt < 1:
+        raise ValueError("the prompt needs at least one token: position 0 has no teacher prediction")
+    realized: list[float] = []
+    ids: list[list[int]] = []
+    lps: list[list[float]] = []
+    for i in range(n_prompt, len(seq)):
+        entry = prompt_logprobs[i]
+        if entry is None or int(seq[i]) not in entry:
+            raise ValueError(f"no teacher logprob for position {i} (token {seq[i]})")
+        realized.append(float(entry[int(seq[i])].logprob))
+        ranked = sorted(((lp.rank if lp.rank is not None else math.inf, tok, lp.logprob) for tok, lp in entry.items()))
+        top = [(tok, float(lp)) for rank, tok, lp in ranked if rank <= k][:k]  # the realized token only if in top-k
+        ids.append([t for t, _ in top])
+        lps.append([x for _, x in top])
+    return TeacherScores(realized, ids, lps)
+
+
+def scores_to_tensors(scores: Sequence[TeacherScores], n_prompts: Sequence[int], width: int,
+                      k: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Right-padded tensors aligned with ``input_ids`` of width ``width``:
+    realized (B, L), top-k ids (B, L, k) and top-k logprobs (B, L, k). Unfilled top-k slots get id 0 and
+    logprob ``-inf`` (``forward_kl_topk`` counts them as q = 0); non-response positions are 0."""
+    B = len(scores)
+    realized = torch.zeros(B, width)
+    ids = torch.zeros(B, width, k, dtype=torch.long)
+    lps = torch.full((B, width, k), -math.inf)
+    for b, (s, n_p) in enumerate(zip(scores, n_prompts, strict=True)):
+        n = len(s.realized)
+        if n_p + n > width:
+            raise ValueError(f"sample {b}: {n_p} + {n} tokens exceed width {width}")
+        realized[b, n_p : n_p + n] = torch.tensor(s.realized)
+        for j, (row_ids, row_lp) in enumerate(zip(s.topk_ids, s.topk_logprobs, strict=True)):
+            ids[b, n_p + j, : len(row_ids)] = torch.tensor(row_ids, dtype=torch.long)
+            lps[b, n_p + j, : len(row_lp)] = torch.tensor(row_lp)
+    return realized, ids, lps
+
+
+class VLLMTeacher:
+    """A teacher behind a vLLM engine. ``llm``: a ``vllm.LLM`` (or a stand-in in tests)."""
+
+    def __init__(self, llm: Any, topk: int = 20, sampling_params: Callable[..., Any] | None = None) -> None:
+        if topk < 1:
+            raise ValueError(f"topk must be >= 1, got {topk}")
+        self.llm, self.topk, self._params = llm, topk, sampling_params
+
+    @classmethod
+    def load(cls, model_path: str, topk: int = 20, **engine_kw: Any) -> VLLMTeacher:
+        vllm = require_vllm("model.teachers")
+        engine_kw.setdefault("max_logprobs", max(20, topk))
+        kw = engine_kwargs(model_path, **engine_kw)
+        kw.pop("logprobs_mode")  # prompt logprobs come from raw logits either way; teacher at temperature 1
+        return cls(vllm.LLM(**kw), topk, vllm.SamplingParams)
+
+    def score(self, prompt_ids: Sequence[Sequence[int]], response_ids: Sequence[Sequence[int]]) -> list[TeacherScores]:
+        make = self._params or require_vllm("model.teachers").SamplingParams
+        params = make(max_tokens=1, temperature=1.0, prompt_logprobs=self.topk)
+        seqs = [list(p) + list(r) for p, r in zip(prompt_ids, response_ids, strict=True)]
+        outs = self.llm.generate([{"prompt_token_ids": s} for s in seqs], params, use_tqdm=False)
+        return [parse_prompt_logprobs(s, len(p), o.prompt_logprobs, self.topk)
+                for s, p, o in zip(seqs, prompt_ids, outs, strict=True)]

@@ -1,0 +1,97 @@
+"""``adwin train --scheduler asyncopd``: the AsyncOPD pipeline with the sync trainer's run conventions.
+
+Same run folder as the synchronous trainer (``runs/<name>/``: ``config.json``, ``metrics.jsonl`` with one
+namespaced row per learner update, ``summary.json``, a final checkpoint), the same evaluation cadence
+(``eval/*`` on step 0, every ``eval.every`` updates and on the last one, run on the dispatcher thread
+between two updates while rollout workers keep generating with their snapshots), and the same token
+ledger (``rollout/sync_tokens``, ``rollout/full_equiv_tokens``, ``probe/tokens_total``). On top of those,
+each row carries the scheduler's metrics: ``async/*`` (staleness, permits, version, breakpoints,
+``async/throughput_tokens_per_s`` after ``asyncopd.throughput_warmup`` updates) and ``pipeline/*``
+(overlap and per-stage busy seconds, cumulative).
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from types import SimpleNamespace
+from typing import Any
+
+from adwin.accounting import TokenLedger
+from adwin.checkpoint import save_checkpoint
+from adwin.config import TrainConfig
+from adwin.controller.api import ControllerAPI
+from adwin.evaluate import evaluate
+from adwin.parts import Parts
+from adwin.step import Sampler
+from adwin.trainer import TrainResult
+from adwin.trainer_adapters.asyncopd.run import AsyncOPDRun, build_asyncopd, run_asyncopd
+
+SUMMARY_KEYS = ("throughput_tokens_per_s", "overlap", "staleness", "permits", "checks", "submitted",
+                "probes_completed", "breakpoint_samples", "probes", "options", "batch_size", "loss", "mc_samples",
+                "learner_shapes")
+
+
+@dataclass
+class AsyncTrainResult(TrainResult):
+    """``TrainResult`` plus the scheduler's own summary (throughput, overlap, permits, staleness)."""
+
+    asyncopd: dict[str, Any] = field(default_factory=dict)
+
+
+class _StepExtras:
+    """Evaluation and token ledger rows for each learner update (called on the dispatcher thread)."""
+
+    def __init__(self, cfg: TrainConfig, parts: Parts, built: AsyncOPDRun, controller: ControllerAPI) -> None:
+        self.cfg, self.parts, self.built, self.controller = cfg, parts, built, controller
+        self.gen = Sampler(parts, cfg)
+        self.ledger = TokenLedger(cfg.rollout.max_response_len)
+        self.initial: dict[str, float] = {}
+        self.final: dict[str, float] = {}
+        self._probes_seen = 0
+
+    def evaluate(self) -> dict[str, float]:
+        return evaluate(self.parts, self.cfg, self.gen)
+
+    def probe_tokens(self) -> int:
+        return sum(it.response_len for it in self.built.scheduler.probes_completed)
+
+    def __call__(self, step: int, m: dict[str, float]) -> dict[str, float]:
+        sched, cfg = self.built.scheduler, self.cfg
+        done = sched.probes_completed[self._probes_seen :]
+        self._probes_seen += len(done)
+        self.ledger.completed_lengths += [it.response_len for it in done]  # probes: truncations continued
+        batch = sched.consumed[-sched.cfg.batch_size :]
+        view = SimpleNamespace(response_ids=[it.tokens for it in batch],
+                               finished=[it.finish_reason != "window" for it in batch])
+        out = self.ledger.record(view, int(m.get("window/current", cfg.rollout.max_response_len)),  # type: ignore[arg-type]
+                                 self.probe_tokens())
+        t0 = time.perf_counter()
+        if step == 0:
+            out |= self.initial
+        last = step == cfg.steps - 1
+        if (cfg.eval.every and (step + 1) % cfg.eval.every == 0) or last:
+            self.final = self.evaluate()
+            out |= self.final
+        if last:
+            b = self.built
+            save_checkpoint(b.run_dir, sched.version, self.parts.student, self.parts.tokenizer, b.optimizer,
+                            b.lr_scheduler, self.controller.get_run(b.run_id).policy_state)
+        out["time/eval"] = time.perf_counter() - t0
+        return out
+
+
+def train_asyncopd(cfg: TrainConfig, controller: ControllerAPI, parts: Parts,
+                   on_step: Callable[[int, dict[str, Any]], None] | None = None) -> AsyncTrainResult:
+    """Evaluate, run ``cfg.steps`` AsyncOPD learner updates, evaluate again; see the module docstring."""
+    built = build_asyncopd(cfg, controller, parts=parts)
+    extras = _StepExtras(cfg, parts, built, controller)
+    t0 = time.perf_counter()
+    extras.initial = extras.evaluate()
+    extras.initial["time/eval_initial"] = time.perf_counter() - t0
+    out = run_asyncopd(cfg, controller, built=built, on_step=on_step, enrich=extras)
+    totals = extras.ledger.totals(extras.probe_tokens())
+    initial = {k: v for k, v in extras.initial.items() if k.startswith("eval/")}
+    return AsyncTrainResult(built.run_id, built.run_dir, initial, extras.final or initial, out["logged"], totals,
+                            asyncopd={k: out[k] for k in SUMMARY_KEYS if k in out})
