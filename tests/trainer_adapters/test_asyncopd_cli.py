@@ -74,6 +74,7 @@ def test_train_scheduler_asyncopd_runs_to_a_summary_with_pipeline_metrics(tmp_pa
     assert "async/throughput_tokens_per_s" not in rows[0]  # warm-up update
     assert all("async/throughput_tokens_per_s" in r for r in rows[1:])
     assert "eval/accuracy" in rows[0] and "eval/accuracy" in rows[-1]
+    assert summary["time"]["train"] > 0 and summary["time"]["rollout"] > 0
     resolved = json.loads((run_dir / "config.json").read_text())
     assert resolved["scheduler"] == "asyncopd"
     assert (run_dir / "checkpoint-3").is_dir()

@@ -7,7 +7,8 @@ between two updates while rollout workers keep generating with their snapshots),
 ledger (``rollout/sync_tokens``, ``rollout/full_equiv_tokens``, ``probe/tokens_total``). On top of those,
 each row carries the scheduler's metrics: ``async/*`` (staleness, permits, version, breakpoints,
 ``async/throughput_tokens_per_s`` after ``asyncopd.throughput_warmup`` updates) and ``pipeline/*``
-(overlap and per-stage busy seconds, cumulative).
+(overlap and per-stage busy seconds, cumulative). ``time/{rollout,teacher,train}`` are each stage's busy
+seconds since the previous row: they overlap, so their sum may exceed the wall time (that is the point).
 """
 
 from __future__ import annotations
@@ -50,6 +51,7 @@ class _StepExtras:
         self.initial: dict[str, float] = {}
         self.final: dict[str, float] = {}
         self._probes_seen = 0
+        self._busy: dict[str, float] = {}
 
     def evaluate(self) -> dict[str, float]:
         return evaluate(self.parts, self.cfg, self.gen)
@@ -67,6 +69,10 @@ class _StepExtras:
                                finished=[it.finish_reason != "window" for it in batch])
         out = self.ledger.record(view, int(m.get("window/current", cfg.rollout.max_response_len)),  # type: ignore[arg-type]
                                  self.probe_tokens())
+        for stage in ("rollout", "teacher", "train"):  # this update's share of each stage's busy time
+            total = m.get(f"pipeline/busy_{stage}_s", 0.0)
+            out[f"time/{stage}"] = total - self._busy.get(stage, 0.0)
+            self._busy[stage] = total
         t0 = time.perf_counter()
         if step == 0:
             out |= self.initial
