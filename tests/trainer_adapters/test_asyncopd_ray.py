@@ -16,7 +16,9 @@ pytestmark = pytest.mark.timeout(240)
 
 
 def test_ray_actor_engines_take_every_sync_and_keep_the_permit_bound(tmp_path: Path) -> None:
-    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False, configure_logging=False)
+    started = not ray.is_initialized()  # another suite may have left a local Ray running: reuse it
+    if started:
+        ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False, configure_logging=False)
     try:
         cfg = tiny_cfg(tmp_path, steps=3)
         parts = tiny_parts()
@@ -43,4 +45,5 @@ def test_ray_actor_engines_take_every_sync_and_keep_the_permit_bound(tmp_path: P
         assert any(v >= 1 for it in sched.consumed for v in it.token_versions), "tokens sampled after a sync"
         assert all(len(it.mc_actions) == it.response_len for it in sched.consumed)
     finally:
-        ray.shutdown()
+        if started:
+            ray.shutdown()
