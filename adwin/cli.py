@@ -8,6 +8,7 @@ import argparse
 import importlib
 import logging
 import sys
+from typing import NoReturn
 
 # (command path, module, one-line help)
 COMMANDS: list[tuple[tuple[str, ...], str, str]] = [
@@ -16,12 +17,20 @@ COMMANDS: list[tuple[tuple[str, ...], str, str]] = [
     (("controller", "serve"), "adwin.controller.serve", "serve the controller HTTP API and dashboard"),
     (("bench", "audit"), "adwin.bench.audit", "time and memory of the alignment audit methods"),
     (("bench", "controller"), "adwin.bench.controller", "latency and throughput of the controller service"),
+    (("bench", "probes"), "adwin.bench.probes", "wall time of fixed vs ADWIN with inline, thread and Ray probe workers"),
     (("bench", "compare"), "adwin.bench.compare", "every window method side by side: accuracy, tokens, FLOPs, time"),
 ]
 
 
+class _Parser(argparse.ArgumentParser):
+    """Usage mistakes print one line (``adwin train: error: ... (see adwin train --help)``) and exit 2."""
+
+    def error(self, message: str) -> NoReturn:
+        self.exit(2, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
+
+
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
+    parser = _Parser(
         prog="adwin",
         description="ADWIN: on-policy distillation on adaptively chosen rollout prefixes, "
         "audited by delayed full-rollout probes.",
@@ -64,10 +73,31 @@ def main(argv: list[str] | None = None) -> int:
         return int(mod.main(args) or 0)
     except KeyboardInterrupt:
         return 130
-    except (ValueError, FileNotFoundError) as e:  # bad input: one line, non-zero exit
+    except Exception as e:
+        code = exit_code(e)
+        if code is None:
+            raise  # a bug: keep the traceback
         logging.getLogger("adwin").debug("failed", exc_info=True)
-        sys.stderr.write(f"adwin: error: {e}\n")
+        sys.stderr.write(f"adwin: error: {one_line(e)}\n")
+        return code
+
+
+def exit_code(e: Exception) -> int | None:
+    """Exit code of an expected failure (bad input, unreachable controller, numerical fault); None for a bug."""
+    import yaml
+
+    from adwin.controller.api import ControllerError
+    from adwin.guards import NumericalFault
+
+    if isinstance(e, NumericalFault):
+        return 3
+    if isinstance(e, (ValueError, OSError, yaml.YAMLError, ControllerError)):
         return 2
+    return None
+
+
+def one_line(e: Exception) -> str:
+    return " ".join(str(e).split()) or type(e).__name__
 
 
 if __name__ == "__main__":

@@ -232,7 +232,12 @@ def load_config(path: str | Path | None = None, overrides: dict[str, Any] | None
     data: dict[str, Any] = {}
     if path is not None:
         text = Path(path).read_text()
-        loaded = yaml.safe_load(text)
+        try:
+            loaded = yaml.safe_load(text)
+        except yaml.YAMLError as e:  # one line naming the file and line, not the parser's multi-line dump
+            mark = getattr(e, "problem_mark", None)
+            where = f":{mark.line + 1}" if mark is not None else ""
+            raise ValueError(f"{path}{where}: invalid YAML ({getattr(e, 'problem', None) or e})") from e
         if loaded is not None and not isinstance(loaded, dict):
             raise ValueError(f"{path}: top level must be a mapping of config sections")
         data = loaded or {}

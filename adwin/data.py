@@ -1,8 +1,17 @@
 """Prompt sources for the trainer: the built-in task or a JSONL file.
 
 A JSONL line is an object with ``prompt`` (str), optional ``answer`` (str) and an optional routing key
-(``data.route_key``, default ``teacher``) naming the teacher that scores the sample. Malformed lines
-fail loudly with the file and line number, before any compute.
+(``data.route_key``, default ``teacher``) naming the teacher that scores the sample.
+
+Bad input, each with one defined behaviour (docs/reliability.md), all before any compute:
+
+* blank lines: skipped;
+* a malformed line (not JSON, not an object, a missing/empty/whitespace-only ``prompt``, a non-string
+  route, a list as ``answer``): ``DataError`` naming the file and line;
+* a route naming no configured teacher: ``DataError`` naming the sample, its file:line and the teachers;
+* a prompt longer than ``data.max_prompt_len`` tokens: truncated from the left (the question's end is
+  kept); ``data.max_prompt_len + rollout.max_response_len`` beyond the student's context: ``DataError``
+  naming both fields (``check_context``).
 """
 
 from __future__ import annotations
@@ -11,7 +20,7 @@ import json
 import random
 import re
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 DEFAULT_ROUTE = "default"
@@ -27,6 +36,7 @@ class Prompt:
     prompt: str
     answer: str | None = None
     route: str = DEFAULT_ROUTE
+    source: str = field(default="", compare=False)  # "file:line" for error messages
 
 
 def load_jsonl(path: str | Path, route_key: str = "teacher") -> list[Prompt]:
@@ -54,7 +64,7 @@ def _parse_record(line: str, path: Path, lineno: int, route_key: str) -> Prompt:
     if not isinstance(rec, dict):
         raise DataError(f"{where}: each line must be a JSON object, got {type(rec).__name__}")
     prompt = rec.get("prompt")
-    if not isinstance(prompt, str) or not prompt:
+    if not isinstance(prompt, str) or not prompt.strip():
         raise DataError(f"{where}: field 'prompt' must be a non-empty string")
     answer = rec.get("answer")
     if answer is not None and not isinstance(answer, (str, int, float)):
@@ -63,7 +73,8 @@ def _parse_record(line: str, path: Path, lineno: int, route_key: str) -> Prompt:
     if not isinstance(route, str) or not route:
         raise DataError(f"{where}: field {route_key!r} must be a non-empty string")
     sample_id = str(rec.get("id", f"{path.stem}-{lineno}"))
-    return Prompt(id=sample_id, prompt=prompt, answer=None if answer is None else str(answer), route=route)
+    return Prompt(id=sample_id, prompt=prompt, answer=None if answer is None else str(answer), route=route,
+                  source=where)
 
 
 def builtin_prompts(n: int, seed: int, split: str) -> list[Prompt]:
@@ -138,7 +149,17 @@ def check_routes(prompts: Sequence[Prompt], teacher_keys: Sequence[str]) -> None
     known = set(teacher_keys)
     for p in prompts:
         if p.route not in known:
+            at = f" ({p.source})" if p.source else ""
             raise DataError(
-                f"sample {p.id!r} routes to teacher {p.route!r}, which is not configured "
+                f"sample {p.id!r}{at} routes to teacher {p.route!r}, which is not configured "
                 f"(model.teachers has {sorted(known)})"
             )
+
+
+def check_context(max_prompt_len: int, max_response_len: int, context: int | None) -> None:
+    """Prompt + response must fit the student's positions (``context``; None = unknown, not checked)."""
+    if context is not None and max_prompt_len + max_response_len > context:
+        raise DataError(
+            f"data.max_prompt_len ({max_prompt_len}) + rollout.max_response_len ({max_response_len}) = "
+            f"{max_prompt_len + max_response_len} exceeds the student's context of {context} positions"
+        )

@@ -3,6 +3,8 @@
 * A step whose loss or gradient norm is NaN/Inf is skipped (``adwin.step.optimize`` does not apply it) and
   counted (``optim/skipped_steps``). ``optim.max_bad_steps`` consecutive skipped steps stop the run with
   ``NumericalFault`` after a checkpoint of the last good state (skipped steps never touch the weights).
+* An audit with NaN/Inf cosines (or Gram) is refused, by the controller (422, logged as a ``fallback``
+  decision) or already by the audit math; the trainer counts it (``audit/rejected``) and the window stays.
 * After a controller outage, active probes may have missed extension rounds and aged past the staleness
   limit S (normally the controller forces completion at exactly S). They are dropped and reported as
   dropped (``probe/dropped_stale``) rather than audited with over-stale tokens.
@@ -23,6 +25,13 @@ class NumericalFault(RuntimeError):
 
 def is_finite(*values: float) -> bool:
     return all(math.isfinite(float(v)) for v in values)
+
+
+def is_non_finite_audit(e: Exception) -> bool:
+    """An audit refused for NaN/Inf: by the controller (``InvalidInput``, 422) or by the audit math itself."""
+    from adwin.controller.api import InvalidInput
+
+    return isinstance(e, InvalidInput) or (isinstance(e, ValueError) and "non-finite" in str(e))
 
 
 class FaultCounter:

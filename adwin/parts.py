@@ -22,6 +22,7 @@ from adwin.data import (
     PromptStream,
     builtin_checker,
     builtin_prompts,
+    check_context,
     check_routes,
     load_jsonl,
     match_answer,
@@ -65,6 +66,8 @@ def load_parts(cfg: TrainConfig, profile: str = "default") -> Parts:
     tok_path = assets.tokenizer_path if cfg.model.student == "builtin" and assets else student_path
     tokenizer = load_tokenizer(tok_path)
     student = load_model(student_path, cfg.model.dtype, cfg.model.device)
+    check_context(cfg.data.max_prompt_len, cfg.rollout.max_response_len,
+                  getattr(student.config, "max_position_embeddings", None))
     teacher_paths = resolve_teachers(cfg.model.teachers, assets)
     teachers = Teachers.load(teacher_paths, tokenizer, int(student.config.vocab_size), cfg.model.dtype, cfg.model.device)
     train_p, eval_p = load_prompts(cfg)

@@ -159,6 +159,7 @@ class ResilientController:
         with self._lock:
             while self.degraded and time.monotonic() < deadline:
                 time.sleep(max(0.0, min(self._next_try - self._clock(), deadline - time.monotonic())))
+                self._next_try = min(self._next_try, self._clock())  # the backoff has passed in real time
                 self._reachable()
             left = len(self._pending) + len(self._lost_batches)
         if left:
@@ -228,10 +229,11 @@ class ResilientController:
     def next_probe_batch(self, run_id: str, *, idempotency_key: str | None = None) -> ProbeBatchOut | None:
         key = idempotency_key or uuid.uuid4().hex
         with self._lock:
+            reachable = self._reachable()  # a recovery may hand back a batch whose answer was lost
             ready = self._ready_batches.get(run_id)
             if ready:
                 return ready.popleft()
-            if not self._reachable():
+            if not reachable:
                 return None
             try:
                 return self.inner.next_probe_batch(run_id, idempotency_key=key)

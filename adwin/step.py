@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import warnings
 from dataclasses import dataclass
 from typing import Any
 
@@ -111,7 +112,9 @@ def optimize(student: torch.nn.Module, optimizer: torch.optim.Optimizer, schedul
         optimizer.zero_grad(set_to_none=True)
     else:
         optimizer.step()
-    scheduler.step()  # the LR schedule follows loop steps, skipped or not
+    with warnings.catch_warnings():  # torch warns when a skipped first step leaves optimizer.step() uncalled
+        warnings.filterwarnings("ignore", message="Detected call of `lr_scheduler.step()`")
+        scheduler.step()  # the LR schedule follows loop steps, skipped or not
     behavior = token_logprobs(logits.detach(), rows.input_ids.to(device)).cpu()  # (B, L)
     metrics = {"loss/total": float(loss.detach()), "loss/teacher_kl": lm.get("loss/teacher_kl", float("nan")),
                "loss/tokens": lm["loss/tokens"], "optim/grad_norm": float(grad_norm), "optim/skipped": float(skip)}

@@ -21,7 +21,7 @@ from adwin.checkpoint import save_checkpoint
 from adwin.config import TrainConfig
 from adwin.controller.api import ControllerAPI, InvalidInput
 from adwin.evaluate import evaluate
-from adwin.guards import FaultCounter, NumericalFault, drop_overstale_probes
+from adwin.guards import FaultCounter, NumericalFault, drop_overstale_probes, is_non_finite_audit
 from adwin.parts import Parts, build_optimizer, load_parts, open_loggers, run_spec, seed_everything
 from adwin.probes.pool import ProbePool
 from adwin.probing import audit_ready_batch, extend_probes, make_executor, offer_prefixes
@@ -117,8 +117,10 @@ def train(cfg: TrainConfig, controller: ControllerAPI, parts: Parts | None = Non
             with clock("audit"):
                 try:
                     m |= audit_ready_batch(controller, run_id, pool, parts, cfg, optimizer, version)
-                except InvalidInput as e:  # e.g. NaN cosines: the controller refused it, the window stays
-                    log.warning("audit rejected by the controller: %s", e)
+                except (InvalidInput, ValueError) as e:  # NaN/Inf in the audit: refused, the window stays
+                    if not is_non_finite_audit(e):
+                        raise
+                    log.warning("audit rejected: %s", e)
                     m["audit/rejected"] = 1.0
         m |= window_metrics(win) | ledger.record(batch, win.window, pool.tokens_generated)
         m |= surprise_metrics(teacher.logprobs, batch.rows.response_mask, cfg.window.surprise) | {

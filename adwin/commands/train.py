@@ -38,15 +38,18 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--log-stdout", action="store_true", help="print one metrics line per step")
     parser.add_argument("--no-progress", action="store_true", help="no progress bar")
     parser.add_argument("--no-serve", action="store_true", help="do not serve the embedded controller over HTTP")
+    parser.add_argument("--resume", metavar="RUN_DIR",
+                        help="continue RUN_DIR from its latest checkpoint (config from RUN_DIR/config.json; "
+                             "flags still override, e.g. --steps to extend)")
+    parser.add_argument("--probe-backend", choices=["inline", "thread", "ray"],
+                        help="where probe rounds run: inline (in the step), thread (background thread with its own "
+                             "student replica) or ray (Ray actors; local cluster unless --ray-address)")
+    parser.add_argument("--ray-address", metavar="ADDR", help="Ray cluster for --probe-backend ray (default: start a local one)")
     parser.add_argument("--scheduler", choices=["sync", "asyncopd"],
                         help="sync: the prefix-window trainer; asyncopd: streaming rollout/teacher/learner pipeline "
                              "(AsyncOPD; loss.name reverse_kl_mc or reverse_kl_pg)")
     parser.add_argument("--asyncopd-workers", choices=["thread", "ray"],
                         help="where AsyncOPD rollout workers' engines run (ray: one Ray actor per worker)")
-    parser.add_argument("--probe-backend", choices=["inline", "thread", "ray"],
-                        help="where probe rounds run: inline (in the step), thread (background thread with its own "
-                             "student replica) or ray (Ray actors; local cluster unless --ray-address)")
-    parser.add_argument("--ray-address", metavar="ADDR", help="Ray cluster for --probe-backend ray (default: start a local one)")
 
 
 def _overrides(args: argparse.Namespace) -> dict[str, Any]:
@@ -102,8 +105,15 @@ def main(args: argparse.Namespace) -> int:
     from adwin.window import WindowConfigError
 
     path = args.config or default_config_path()
+    resume = Path(args.resume) if getattr(args, "resume", None) else None
     try:
-        cfg = load_config(path, _overrides(args))
+        overrides = _overrides(args)
+        if resume is not None:  # the run's own resolved config; it lives where it already is
+            path = resume / "config.json"
+            if not path.is_file():
+                raise ValueError(f"--resume {resume}: not a run folder (no config.json)")
+            overrides.update({"out_dir": str(resume.parent), "name": resume.name})
+        cfg = load_config(path, overrides)
     except (ValidationError, WindowConfigError, ValueError) as e:
         sys.stderr.write(f"adwin train: {config_error(e)}\n")
         return 2
@@ -114,16 +124,23 @@ def main(args: argparse.Namespace) -> int:
     except BackendUnavailable as e:
         sys.stderr.write(f"adwin train: {e}\n")
         return 2
-    return run(cfg, profile=args.profile)
+    return run(cfg, profile=args.profile, resume=resume)
 
 
-def open_controller(cfg: Any) -> tuple[Any, Any, str | None]:
-    """The controller the run talks to, a stop callback for its HTTP server, and its dashboard URL."""
+def open_controller(cfg: Any, checkpoint: Path | None = None) -> tuple[Any, Any, str | None]:
+    """The controller the run talks to, a stop callback for its HTTP server, and its dashboard URL.
+
+    A remote controller is wrapped in degraded mode (``adwin.resilient_controller``); an embedded one
+    resuming from ``checkpoint`` reopens the checkpoint's database snapshot (``adwin.resume``).
+    """
     from adwin import controller as ctl
+    from adwin.resilient_controller import ResilientController
+    from adwin.resume import open_resumed_controller
 
     if cfg.controller.url:
-        return ctl.RemoteController(cfg.controller.url, token=cfg.controller.token), None, cfg.controller.url
-    controller = ctl.Controller()
+        remote = ctl.RemoteController(cfg.controller.url, token=cfg.controller.token)
+        return ResilientController(remote), None, cfg.controller.url
+    controller = open_resumed_controller(checkpoint) if checkpoint is not None else ctl.Controller()
     if not cfg.controller.serve:
         return controller, None, None
     try:
@@ -133,7 +150,7 @@ def open_controller(cfg: Any) -> tuple[Any, Any, str | None]:
     return controller, stop, url
 
 
-def run(cfg: Any, profile: str = "default") -> int:
+def run(cfg: Any, profile: str = "default", resume: Path | None = None) -> int:
     import torch
     from rich.console import Console
     from transformers.utils import logging as hf_logging
@@ -148,9 +165,18 @@ def run(cfg: Any, profile: str = "default") -> int:
     from adwin.backends import check_backends
 
     check_backends(cfg)  # an engine that is not installed fails here, before any model loads
+    checkpoint = None
+    if resume is not None:
+        from adwin.checkpoint import latest_checkpoint
+
+        checkpoint = latest_checkpoint(resume)
+        if checkpoint is None:
+            raise ValueError(f"--resume {resume}: no complete checkpoint-<step> folder to resume from")
+        if cfg.scheduler != "sync":
+            raise ValueError(f"--resume supports the sync scheduler only, not {cfg.scheduler!r}")
     parts = load_parts(cfg, profile)  # loads and checks models, tokenizers and prompts before any training compute
     limit_threads(parts.student, cfg.model.device)
-    controller, stop, url = open_controller(cfg)
+    controller, stop, url = open_controller(cfg, checkpoint)
     if url:
         console.print(f"controller + dashboard: [bold]{url}[/bold]")
     bar = _progress(cfg)
@@ -160,7 +186,7 @@ def run(cfg: Any, profile: str = "default") -> int:
 
             result = train_asyncopd(cfg, controller, parts, on_step=bar.update if bar else None)
         else:
-            result = train(cfg, controller, parts, on_step=bar.update if bar else None)
+            result = train(cfg, controller, parts, on_step=bar.update if bar else None, resume=checkpoint)
     finally:
         if bar:
             bar.close()
