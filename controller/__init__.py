@@ -4,35 +4,11 @@
 serve`` over HTTP. Both implement ``ControllerAPI``.
 """
 
-from adwin.controller.api import (
-    AuditConflict,
-    ControllerAPI,
-    ControllerError,
-    ControllerUnavailable,
-    InvalidInput,
-    PayloadTooLarge,
-    ProbeConflict,
-    RunConflict,
-    Unauthorized,
-    UnknownProbe,
-    UnknownRun,
-)
+from adwin.controller import api
+from adwin.controller.api import *  # noqa: F403  (the protocol and every error class: api.__all__)
 from adwin.controller.core import Controller
 
-__all__ = [
-    "AuditConflict",
-    "Controller",
-    "ControllerAPI",
-    "ControllerError",
-    "ControllerUnavailable",
-    "InvalidInput",
-    "PayloadTooLarge",
-    "ProbeConflict",
-    "RunConflict",
-    "Unauthorized",
-    "UnknownProbe",
-    "UnknownRun",
-]
+__all__ = ["Controller", "RemoteController", *api.__all__]  # noqa: F405  (RemoteController: lazy, below)
 
 
 def __getattr__(name: str):  # lazy: the HTTP client and server pull in httpx / fastapi

@@ -10,7 +10,7 @@ Lifecycle of one run, as the synchronous trainer drives it (DESIGN.md "The loop"
    ``report_probe`` for each extension (tokens, version, finished/forced/dropped).
 5. ``next_probe_batch(run)`` -> ``None`` or an audit id with P probe ids in submission order
    (windowed FIFO). The trainer audits them and calls ``submit_audit``, which returns the decision
-   once all ``world_size`` ranks have reported.
+   once all ``world_size`` ranks have reported (``submit_sketch`` sends one rank's sketch as an array).
 6. ``report_step(run, t, metrics)``; ``telemetry(run)`` reads everything back.
 
 Every write is idempotent under its ``idempotency_key``: a repeated key returns the original answer
@@ -20,6 +20,22 @@ and is counted once.
 from __future__ import annotations
 
 from typing import Protocol, runtime_checkable
+
+import numpy as np
+
+__all__ = [
+    "AuditConflict",
+    "ControllerAPI",
+    "ControllerError",
+    "ControllerUnavailable",
+    "InvalidInput",
+    "PayloadTooLarge",
+    "ProbeConflict",
+    "RunConflict",
+    "Unauthorized",
+    "UnknownProbe",
+    "UnknownRun",
+]
 
 from adwin.controller.schemas import (
     AuditIn,
@@ -53,13 +69,9 @@ class UnknownProbe(ControllerError):
 
 
 class AuditConflict(ControllerError):
-    """Unknown audit id, or an audit already decided."""
+    """Unknown audit id, an audit already decided, or a rank submitting twice."""
 
     status = 409
-
-
-class InvalidInput(ControllerError):
-    status = 422
 
 
 class RunConflict(ControllerError):
@@ -69,9 +81,13 @@ class RunConflict(ControllerError):
 
 
 class ProbeConflict(ControllerError):
-    """A report for a probe that is no longer active, or an offer reusing a known sample id."""
+    """A report for a probe that is no longer active."""
 
     status = 409
+
+
+class InvalidInput(ControllerError):
+    status = 422
 
 
 class Unauthorized(ControllerError):
@@ -90,6 +106,19 @@ class ControllerUnavailable(ControllerError):
     """The remote controller could not be reached after retries."""
 
     status = 503
+
+
+# The service names the class in its error body ("error"); the client maps the name (or, for errors
+# the service did not name, e.g. FastAPI's own 422s, the status) back to the class.
+ERRORS: dict[str, type[ControllerError]] = {cls.__name__: cls for cls in ControllerError.__subclasses__()}
+ERROR_BY_STATUS: dict[int, type[ControllerError]] = {
+    401: Unauthorized, 404: UnknownRun, 409: AuditConflict, 413: PayloadTooLarge, 422: InvalidInput,
+}
+
+
+def error_class(name: str | None, status: int) -> type[ControllerError]:
+    """The ``ControllerError`` subclass for an HTTP error answer."""
+    return ERRORS.get(name or "") or ERROR_BY_STATUS.get(status, ControllerError)
 
 
 @runtime_checkable
@@ -113,6 +142,20 @@ class ControllerAPI(Protocol):
     def submit_audit(
         self, run_id: str, audit_id: int, audit: AuditIn, *, idempotency_key: str | None = None
     ) -> AuditOut: ...
+
+    def submit_sketch(
+        self,
+        run_id: str,
+        audit_id: int,
+        rank: int,
+        sketch: np.ndarray,
+        *,
+        macro_cosines: dict[int, float] | None = None,
+        stats: dict[str, float] | None = None,
+        idempotency_key: str | None = None,
+    ) -> AuditOut:
+        """One rank's (K+1, D) float32 sketch as an array (over HTTP: raw bytes, no base64)."""
+        ...
 
     def report_step(self, run_id: str, metrics: StepMetricsIn, *, idempotency_key: str | None = None) -> None: ...
 

@@ -17,6 +17,7 @@ from types import ModuleType
 from typing import Any
 
 import numpy as np
+from pydantic import ValidationError
 
 from adwin.controller._base import ControllerBase, _check_finite, _Run
 from adwin.controller.api import AuditConflict, InvalidInput
@@ -25,6 +26,22 @@ from adwin.controller.store import dumps, loads
 from adwin.window import WindowConfigError, policy_from_state
 
 logger = logging.getLogger(__name__)
+
+
+def _decode_sketch(b64: str, shape: tuple[int, int]) -> np.ndarray:
+    """(K+1, D) float32 from base64 of little-endian bytes; 422 on bad base64 or a wrong byte count."""
+    try:
+        raw = base64.b64decode(b64, validate=True)
+    except (binascii.Error, ValueError) as e:
+        raise InvalidInput(f"sketch_b64 is not valid base64: {e}") from e
+    if len(raw) != 4 * shape[0] * shape[1]:
+        raise InvalidInput(f"sketch_b64 holds {len(raw)} bytes; shape {tuple(shape)} float32 needs {4 * shape[0] * shape[1]}")
+    return np.frombuffer(raw, dtype="<f4").reshape(shape)
+
+
+def _finite(a: np.ndarray) -> bool:
+    """All entries finite. A float64 sum of float32 values cannot overflow, so it is NaN/Inf iff an entry is."""
+    return bool(np.isfinite(a.sum(dtype=np.float64)))
 
 
 def _alignment() -> ModuleType:
@@ -40,6 +57,35 @@ class AuditAggregator(ControllerBase):
     def submit_audit(
         self, run_id: str, audit_id: int, audit: AuditIn, *, idempotency_key: str | None = None
     ) -> AuditOut:
+        return self._submit(run_id, audit_id, audit, None, idempotency_key)
+
+    def submit_sketch(
+        self,
+        run_id: str,
+        audit_id: int,
+        rank: int,
+        sketch: np.ndarray,
+        *,
+        macro_cosines: dict[int, float] | None = None,
+        stats: dict[str, float] | None = None,
+        idempotency_key: str | None = None,
+    ) -> AuditOut:
+        """One rank's (K+1, D) float32 sketch as an array: ``submit_audit`` without the base64 round trip.
+
+        The service's binary route (``application/octet-stream``) lands here; validation, persistence
+        and the decision are the same as for ``sketch_b64``.
+        """
+        if sketch.ndim != 2 or sketch.dtype != np.dtype("<f4"):
+            raise InvalidInput(f"sketch must be a 2-d little-endian float32 array, got {sketch.dtype} {sketch.shape}")
+        try:
+            audit = AuditIn(rank=rank, sketch_shape=sketch.shape, macro_cosines=macro_cosines, stats=stats or {})
+        except ValidationError as e:
+            raise InvalidInput(f"sketch audit: {e.errors()[0]['loc']}: {e.errors()[0]['msg']}") from e
+        return self._submit(run_id, audit_id, audit, sketch, idempotency_key)
+
+    def _submit(
+        self, run_id: str, audit_id: int, audit: AuditIn, raw: np.ndarray | None, idempotency_key: str | None
+    ) -> AuditOut:
         if not 1 <= audit_id <= MAX_INT:
             raise InvalidInput(f"audit_id must be in [1, {MAX_INT}], got {audit_id}")
         with self._lock:
@@ -51,13 +97,15 @@ class AuditAggregator(ControllerBase):
                 raise AuditConflict(f"run {run_id!r} has no audit {audit_id}")
             if row["state"] == "decided":
                 raise AuditConflict(f"audit {audit_id} of run {run_id!r} is already decided")
-            kind, sketch = self._validate_audit(run, row, audit)
+            kind, sketch = self._validate_audit(run, row, audit, raw)
             return AuditOut.model_validate(
                 self._write(run_id, idempotency_key, "submit_audit", lambda: self._apply_audit(run, row, audit, kind, sketch))
             )
 
-    def _validate_audit(self, run: _Run, row: Any, audit: AuditIn) -> tuple[str, np.ndarray | None]:
+    def _validate_audit(self, run: _Run, row: Any, audit: AuditIn, raw: np.ndarray | None) -> tuple[str, np.ndarray | None]:
         given = [n for n in ("cosines", "gram", "sketch_b64") if getattr(audit, n) is not None]
+        if raw is not None:
+            given.append("sketch_b64")
         if len(given) != 1:
             raise InvalidInput(f"give exactly one of cosines, gram, sketch_b64; got {given or 'none'}")
         kind = "sketch" if given[0] == "sketch_b64" else given[0]
@@ -86,19 +134,13 @@ class AuditAggregator(ControllerBase):
                 raise InvalidInput(f"sketch_shape {tuple(shape)} differs from earlier ranks' {tuple(loads(row['sketch_shape']))}")
             if audit.rank in loads(row["ranks"]):
                 raise AuditConflict(f"rank {audit.rank} already submitted audit {row['audit_id']}")
-            try:
-                raw = base64.b64decode(audit.sketch_b64 or "", validate=True)
-            except (binascii.Error, ValueError) as e:
-                raise InvalidInput(f"sketch_b64 is not valid base64: {e}") from e
-            if len(raw) != 4 * shape[0] * shape[1]:
-                raise InvalidInput(f"sketch_b64 holds {len(raw)} bytes; shape {tuple(shape)} float32 needs {4 * shape[0] * shape[1]}")
-            sketch = np.frombuffer(raw, dtype="<f4").reshape(shape)  # (K+1, D)
+            sketch = raw if raw is not None else _decode_sketch(audit.sketch_b64 or "", shape)  # (K+1, D)
         bad = (
             _check_finite("cosines", audit.cosines)
             or _check_finite("macro_cosines", audit.macro_cosines)
             or _check_finite("gram", audit.gram)
             or _check_finite("stats", audit.stats)
-            or (None if sketch is None or np.isfinite(sketch).all() else "sketch")
+            or (None if sketch is None or _finite(sketch) else "sketch")
         )
         if bad:
             self._record_fallback(run, row["audit_id"], bad)
@@ -126,16 +168,20 @@ class AuditAggregator(ControllerBase):
         gram = None
         if kind == "sketch":
             assert sketch is not None
+            deciding = len(ranks) >= run.spec["world_size"]
+            # A pending rank's sketch is persisted before it is acknowledged (a restarted service resumes
+            # the audit); the deciding rank's is not: the decision commits with it and needs no blob.
             st.execute(
                 "INSERT INTO audit_parts (run_id, audit_id, rank, macro_cosines, stats, payload) VALUES (?, ?, ?, ?, ?, ?)",
-                (run.run_id, audit_id, audit.rank, dumps(audit.macro_cosines), dumps(audit.stats), sketch.tobytes()),
+                (run.run_id, audit_id, audit.rank, dumps(audit.macro_cosines), dumps(audit.stats),
+                 b"" if deciding else sketch.tobytes()),
             )
             st.execute(
                 "UPDATE audits SET kind='sketch', ranks=?, sketch_shape=? WHERE run_id=? AND audit_id=?",
                 (dumps(ranks), dumps(list(sketch.shape)), run.run_id, audit_id),
             )
             key = (run.run_id, audit_id)
-            if len(ranks) < run.spec["world_size"]:
+            if not deciding:
 
                 def keep_pending() -> None:  # in memory too, so the deciding rank need not read blobs back
                     self._pending_sketches.setdefault(key, {})[audit.rank] = sketch
@@ -145,11 +191,14 @@ class AuditAggregator(ControllerBase):
             cached = {**self._pending_sketches.get(key, {}), audit.rank: sketch}
             if set(cached) != set(ranks):  # re-opened controller: the earlier ranks live only in SQLite
                 for p in st.all(
-                    "SELECT rank, payload FROM audit_parts WHERE run_id=? AND audit_id=?", (run.run_id, audit_id)
+                    "SELECT rank, payload FROM audit_parts WHERE run_id=? AND audit_id=? AND rank!=?",
+                    (run.run_id, audit_id, audit.rank),
                 ):
                     cached.setdefault(p["rank"], np.frombuffer(p["payload"], dtype="<f4").reshape(sketch.shape))
-            sketches = np.stack([cached[r] for r in sorted(cached)])  # (R, K+1, D)
-            gram = _alignment().gram_from_sketches(sketches)  # (K+1, K+1)
+            total = np.zeros(sketch.shape, dtype=np.float64)  # (K+1, D): the batch's sketch, summed over ranks
+            for r in sorted(cached):
+                total += cached[r]
+            gram = _alignment().gram_from_sketches(total)  # (K+1, K+1)
             parts = st.all(
                 "SELECT macro_cosines, stats FROM audit_parts WHERE run_id=? AND audit_id=?", (run.run_id, audit_id)
             )

@@ -15,19 +15,9 @@ import uuid
 from typing import Any
 
 import httpx
+import numpy as np
 
-from adwin.controller.api import (
-    AuditConflict,
-    ControllerError,
-    ControllerUnavailable,
-    InvalidInput,
-    PayloadTooLarge,
-    ProbeConflict,
-    RunConflict,
-    Unauthorized,
-    UnknownProbe,
-    UnknownRun,
-)
+from adwin.controller.api import ControllerError, ControllerUnavailable, InvalidInput, error_class
 from adwin.controller.schemas import (
     AuditIn,
     AuditOut,
@@ -46,19 +36,6 @@ from adwin.controller.schemas import (
 
 logger = logging.getLogger(__name__)
 
-_ERRORS: dict[str, type[ControllerError]] = {
-    cls.__name__: cls
-    for cls in (AuditConflict, InvalidInput, PayloadTooLarge, ProbeConflict, RunConflict, Unauthorized, UnknownProbe, UnknownRun)
-}
-_BY_STATUS: dict[int, type[ControllerError]] = {
-    401: Unauthorized,
-    404: UnknownRun,
-    409: AuditConflict,
-    413: PayloadTooLarge,
-    422: InvalidInput,
-}
-
-
 def _error_from(response: httpx.Response) -> ControllerError:
     try:
         body = response.json()
@@ -68,9 +45,7 @@ def _error_from(response: httpx.Response) -> ControllerError:
     name = body.get("error") if isinstance(body, dict) else None
     if isinstance(detail, list):  # FastAPI validation errors: name the fields
         detail = "; ".join(f"{'.'.join(str(p) for p in d.get('loc', []))}: {d.get('msg')}" for d in detail)
-    cls = _ERRORS.get(name or "") or _BY_STATUS.get(response.status_code, ControllerError)
-    err = cls(f"HTTP {response.status_code}: {detail}")
-    return err
+    return error_class(name, response.status_code)(f"HTTP {response.status_code}: {detail}")
 
 
 class RemoteController:
@@ -105,15 +80,19 @@ class RemoteController:
         path: str,
         *,
         body: Any = None,
+        raw: bytes | None = None,
         params: dict[str, Any] | None = None,
+        headers: dict[str, str] | None = None,
         write: bool = False,
         idempotency_key: str | None = None,
     ) -> httpx.Response:
-        headers: dict[str, str] = {}
+        headers = dict(headers or {})
         if write:
             headers["Idempotency-Key"] = idempotency_key or uuid.uuid4().hex  # same key for every retry
-        content = None
-        if body is not None:
+        content = raw
+        if raw is not None:
+            headers["Content-Type"] = "application/octet-stream"
+        elif body is not None:
             # json.dumps (not httpx's json=) so NaN/Inf reach the service, which refuses them with a 422
             # and records the rejected audit, exactly like the in-process controller.
             content = json.dumps(body).encode()
@@ -176,6 +155,32 @@ class RemoteController:
     ) -> AuditOut:
         body = audit.model_dump(mode="python", exclude_none=True)  # python mode keeps NaN as a float
         r = self._request("POST", f"/v1/runs/{run_id}/audits/{audit_id}", body=body, write=True, idempotency_key=idempotency_key)
+        return AuditOut.model_validate(r.json())
+
+    def submit_sketch(
+        self,
+        run_id: str,
+        audit_id: int,
+        rank: int,
+        sketch: np.ndarray,
+        *,
+        macro_cosines: dict[int, float] | None = None,
+        stats: dict[str, float] | None = None,
+        idempotency_key: str | None = None,
+    ) -> AuditOut:
+        arr = np.ascontiguousarray(sketch, dtype="<f4")  # (K+1, D)
+        if arr.ndim != 2:
+            raise InvalidInput(f"sketch must be 2-d (K+1, D), got shape {arr.shape}")
+        meta = {k: v for k, v in (("macro_cosines", macro_cosines), ("stats", stats)) if v}
+        r = self._request(
+            "POST",
+            f"/v1/runs/{run_id}/audits/{audit_id}/sketch",
+            raw=arr.tobytes(),
+            params={"rank": rank, "rows": arr.shape[0], "cols": arr.shape[1]},
+            headers={"X-Audit-Meta": json.dumps(meta)} if meta else None,
+            write=True,
+            idempotency_key=idempotency_key,
+        )
         return AuditOut.model_validate(r.json())
 
     def report_step(self, run_id: str, metrics: StepMetricsIn, *, idempotency_key: str | None = None) -> None:

@@ -10,7 +10,11 @@ import argparse
 import importlib
 import logging
 import os
+import socket
+import subprocess
+import sys
 import threading
+import time
 
 logger = logging.getLogger(__name__)
 
@@ -54,3 +58,40 @@ def main(args: argparse.Namespace) -> int:
     logger.info("controller: serving on http://%s:%d (db %s)", args.host, args.port, args.db)
     uvicorn.run(app, host=args.host, port=args.port, log_level=args.log_level, access_log=False)
     return 0
+
+
+def free_port(host: str = "127.0.0.1") -> int:
+    with socket.socket() as s:
+        s.bind((host, 0))
+        return s.getsockname()[1]
+
+
+def spawn_server(
+    db: str, port: int | None = None, timeout_s: float = 60.0, *, extra_args: list[str] | None = None
+) -> tuple[subprocess.Popen, str]:
+    """Start ``adwin controller serve`` on 127.0.0.1 as a child process; wait for ``/healthz``.
+
+    Returns ``(process, base_url)``. The child runs open (no token, whatever the environment says);
+    its stderr is kept for the error message if it exits early. The caller stops it.
+    """
+    import httpx
+
+    port = free_port() if port is None else port
+    cmd = [sys.executable, "-m", "adwin.cli", "controller", "serve", "--host", "127.0.0.1", "--port", str(port),
+           "--db", db, *(extra_args or [])]
+    env = {k: v for k, v in os.environ.items() if k != "ADWIN_CONTROLLER_TOKEN"}
+    proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, env=env)
+    url = f"http://127.0.0.1:{port}"
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            err = proc.stderr.read().decode(errors="replace")[-2000:] if proc.stderr else ""
+            raise RuntimeError(f"controller serve exited {proc.returncode}: {err}")
+        try:
+            if httpx.get(f"{url}/healthz", timeout=1.0).status_code == 200:
+                return proc, url
+        except httpx.TransportError:
+            time.sleep(0.1)
+    proc.kill()
+    proc.wait(timeout=10)
+    raise RuntimeError(f"controller serve did not become healthy within {timeout_s:.0f} s")

@@ -16,6 +16,7 @@ import contextlib
 import json
 import logging
 import sqlite3
+import threading
 from collections.abc import Iterator
 from typing import Any
 
@@ -127,11 +128,17 @@ class Store:
         self.path = path
         self.conn = sqlite3.connect(path, check_same_thread=False, isolation_level=None)
         self.conn.row_factory = sqlite3.Row
+        self._checkpointer: _Checkpointer | None = None
         if path != ":memory:":
             self.conn.execute("PRAGMA journal_mode=WAL")
             self.conn.execute("PRAGMA synchronous=NORMAL")
         self.conn.execute("PRAGMA busy_timeout=5000")
         self._migrate()
+        if path != ":memory:":
+            # Checkpoints copy WAL pages (megabytes per sketch audit) into the database file; inside a
+            # committing request they cost tens of ms on the decision path. A side connection does them.
+            self.conn.execute("PRAGMA wal_autocheckpoint=0")
+            self._checkpointer = _Checkpointer(path)
 
     def _migrate(self) -> None:
         has_meta = self.conn.execute(
@@ -190,7 +197,32 @@ class Store:
         )
 
     def close(self) -> None:
+        if self._checkpointer is not None:
+            self._checkpointer.stop()
         self.conn.close()
+
+
+class _Checkpointer:
+    """Background WAL checkpoints (PASSIVE: never blocks the writer) on a connection of its own."""
+
+    def __init__(self, path: str, interval_s: float = 0.5) -> None:
+        self._stop = threading.Event()
+        self._conn = sqlite3.connect(path, check_same_thread=False, isolation_level=None)
+        self._conn.execute("PRAGMA busy_timeout=5000")
+        self._thread = threading.Thread(target=self._loop, args=(interval_s,), name="adwin-sqlite-checkpoint", daemon=True)
+        self._thread.start()
+
+    def _loop(self, interval_s: float) -> None:
+        while not self._stop.wait(interval_s):
+            try:
+                self._conn.execute("PRAGMA wal_checkpoint(PASSIVE)").fetchone()
+            except sqlite3.Error as e:  # e.g. the database is being closed; the next round retries
+                logger.debug("controller store: checkpoint skipped (%s)", e)
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._thread.join(timeout=5)
+        self._conn.close()
 
 
 def dumps(obj: Any) -> str:

@@ -260,6 +260,43 @@ def test_sketch_audit_waits_for_every_rank_then_decides_on_the_summed_sketch(api
     assert all(math.isclose(out.cosines[c], ref[c], rel_tol=1e-9, abs_tol=1e-12) for c in ref)
 
 
+def test_raw_sketches_decide_like_base64_ones_and_mix_with_them(api):
+    rid = api.register_run(run_spec(world_size=2)).run_id
+    batch = _batch(api, rid)
+    rng = np.random.default_rng(2)
+    sketches = rng.normal(size=(2, 4, 64)).astype(np.float32)  # (R, K+1, D)
+    out = api.submit_sketch(rid, batch.audit_id, 1, sketches[1], stats={"elapsed_s": 0.5}, macro_cosines={4: 0.5})
+    assert (out.state, out.ranks_received) == ("pending", 1)
+    again = api.submit_sketch(rid, batch.audit_id, 0, sketches[0], idempotency_key="k0")
+    assert again == api.submit_sketch(rid, batch.audit_id, 0, sketches[0], idempotency_key="k0")  # applied once
+    total = sketches.astype(np.float64).sum(0)
+    ref = cosines_from_gram(total @ total.T, CANDIDATES)
+    assert again.state == "decided" and all(math.isclose(again.cosines[c], ref[c], rel_tol=1e-9) for c in ref)
+    audit = api.telemetry(rid).audits[-1]
+    assert audit["stats"] == {"elapsed_s": 0.5} and audit["macro_cosines"] == {"4": 0.5}
+
+
+@pytest.mark.parametrize(
+    "sketch, kw, match",
+    [
+        (np.ones((3, 8), np.float32), {}, "sketch_shape"),  # K+1 must be 4
+        (np.ones(8, np.float32), {}, "2-d"),
+        (np.full((4, 8), np.nan, np.float32), {}, "non-finite"),
+        (np.ones((4, 8), np.float32), {"stats": {"t": float("inf")}}, "non-finite"),
+        (np.ones((4, 8), np.float32), {"macro_cosines": {5: 0.5}}, "unknown candidates"),
+    ],
+)
+def test_malformed_raw_sketches_are_refused(api, sketch, kw, match):
+    rid = api.register_run(run_spec()).run_id
+    batch = _batch(api, rid)
+    with pytest.raises(InvalidInput, match=match):
+        api.submit_sketch(rid, batch.audit_id, 0, sketch, **kw)
+    with pytest.raises(UnknownRun):
+        api.submit_sketch("no-such-run", batch.audit_id, 0, np.ones((4, 8), np.float32))
+    with pytest.raises(AuditConflict):
+        api.submit_sketch(rid, 999, 0, np.ones((4, 8), np.float32))
+
+
 def test_audit_conflicts_for_unknown_or_already_decided_audits(api):
     rid = api.register_run(run_spec()).run_id
     with pytest.raises(AuditConflict):

@@ -9,6 +9,7 @@ import pytest
 from controller_harness import CANDIDATES, run_spec, sketch_b64
 from fastapi.testclient import TestClient
 
+from adwin.alignment import cosines_from_gram
 from adwin.controller import Controller
 from adwin.controller.app import DEFAULT_MAX_BODY_BYTES, create_app
 
@@ -76,6 +77,91 @@ def test_sketch_audit_over_http_decides_after_all_ranks(client):
         for r in range(2)
     ]
     assert states == ["pending", "decided"]
+
+
+def test_raw_sketch_route_takes_float32_bytes_and_decides_after_all_ranks(client):
+    rid = _run(client, world_size=2)
+    audit_id = _ready_audit(client, rid)
+    sk = np.random.default_rng(4).normal(size=(2, 4, 16)).astype("<f4")
+    url = f"/v1/runs/{rid}/audits/{audit_id}/sketch"
+    headers = {"Content-Type": "application/octet-stream", "X-Audit-Meta": '{"stats": {"elapsed_s": 0.25}}'}
+    first = client.post(url, params={"rank": 1, "rows": 4, "cols": 16}, content=sk[1].tobytes(), headers=headers)
+    assert first.status_code == 200 and first.json()["state"] == "pending"
+    r = client.post(url, params={"rank": 0, "rows": 4, "cols": 16}, content=sk[0].tobytes(),
+                    headers={"Content-Type": "application/octet-stream"})
+    total = sk.astype(np.float64).sum(0)
+    ref = cosines_from_gram(total @ total.T, CANDIDATES)
+    assert r.status_code == 200 and r.json()["state"] == "decided"
+    assert all(abs(r.json()["cosines"][str(c)] - ref[c]) < 1e-9 for c in CANDIDATES)
+    assert client.get(f"/v1/runs/{rid}/telemetry").json()["audits"][-1]["stats"] == {"elapsed_s": 0.25}
+
+
+def test_raw_sketch_route_errors(client):
+    rid = _run(client)
+    audit_id = _ready_audit(client, rid)
+    url = f"/v1/runs/{rid}/audits/{audit_id}/sketch"
+    ok = np.ones((4, 8), "<f4").tobytes()
+    q = {"rank": 0, "rows": 4, "cols": 8}
+
+    def post(body: bytes = ok, params: dict | None = None, path: str = url, **headers: str):
+        return client.post(path, params=params or q, content=body, headers={"Content-Type": "application/octet-stream", **headers})
+
+    r = post(ok[:-4])
+    assert r.status_code == 422 and "needs 128" in r.json()["detail"]
+    assert post(np.ones((3, 8), "<f4").tobytes(), {"rank": 0, "rows": 3, "cols": 8}).status_code == 422  # K+1 is 4
+    r = post(params={"rank": 0, "rows": 4})
+    assert r.status_code == 422 and r.json()["detail"][0]["loc"] == ["query", "cols"]
+    assert post(params={"rank": 3, "rows": 4, "cols": 8}).status_code == 422  # world_size 1
+    nan = np.ones((4, 8), "<f4")
+    nan[2, 3] = np.nan
+    r = post(nan.tobytes())
+    assert r.status_code == 422 and "non-finite" in r.json()["detail"]
+    assert post(**{"X-Audit-Meta": "{not json"}).status_code == 422
+    assert post(**{"X-Audit-Meta": '{"other": 1}'}).status_code == 422
+    r = post(**{"X-Audit-Meta": '{"macro_cosines": {"5": 0.5}}'})
+    assert r.status_code == 422 and "unknown candidates" in r.json()["detail"]
+    assert post(path="/v1/runs/nope/audits/1/sketch").json()["error"] == "UnknownRun"
+    r = post(path=f"/v1/runs/{rid}/audits/77/sketch")
+    assert r.status_code == 409 and r.json()["error"] == "AuditConflict"
+    assert post().status_code == 200  # the audit was still open
+    r = post()
+    assert r.status_code == 409 and "already decided" in r.json()["detail"]
+
+
+def test_raw_sketch_route_needs_the_token_and_respects_the_body_limit():
+    ctrl = Controller()
+    with TestClient(create_app(ctrl, token=TOKEN, max_body_bytes=1000)) as c:
+        auth = {"Authorization": f"Bearer {TOKEN}"}
+        rid = c.post("/v1/runs", json=run_spec().model_dump(mode="json"), headers=auth).json()["run_id"]
+        url = f"/v1/runs/{rid}/audits/1/sketch"
+        body = np.ones((4, 8), "<f4").tobytes()
+        assert c.post(url, params={"rows": 4, "cols": 8}, content=body).status_code == 401
+        big = np.ones((4, 64), "<f4").tobytes()  # 1024 bytes > 1000
+        r = c.post(url, params={"rows": 4, "cols": 64}, content=big, headers=auth)
+        assert r.status_code == 413 and r.json()["error"] == "PayloadTooLarge"
+
+
+def test_wrong_sketch_shapes_over_json_are_422(client):
+    rid = _run(client, world_size=2)
+    audit_id = _ready_audit(client, rid)
+    url = f"/v1/runs/{rid}/audits/{audit_id}"
+    sk = np.ones((4, 16), np.float32)
+    assert client.post(url, json={"rank": 0, "sketch_b64": sketch_b64(sk), "sketch_shape": [4, 8]}).status_code == 422
+    assert client.post(url, json={"rank": 0, "sketch_b64": sketch_b64(sk), "sketch_shape": [5, 16]}).status_code == 422
+    assert client.post(url, json={"rank": 0, "sketch_b64": sketch_b64(sk), "sketch_shape": [4, 16]}).status_code == 200
+    r = client.post(url, json={"rank": 1, "sketch_b64": sketch_b64(np.ones((4, 8))), "sketch_shape": [4, 8]})
+    assert r.status_code == 422 and "differs from earlier ranks" in r.json()["detail"]
+
+
+def test_expired_probes_show_in_telemetry_and_metrics(client):
+    rid = _run(client, probe_batch_size=3, staleness_limit=2)
+    offers = [{"sample_id": f"e{i}", "prompt_id": "p", "response_len": 1, "version": 0} for i in range(2)]
+    client.post(f"/v1/runs/{rid}/probes/offers", json={"step": 0, "offers": offers})
+    for i in range(2):
+        client.post(f"/v1/runs/{rid}/probes/reports", json={"probe_id": f"e{i}", "step": 2, "tokens_added": 1, "version": 2, "finished": True})
+    assert client.post(f"/v1/runs/{rid}/probes/batches").status_code == 204
+    assert client.get(f"/v1/runs/{rid}/telemetry").json()["probes"]["expired"] == 2
+    assert f'adwin_probes{{run_id="{rid}",state="expired"}} 2.0' in client.get("/metrics").text
 
 
 def test_service_routes(client):

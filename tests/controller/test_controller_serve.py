@@ -4,47 +4,16 @@ from __future__ import annotations
 
 import os
 import signal
-import socket
 import subprocess
 import sys
-import time
 
-import httpx
 import numpy as np
 import pytest
 from controller_harness import finish, offers, run_spec, sketch_b64
 
 from adwin.controller.remote import RemoteController
 from adwin.controller.schemas import AuditIn, StepMetricsIn
-from adwin.controller.serve import resolve_token
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def _start(db: str) -> tuple[subprocess.Popen, str]:
-    port = _free_port()
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "adwin.cli", "controller", "serve", "--host", "127.0.0.1", "--port", str(port), "--db", db],
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.PIPE,
-        env={**os.environ, "ADWIN_CONTROLLER_TOKEN": ""},
-    )
-    url = f"http://127.0.0.1:{port}"
-    deadline = time.monotonic() + 60
-    while time.monotonic() < deadline:
-        if proc.poll() is not None:
-            raise RuntimeError(f"serve exited {proc.returncode}: {proc.stderr.read().decode()[-2000:]}")
-        try:
-            if httpx.get(f"{url}/healthz", timeout=1.0).status_code == 200:
-                return proc, url
-        except httpx.TransportError:
-            time.sleep(0.1)
-    proc.kill()
-    raise RuntimeError("serve did not become healthy in 60 s")
+from adwin.controller.serve import resolve_token, spawn_server
 
 
 def test_non_local_bind_needs_a_token(monkeypatch):
@@ -69,7 +38,7 @@ def test_serve_refuses_an_open_non_local_bind_with_one_line():
 
 def test_sigkilled_service_restarts_with_every_acknowledged_write(tmp_path):
     db = str(tmp_path / "controller.db")
-    proc, url = _start(db)
+    proc, url = spawn_server(db, timeout_s=60)
     try:
         api = RemoteController(url, retries=0)
         rid = api.register_run(run_spec(world_size=2)).run_id
@@ -82,7 +51,7 @@ def test_sigkilled_service_restarts_with_every_acknowledged_write(tmp_path):
         sk[0] = 1.0  # the first segment carries the whole gradient: the shortest candidate suffices
         decided = api.submit_audit(rid, first.audit_id, AuditIn(rank=1, sketch_b64=sketch_b64(sk), sketch_shape=(4, 8)))
         pending = api.next_probe_batch(rid)
-        api.submit_audit(rid, pending.audit_id, AuditIn(rank=1, sketch_b64=sketch_b64(sk), sketch_shape=(4, 8)))
+        api.submit_sketch(rid, pending.audit_id, 1, sk.astype(np.float32))  # raw bytes, acknowledged pending
         for step in range(5):
             api.report_step(rid, StepMetricsIn(step=step, metrics={"loss/total": 1.0 / (1 + step)}))
         before = (api.get_run(rid), api.get_window(rid, 5), api.telemetry(rid))
@@ -92,7 +61,7 @@ def test_sigkilled_service_restarts_with_every_acknowledged_write(tmp_path):
         proc.wait(timeout=30)
     assert decided.state == "decided"
 
-    proc, url = _start(db)
+    proc, url = spawn_server(db, timeout_s=60)
     try:
         api = RemoteController(url, retries=0)
         assert (api.get_run(rid), api.get_window(rid, 5), api.telemetry(rid)) == before
