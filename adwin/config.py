@@ -244,8 +244,10 @@ def load_config(path: str | Path | None = None, overrides: dict[str, Any] | None
     for dotted, value in (overrides or {}).items():
         node = data
         *parents, leaf = dotted.split(".")
-        for p in parents:
+        for i, p in enumerate(parents):
             node = node.setdefault(p, {})
+            if not isinstance(node, dict):  # e.g. ``rollout: 5`` and then ``rollout.top_p``
+                raise ValueError(f"{dotted}: {'.'.join(parents[: i + 1])} is not a config section (got {node!r})")
         node[leaf] = value
     return TrainConfig.model_validate(data)
 
