@@ -1,0 +1,121 @@
+"""Wall time of probe workers (``adwin bench probes``): the same short run four ways.
+
+(a) a fixed window at ADWIN's initial window and no probes, (b) ADWIN with inline probes, (c) ADWIN
+with a thread worker, (d) ADWIN with a Ray actor. Each run starts from the same checkpoints, seed and
+prompts; its wall time excludes evaluation (equal for all). Reported: wall time as a ratio to (a), the
+time the step spent blocked on probes (``probe/blocked_s``: inline rounds, forced completions), probe
+tokens and audits. Ray's cluster start-up is timed apart (once per process), not in (d).
+
+The runs share the machine with everything else on it; on 2 cores a worker competes with the trainer
+for the same cores, so the ratios say more about a larger machine's lower bound than its speed.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import os
+import time
+from pathlib import Path
+from typing import Any
+
+log = logging.getLogger(__name__)
+
+VARIANTS = ("fixed", "inline", "thread", "ray")
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--config", metavar="YAML", help="config preset (default: configs/default.yaml if present)")
+    p.add_argument("--profile", choices=["default", "tiny"], default="default", help="built-in task model size")
+    p.add_argument("--steps", type=int, default=8, help="optimizer steps per run")
+    p.add_argument("--variants", default=",".join(VARIANTS), help=f"comma-separated subset of {','.join(VARIANTS)}")
+    p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="extra config overrides (repeatable)")
+    p.add_argument("--out", default=None, help="folder for the runs (default: a temporary folder)")
+    p.add_argument("--json", dest="json_path", default=None, help="also write the results here as JSON")
+
+
+def _config(args: argparse.Namespace, variant: str, out: Path) -> Any:
+    import yaml
+
+    from adwin.commands.train import default_config_path
+    from adwin.config import load_config
+
+    ov: dict[str, Any] = {}
+    for item in args.set:
+        key, _, value = item.partition("=")
+        ov[key] = yaml.safe_load(value)
+    ov |= {"steps": args.steps, "name": f"bench-{variant}", "out_dir": str(out), "eval.every": 0,
+           "controller.serve": False, "logging.progress": False, "checkpoint_every": 0}
+    base = load_config(args.config or default_config_path(), ov)
+    if variant == "fixed":
+        initial = base.window.initial or max(base.window.candidates)
+        ov |= {"window.policy": "fixed", "window.window": initial}
+    else:
+        ov |= {"probes.backend": variant}
+    return load_config(args.config or default_config_path(), ov)
+
+
+def run_variant(args: argparse.Namespace, variant: str, out: Path) -> dict[str, float]:
+    from adwin.commands.train import limit_threads
+    from adwin.controller import Controller
+    from adwin.trainer import load_parts, train
+
+    cfg = _config(args, variant, out)
+    parts = load_parts(cfg, args.profile)
+    limit_threads(parts.student, cfg.model.device)
+    res = train(cfg, Controller(), parts)
+    h = res.history
+
+    def total(key: str) -> float:
+        return float(sum(float(r.get(key, 0.0)) for r in h))
+
+    wall = float(h[-1]["time/wall"]) - total("time/eval")
+    return {"wall_s": wall, "blocked_s": total("probe/blocked_s"), "probe_s": total("time/probe"),
+            "audit_s": total("time/audit"), "probe_tokens": total("probe/tokens"),
+            "audits": float(sum(1 for r in h if "audit/id" in r)), "sync_tokens": total("rollout/sync_tokens"),
+            "lost": total("probe/lost")}
+
+
+def main(args: argparse.Namespace) -> int:
+    import tempfile
+
+    import torch
+    from rich.console import Console
+    from rich.table import Table
+    from transformers.utils import logging as hf_logging
+
+    hf_logging.disable_progress_bar()
+    torch.set_num_threads(1)
+    variants = [v.strip() for v in args.variants.split(",") if v.strip()]
+    bad = [v for v in variants if v not in VARIANTS]
+    if bad or "fixed" not in variants:
+        raise ValueError(f"--variants must include 'fixed' and only name {VARIANTS}, got {args.variants!r}")
+    out = Path(args.out) if args.out else Path(tempfile.mkdtemp(prefix="adwin-bench-probes-"))
+    results: dict[str, dict[str, float]] = {}
+    extra: dict[str, float] = {}
+    for v in variants:
+        if v == "ray":
+            from adwin.probes.ray_actor import ensure_ray
+
+            t0 = time.perf_counter()
+            ensure_ray(None, 2)
+            extra["ray_init_s"] = time.perf_counter() - t0
+        log.info("bench probes: running %s", v)
+        results[v] = run_variant(args, v, out)
+    base = results["fixed"]["wall_s"]
+    for r in results.values():
+        r["ratio"] = r["wall_s"] / base if base > 0 else float("nan")
+    table = Table(title=f"adwin bench probes: profile {args.profile}, {args.steps} steps")
+    for col in ("variant", "wall s", "x fixed", "blocked s", "probe s", "audit s", "probe tokens", "audits"):
+        table.add_column(col, justify="right")
+    for v, r in results.items():
+        table.add_row(v, f"{r['wall_s']:.2f}", f"{r['ratio']:.2f}", f"{r['blocked_s']:.2f}", f"{r['probe_s']:.2f}",
+                      f"{r['audit_s']:.2f}", f"{r['probe_tokens']:.0f}", f"{r['audits']:.0f}")
+    Console().print(table)
+    load = os.getloadavg()
+    meta = {"profile": args.profile, "steps": args.steps, "cpus": os.cpu_count(), "loadavg": list(load), **extra}
+    Console().print(f"load average {load[0]:.2f} {load[1]:.2f} {load[2]:.2f} on {os.cpu_count()} CPUs; {extra}")
+    if args.json_path:
+        Path(args.json_path).write_text(json.dumps({"meta": meta, "results": results}, indent=2))
+    return 0
