@@ -7,13 +7,14 @@ and 0.5/0.6/0.8/0.9 (sensitivity), ``surprise`` (teacher-surprise horizon) and `
 (importance-weighted full-rollout OPD, gamma 0.5). Every run uses the same base config, steps, seeds,
 batch sizes and prompts; only the window policy (and for ``iw-opd`` the loss weights) differ.
 
-Runs execute one after another in this process, each with its own embedded controller (HTTP serving
-off) and freshly loaded models. The built-in task's models come from one prepared asset folder
+Each run has its own embedded controller (HTTP serving off) and freshly loaded models; runs execute in
+this process one after another, or ``--jobs N`` at a time in worker processes (default settings: 2,
+one per core; the results do not depend on it, only the wall times do). The built-in task's models come from one prepared asset folder
 (``--assets-seed``); the seed varies the training prompts' order and all sampling; the evaluation
 problems are the same for every run. Output: a table, ``<out>/<date>[-quick|-tiny]/results.json``,
 ``accuracy_vs_tokens.png``, ``windows.png`` and ``index.html``.
 
-``--quick`` is a smoke run (one seed, fewer steps, six methods) and says so in every output;
+``--quick`` is a smoke run (one seed, 8 steps, six methods, 64 evaluation problems) and says so in every output;
 ``--profile tiny`` uses the tiny built-in models and a tiny budget (the test suite's smoke test).
 """
 
@@ -26,6 +27,7 @@ import logging
 import math
 import os
 import shlex
+import shutil
 import sys
 import time
 from dataclasses import dataclass, field
@@ -37,13 +39,16 @@ log = logging.getLogger(__name__)
 THRESHOLDS = (0.7, 0.5, 0.6, 0.8, 0.9)  # the default first, then appendix D's sensitivity
 IW_GAMMA = 0.5
 FAST_OPD = (256, 256, 8192)  # Fast OPD: start 256, +256 per step, at a horizon of 8192
-STEPS = {"default": 24, "quick": 8, "tiny": 2}
+STEPS = {"default": 30, "quick": 8, "tiny": 2}
 SEEDS = {"default": 3, "quick": 1, "tiny": 1}
 TINY_OVERRIDES: dict[str, Any] = {  # a budget the test suite can afford (< 60 s for the whole compare)
     "rollout.prompts_per_step": 2, "rollout.samples_per_prompt": 2, "rollout.max_response_len": 16,
     "window.candidates": [4, 8, 12], "probes.batch_size": 2, "probes.offers_per_step": 2,
     "probes.staleness_limit": 2, "probes.max_active": 8, "eval.n_problems": 4, "eval.every": 0,
 }
+
+
+QUICK_OVERRIDES: dict[str, Any] = {"eval.n_problems": 64}  # smoke run: half the evaluation problems
 
 
 @dataclass(frozen=True)
@@ -112,6 +117,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--assets-seed", type=int, default=0, help="which prepared built-in models to use")
     p.add_argument("--out", default="bench/compare", help="results go to OUT/<date>[-quick|-tiny]/")
     p.add_argument("--no-plots", action="store_true", help="skip the PNGs and the HTML page")
+    p.add_argument("--jobs", type=int, default=None,
+                   help="trainings run at once, each a process with one torch thread (default: 2 for the default "
+                        "settings, 1 for --quick and --profile tiny)")
 
 
 def parse_seeds(spec: str | None, default: int) -> list[int]:
@@ -128,13 +136,13 @@ def parse_seeds(spec: str | None, default: int) -> list[int]:
 def base_overrides(args: argparse.Namespace, mode: str, steps: int) -> dict[str, Any]:
     import yaml
 
-    ov: dict[str, Any] = dict(TINY_OVERRIDES) if args.profile == "tiny" else {}
+    ov: dict[str, Any] = dict(TINY_OVERRIDES if mode == "tiny" else QUICK_OVERRIDES if mode == "quick" else {})
     for item in args.set:
         key, sep, value = item.partition("=")
         if not sep or not key:
             raise ValueError(f"--set expects KEY=VALUE, got {item!r}")
         ov[key] = yaml.safe_load(value)
-    ov |= {"steps": steps, "controller.serve": False, "logging.progress": False, "logging.stdout": False,
+    ov |= {"steps": steps, "eval.every": 0, "controller.serve": False, "logging.progress": False, "logging.stdout": False,
            "logging.wandb": "off"}
     return ov
 
@@ -143,6 +151,10 @@ def main(args: argparse.Namespace) -> int:
     from adwin.config import load_config
 
     mode = "tiny" if args.profile == "tiny" else "quick" if args.quick else "default"
+    if args.jobs is None:
+        args.jobs = 2 if mode == "default" else 1
+    if args.jobs < 1:
+        raise ValueError("--jobs must be >= 1")
     steps = args.steps or STEPS[mode]
     seeds = parse_seeds(args.seeds, SEEDS[mode])
     config_path = args.config or ("configs/default.yaml" if Path("configs/default.yaml").is_file() else None)
@@ -159,7 +171,7 @@ def main(args: argparse.Namespace) -> int:
         if sys.argv[1:2] == ["bench"] else None,
         "mode": mode, "smoke": mode != "default", "profile": args.profile, "steps": steps, "seeds": seeds,
         "methods": [m.key for m in chosen], "base_config": config_path, "overrides": base_overrides(args, mode, steps),
-        "assets_seed": args.assets_seed, "machine_before": machine_info(),
+        "assets_seed": args.assets_seed, "jobs": args.jobs, "machine_before": machine_info(),
     }
     started = time.perf_counter()
     runs = run_all(base, chosen, seeds, args, out_dir)
@@ -180,23 +192,54 @@ def machine_info() -> dict[str, Any]:
 
 def run_all(base: Any, methods: list[Method], seeds: list[int], args: argparse.Namespace,
             out_dir: Path) -> list[dict[str, Any]]:
-    """Seed-major order (all methods for seed 0, then seed 1, ...), so a partial run is still a comparison."""
-    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+    """Seed-major order (all methods for seed 0, then seed 1, ...), so a partial run is still a comparison.
 
-    runs: list[dict[str, Any]] = []
+    ``--jobs N > 1`` runs N trainings at once in worker processes (one torch thread each); results are
+    the same as sequential (every run is seeded on its own), only wall times shift with co-scheduling.
+    """
+    from concurrent.futures import ProcessPoolExecutor, as_completed
+    from multiprocessing import get_context
+
+    from rich.progress import (
+        BarColumn,
+        MofNCompleteColumn,
+        Progress,
+        TextColumn,
+        TimeElapsedColumn,
+        TimeRemainingColumn,
+    )
+
     jobs = [(s, m) for s in seeds for m in methods]
-    columns = (TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn())
+    done: dict[int, dict[str, Any]] = {}
+    columns = (TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
+               TextColumn("eta"), TimeRemainingColumn())
+
+    def record(i: int, row: dict[str, Any]) -> None:
+        done[i] = row
+        partial = [done[k] for k in sorted(done)]
+        (out_dir / "runs.partial.json").write_text(json.dumps(partial, indent=1, default=_json_default))
+
     with Progress(*columns, transient=False) as bar:
         task = bar.add_task("compare", total=len(jobs))
-        for seed, method in jobs:
-            bar.update(task, description=f"{method.key} seed {seed}")
-            runs.append(run_one(base, method, seed, args, out_dir))
-            bar.advance(task)
-            (out_dir / "runs.partial.json").write_text(json.dumps(runs, indent=1, default=_json_default))
-    return runs
+        if args.jobs <= 1:
+            for i, (seed, method) in enumerate(jobs):
+                bar.update(task, description=f"{method.key} seed {seed}")
+                record(i, run_one(base, method, seed, args.profile, args.assets_seed, out_dir))
+                bar.advance(task)
+        else:
+            with ProcessPoolExecutor(args.jobs, mp_context=get_context("spawn")) as pool:
+                futures = {pool.submit(run_one, base, m, s, args.profile, args.assets_seed, out_dir): i
+                           for i, (s, m) in enumerate(jobs)}
+                bar.update(task, description=f"{len(jobs)} runs, {args.jobs} at a time")
+                for fut in as_completed(futures):
+                    i = futures[fut]
+                    record(i, fut.result())
+                    bar.update(task, description=f"done {jobs[i][1].key} seed {jobs[i][0]}")
+                    bar.advance(task)
+    return [done[i] for i in range(len(jobs))]
 
 
-def run_one(base: Any, method: Method, seed: int, args: argparse.Namespace, out_dir: Path) -> dict[str, Any]:
+def run_one(base: Any, method: Method, seed: int, profile: str, assets_seed: int, out_dir: Path) -> dict[str, Any]:
     """One training run through ``adwin.trainer.train`` with an embedded controller; its measured row."""
     import torch
     from transformers.utils import logging as hf_logging
@@ -220,7 +263,7 @@ def run_one(base: Any, method: Method, seed: int, args: argparse.Namespace, out_
     cfg = TrainConfig.model_validate(data)
     torch.set_num_threads(1)  # the built-in models are tiny; see adwin.commands.train.limit_threads
     # models (and the fixed evaluation problems) from one prepared asset folder; training data from the seed
-    parts = load_parts(cfg.model_copy(update={"seed": args.assets_seed}), args.profile)
+    parts = load_parts(cfg.model_copy(update={"seed": assets_seed}), profile)
     parts.train_prompts = PromptStream(load_prompts(cfg)[0], cfg.seed)
     controller = Controller()
     t0 = time.perf_counter()
@@ -234,6 +277,8 @@ def run_one(base: Any, method: Method, seed: int, args: argparse.Namespace, out_
     row = measure_run(res.history, res.initial_eval, res.final_eval, res.totals, n_student=n_student,
                       n_teacher=n_teacher, probe_batch=cfg.probes.batch_size,
                       samples_per_step=cfg.rollout.prompts_per_step * cfg.rollout.samples_per_prompt)
+    for ckpt in res.run_dir.glob("checkpoint-*"):  # the trainer always saves the last step; 42 copies are waste
+        shutil.rmtree(ckpt, ignore_errors=True)
     row |= {"method": method.key, "seed": seed, "run_dir": str(res.run_dir), "n_student": n_student,
             "n_teacher": n_teacher, "elapsed_s": time.perf_counter() - t0}
     log.info("%s seed %d: accuracy %.3f, %.0f sync + %.0f probe tokens, %.1f s", method.key, seed,
