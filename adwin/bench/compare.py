@@ -167,8 +167,7 @@ def main(args: argparse.Namespace) -> int:
     out_dir.mkdir(parents=True, exist_ok=True)
     meta = {
         "date": dt.datetime.now().isoformat(timespec="seconds"),
-        "command": "adwin bench compare " + " ".join(shlex.quote(a) for a in sys.argv[2:])
-        if sys.argv[1:2] == ["bench"] else None,
+        "command": command_line(),
         "mode": mode, "smoke": mode != "default", "profile": args.profile, "steps": steps, "seeds": seeds,
         "methods": [m.key for m in chosen], "base_config": config_path, "overrides": base_overrides(args, mode, steps),
         "assets_seed": args.assets_seed, "jobs": args.jobs, "machine_before": machine_info(),
@@ -180,6 +179,14 @@ def main(args: argparse.Namespace) -> int:
 
     finish(meta, chosen, runs, out_dir, plots=not args.no_plots)
     return 0
+
+
+def command_line() -> str:
+    """The command as typed (``adwin bench compare ...``) when run from the CLI; else the process argv."""
+    argv = sys.argv[1:]
+    if argv[:2] == ["bench", "compare"]:
+        return "adwin bench compare " + " ".join(shlex.quote(a) for a in argv[2:])
+    return " ".join(shlex.quote(a) for a in sys.argv)
 
 
 def machine_info() -> dict[str, Any]:

@@ -80,7 +80,8 @@ COLUMNS: list[tuple[str, Any]] = [
     ("× full FLOPs", lambda k, e: _ratio(e, "flops")),
     ("wall s", lambda k, e: _ms(e, "wall_s", "{:.1f}")),
     ("× full wall", lambda k, e: _ratio(e, "train_wall_s")),
-    ("audit share", lambda k, e: _ms(e, "audit_overhead_frac", "{:.2f}")),
+    ("audit time share", lambda k, e: _ms(e, "audit_overhead_frac", "{:.2f}")),
+    ("audit FLOPs share", lambda k, e: _ms(e, "probe_flops_frac", "{:.2f}")),
     ("mean W", lambda k, e: _ms(e, "mean_window", "{:.0f}")),
     ("acc / 1M tok", lambda k, e: _ms(e, "accuracy_per_mtoken", "{:.2f}")),
 ]

@@ -35,6 +35,7 @@ METRICS: dict[str, str] = {
     "train_wall_s": "wall time without eval s",
     "audit_overhead_s": "probe + audit time s",
     "audit_overhead_frac": "probe + audit share of train wall",
+    "probe_flops_frac": "probe + audit share of FLOPs",
     "mean_window": "mean window",
     "accuracy_per_mtoken": "accuracy per 1M rollout tokens",
     "gain_per_mtoken": "accuracy gain per 1M rollout tokens",
@@ -92,6 +93,7 @@ def measure_run(history: Sequence[Mapping[str, Any]], initial: Mapping[str, floa
         "gain_per_mtoken": (acc - acc0) / mtokens if mtokens else math.nan,
     }
     row |= estimate_flops(history, n_student, n_teacher, probe_batch, samples_per_step)
+    row["probe_flops_frac"] = row["flops_probe"] / row["flops"] if row["flops"] else math.nan
     return row
 
 

@@ -52,7 +52,7 @@ def test_flops_follow_the_stated_formula() -> None:
 
 def _row(method: str, seed: int, acc: float, tokens: float) -> dict:
     row = {m: 1.0 for m in ("teacher_kl_final", "probe_tokens", "flops", "wall_s", "train_wall_s", "audit_overhead_s",
-                            "audit_overhead_frac", "mean_window", "gain_per_mtoken")}
+                            "audit_overhead_frac", "probe_flops_frac", "mean_window", "gain_per_mtoken")}
     return row | {"method": method, "seed": seed, "accuracy_final": acc, "sync_tokens": tokens,
                   "rollout_tokens": tokens, "accuracy_per_mtoken": acc / tokens * 1e6}
 
@@ -92,6 +92,7 @@ def test_tiny_compare_writes_table_json_plots_and_html(tmp_path: Path, monkeypat
     assert all(r["probe_tokens"] == 0 for k, r in runs.items() if k != "adwin-0.7")
     assert runs["full"]["sync_tokens"] >= runs["fixed-8"]["sync_tokens"] >= runs["linear"]["sync_tokens"]
     assert all(r["flops"] > 0 and 0.0 <= r["accuracy_final"] <= 1.0 for r in runs.values())
+    assert runs["adwin-0.7"]["probe_flops_frac"] > 0 and runs["full"]["probe_flops_frac"] == 0
     assert res["methods"]["full"]["ratio_to_full"]["flops"] == pytest.approx(1.0)
     assert "6·N_s" in res["meta"]["flops_formula"]
     for name in ("accuracy_vs_tokens.png", "windows.png"):
