@@ -18,7 +18,6 @@ COMMANDS: list[tuple[tuple[str, ...], str, str]] = [
     (("bench", "audit"), "adwin.bench.audit", "time and memory of the alignment audit methods"),
     (("bench", "controller"), "adwin.bench.controller", "latency and throughput of the controller service"),
     (("bench", "probes"), "adwin.bench.probes", "wall time of fixed vs ADWIN with inline, thread and Ray probe workers"),
-    (("bench", "probes"), "adwin.bench.probes", "wall time of fixed vs ADWIN with inline, thread and Ray probe workers"),
     (("bench", "compare"), "adwin.bench.compare", "every window method side by side: accuracy, tokens, FLOPs, time"),
 ]
 

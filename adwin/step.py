@@ -113,7 +113,7 @@ def optimize(student: torch.nn.Module, optimizer: torch.optim.Optimizer, schedul
     else:
         optimizer.step()
     with warnings.catch_warnings():  # torch warns when a skipped first step leaves optimizer.step() uncalled
-        warnings.filterwarnings("ignore", message="Detected call of `lr_scheduler.step()`")
+        warnings.filterwarnings("ignore", message=r"Detected call of `lr_scheduler\.step\(\)`")
         scheduler.step()  # the LR schedule follows loop steps, skipped or not
     behavior = token_logprobs(logits.detach(), rows.input_ids.to(device)).cpu()  # (B, L)
     metrics = {"loss/total": float(loss.detach()), "loss/teacher_kl": lm.get("loss/teacher_kl", float("nan")),

@@ -106,6 +106,7 @@ def test_run_survives_controller_sigkill_and_replays_everything_once(tmp_path: P
             "writes_replayed": controller.replayed, "step_reports_lost": STEPS - len(tel.steps),
             "audits_submitted": len(submitted), "audits_lost": len(submitted - decided),
             "probe_tokens_trainer": res.totals["probe_tokens"], "probe_tokens_controller": tel.probes["tokens_added"],
+            "probes_dropped_stale": sum(h.get("probe/dropped_stale", 0.0) for h in hist),
         })
     finally:
         for p in procs:
