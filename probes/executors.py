@@ -72,4 +72,7 @@ def _ray_executor(pool: ProbePool, model: torch.nn.Module, eos: set[int], pad_id
     def spawn() -> ProbeWorker:
         return RayWorker(model_ref, eos, pad_id, temperature, top_p)
 
-    return AsyncProbeExecutor(pool, spawn, snapshot=lambda: ray.put(snapshot_weights(model)), **kw)
+    ex = AsyncProbeExecutor(pool, spawn, snapshot=lambda: ray.put(snapshot_weights(model)), **kw)
+    # Wait for the actors to start here (seconds on a small machine), not in the first forced completion.
+    ray.get([slot.worker.actor.ping.remote() for slot in ex.slots])  # type: ignore[attr-defined]
+    return ex

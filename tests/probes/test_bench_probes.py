@@ -1,0 +1,27 @@
+"""``adwin bench probes --profile tiny``: the four variants run side by side and the table adds up."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from adwin.cli import main
+
+
+def test_bench_probes_runs_every_variant_on_the_tiny_profile(tiny_home: Path, ray_cluster: None, tmp_path: Path,
+                                                             monkeypatch: pytest.MonkeyPatch, capsys) -> None:
+    monkeypatch.setenv("ADWIN_HOME", str(tiny_home))
+    out = tmp_path / "bench.json"
+    rc = main(["bench", "probes", "--profile", "tiny", "--steps", "3", "--json", str(out),
+               "--set", "eval.n_problems=2", "--set", "rollout.prompts_per_step=2", "--set", "rollout.max_response_len=32",
+               "--set", "window.candidates=[8,16]", "--set", "probes.batch_size=2", "--out", str(tmp_path / "runs")])
+    assert rc == 0
+    res = json.loads(out.read_text())["results"]
+    assert list(res) == ["fixed", "inline", "thread", "ray"]
+    assert res["fixed"]["ratio"] == 1.0 and res["fixed"]["probe_tokens"] == 0 and res["fixed"]["blocked_s"] == 0
+    assert res["inline"]["probe_tokens"] > 0 and res["inline"]["audits"] >= 1
+    assert res["inline"]["blocked_s"] > 0  # inline rounds run in the step: all of it is blocking time
+    assert all(r["wall_s"] > 0 and r["lost"] == 0 for r in res.values())
+    assert "x fixed" in capsys.readouterr().out
