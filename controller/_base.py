@@ -18,6 +18,7 @@ import numpy as np
 
 from adwin.controller.api import InvalidInput, UnknownRun
 from adwin.controller.schemas import RunOut
+from adwin.controller.sketch_files import SketchFiles
 from adwin.controller.store import Store, loads
 from adwin.window import WindowPolicy, policy_from_state
 
@@ -79,6 +80,8 @@ class ControllerBase:
     def __init__(self, db: str = ":memory:") -> None:
         self._lock = threading.RLock()
         self._store = Store(db)
+        # pending sketch ranks of a file database live in files next to it (see sketch_files.py)
+        self._sketch_files = None if db == ":memory:" else SketchFiles(db)
         self._runs: dict[str, _Run] = {}
         self._pending_sketches: dict[tuple[str, int], dict[int, np.ndarray]] = {}  # (run, audit) -> rank -> (K+1, D)
         self._load()

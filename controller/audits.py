@@ -147,6 +147,12 @@ class AuditAggregator(ControllerBase):
             raise InvalidInput(f"audit {row['audit_id']} rejected: non-finite {bad}; the window stays {run.policy.window(run.last_step)}")
         return kind, sketch
 
+    def _read_part(self, run_id: str, audit_id: int, rank: int, payload: bytes, shape: tuple[int, ...]) -> np.ndarray:
+        """A pending rank's sketch after a restart: from its file, or (in-memory store, older databases) its blob."""
+        if payload or self._sketch_files is None:
+            return np.frombuffer(payload, dtype="<f4").reshape(shape)
+        return self._sketch_files.read(run_id, audit_id, rank, shape)
+
     def _record_fallback(self, run: _Run, audit_id: int, why: str) -> None:
         """A rejected audit leaves the window as it is; the decision log says so (reason ``fallback``)."""
         window = run.policy.window(run.last_step)
@@ -171,10 +177,15 @@ class AuditAggregator(ControllerBase):
             deciding = len(ranks) >= run.spec["world_size"]
             # A pending rank's sketch is persisted before it is acknowledged (a restarted service resumes
             # the audit); the deciding rank's is not: the decision commits with it and needs no blob.
+            payload = b""
+            if not deciding:
+                if self._sketch_files is not None:
+                    self._sketch_files.write(run.run_id, audit_id, audit.rank, sketch)
+                else:
+                    payload = sketch.tobytes()  # in-memory store: the blob lives with the rest
             st.execute(
                 "INSERT INTO audit_parts (run_id, audit_id, rank, macro_cosines, stats, payload) VALUES (?, ?, ?, ?, ?, ?)",
-                (run.run_id, audit_id, audit.rank, dumps(audit.macro_cosines), dumps(audit.stats),
-                 b"" if deciding else sketch.tobytes()),
+                (run.run_id, audit_id, audit.rank, dumps(audit.macro_cosines), dumps(audit.stats), payload),
             )
             st.execute(
                 "UPDATE audits SET kind='sketch', ranks=?, sketch_shape=? WHERE run_id=? AND audit_id=?",
@@ -194,7 +205,8 @@ class AuditAggregator(ControllerBase):
                     "SELECT rank, payload FROM audit_parts WHERE run_id=? AND audit_id=? AND rank!=?",
                     (run.run_id, audit_id, audit.rank),
                 ):
-                    cached.setdefault(p["rank"], np.frombuffer(p["payload"], dtype="<f4").reshape(sketch.shape))
+                    if p["rank"] not in cached:
+                        cached[p["rank"]] = self._read_part(run.run_id, audit_id, p["rank"], p["payload"], sketch.shape)
             total = np.zeros(sketch.shape, dtype=np.float64)  # (K+1, D): the batch's sketch, summed over ranks
             for r in sorted(cached):
                 total += cached[r]

@@ -205,11 +205,7 @@ class ProbeScheduler(ControllerBase):
                 return None, None
             batch = [r["probe_id"] for r in ready[:p]]
             staleness = max(version - r["oldest_version"] for r in ready[:p])
-            self._store.execute(  # purge the sketch blobs of decided audits (kept off the decision path)
-                "DELETE FROM audit_parts WHERE run_id=? AND audit_id IN "
-                "(SELECT audit_id FROM audits WHERE run_id=? AND state='decided')",
-                (run_id, run_id),
-            )
+            self._purge_sketches(run_id)
             audit_id = self._store.one("SELECT next_audit_id FROM runs WHERE run_id=?", (run_id,))["next_audit_id"]
             self._store.execute(
                 f"UPDATE probes SET state='batched', audit_id=? WHERE run_id=? AND probe_id IN ({','.join('?' * p)})",
@@ -226,6 +222,15 @@ class ProbeScheduler(ControllerBase):
 
         answer = self._write(run_id, idempotency_key, "next_probe_batch", apply)
         return None if answer is None else ProbeBatchOut.model_validate(answer)
+
+    def _purge_sketches(self, run_id: str) -> None:
+        """Drop the per-rank sketches of decided audits (kept off the audit-to-decision path)."""
+        decided = "SELECT audit_id FROM audits WHERE run_id=? AND state='decided'"
+        if self._sketch_files is not None:
+            parts = self._store.all(f"SELECT audit_id, rank FROM audit_parts WHERE run_id=? AND audit_id IN ({decided})",
+                                    (run_id, run_id))
+            self._sketch_files.remove(run_id, [(p["audit_id"], p["rank"]) for p in parts])
+        self._store.execute(f"DELETE FROM audit_parts WHERE run_id=? AND audit_id IN ({decided})", (run_id, run_id))
 
     def _expire(self, run_id: str, queue: list[Any], version: int, limit: int, p: int) -> list[Any]:
         """Expire complete probes that no batch can take within the staleness limit; the rest of ``queue``.

@@ -98,7 +98,7 @@ CREATE TABLE IF NOT EXISTS audit_parts (
     rank INTEGER NOT NULL,
     macro_cosines TEXT,            -- small columns first: reading them skips the blob's overflow pages
     stats TEXT NOT NULL DEFAULT '{}',
-    payload BLOB NOT NULL,         -- one rank's raw float32 sketch, purged after the audit is decided
+    payload BLOB NOT NULL,         -- a pending rank sketch, raw float32 (empty when it lives in a file, see sketch_files.py)
     PRIMARY KEY (run_id, audit_id, rank)
 );
 CREATE TABLE IF NOT EXISTS steps (

@@ -9,6 +9,7 @@ import numpy as np
 import pytest
 from controller_harness import CANDIDATES, finish, offers, run_spec, sketch_b64
 
+from adwin.alignment import cosines_from_gram
 from adwin.controller import Controller
 from adwin.controller.schemas import AuditIn, StepMetricsIn
 from adwin.controller.store import SCHEMA_VERSION, SchemaVersionError
@@ -84,3 +85,31 @@ def test_concurrent_callers_are_serialized_safely(tmp_path):
     assert len(tel.steps) == 100 and tel.probes["active"] == 200
     assert ctrl.get_window(rid, 0).window == CANDIDATES[-1]
     ctrl.close()
+
+
+@pytest.mark.parametrize("run_id", ["..", "r.1"])
+def test_pending_sketch_ranks_live_in_files_next_to_the_db_until_their_audit_is_purged(tmp_path, run_id):
+    db = tmp_path / "c.db"
+    a = Controller(str(db))
+    rid = a.register_run(run_spec(run_id=run_id, world_size=3)).run_id
+    a.offer_probes(rid, offers(0, 4))
+    for pid in ("s0", "s1", "s2", "s3"):
+        finish(a, rid, pid)
+    batch = a.next_probe_batch(rid)
+    rng = np.random.default_rng(5)
+    sk = rng.normal(size=(3, 4, 16)).astype(np.float32)  # (R, K+1, D)
+    a.submit_sketch(rid, batch.audit_id, 0, sk[0])
+    a.submit_sketch(rid, batch.audit_id, 2, sk[2])
+    files = sorted(p.name for p in (tmp_path / "c.db.sketches").iterdir())
+    assert files == [f"{run_id.encode().hex()}-{batch.audit_id}-{r}.f32" for r in (0, 2)]  # never a path part
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["c.db", "c.db-shm", "c.db-wal", "c.db.sketches"]
+    a.close()
+
+    b = Controller(str(db))  # a restart in between: the deciding rank reads the others from their files
+    out = b.submit_sketch(rid, batch.audit_id, 1, sk[1])
+    total = sk.astype(np.float64).sum(0)
+    assert out.state == "decided" and out.cosines == pytest.approx(cosines_from_gram(total @ total.T, CANDIDATES))
+    assert len(list((tmp_path / "c.db.sketches").iterdir())) == 2  # not yet purged: off the decision path
+    b.next_probe_batch(rid)
+    assert list((tmp_path / "c.db.sketches").iterdir()) == []
+    b.close()
