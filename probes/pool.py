@@ -4,8 +4,10 @@ Each probe keeps its tokens (prompt ids, response ids), the student version that
 response token (the version tag: number of optimizer steps applied when the token was sampled) and the
 behavior log-probability of each token at sampling time. The controller decides *what* happens to probes
 (``ProbePlanOut``: how far active probes may extend, which must be force-completed); an executor does it
-and returns one ``ProbeReportIn`` per probe. ``InlineProbeExecutor`` runs a round in the trainer's thread;
-background executors (thread, Ray) implement the same ``ProbeExecutor`` protocol.
+and returns one ``ProbeReportIn`` per probe. The trainer uses ``adwin.probes.async_executor`` (inline,
+thread or Ray workers behind one interface, built by ``adwin.probes.executors.build_executor``), which
+applies results through ``ProbePool.apply`` and ``record_round``; ``InlineProbeExecutor`` is the minimal
+synchronous ``ProbeExecutor`` (one plan, one round, in the caller's thread).
 
 The pool knows nothing about models: extension goes through an ``Extender`` callable, so the same pool
 serves an HF ``generate`` backend, a vLLM engine or a test double.
