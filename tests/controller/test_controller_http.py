@@ -292,6 +292,9 @@ def test_413_for_bodies_over_the_limit():
         r = c.post(f"/v1/runs/{rid}/steps", content=chunks(), headers={"Content-Type": "application/json"})
         assert r.status_code == 413
         assert ctrl.telemetry(rid).steps == []
+        sketch = {"rank": 0, "sketch_b64": sketch_b64(np.ones((4, 64))), "sketch_shape": [4, 64]}  # ~1.4 kB of JSON
+        r = c.post(f"/v1/runs/{rid}/audits/1", json=sketch)
+        assert r.status_code == 413 and r.json()["error"] == "PayloadTooLarge"
 
 
 def test_default_body_limit_fits_an_8_rank_sketch_audit_in_one_body():
@@ -309,8 +312,8 @@ def test_401_for_writes_without_the_token_and_reads_stay_open():
         r = c.post("/v1/runs", json=body, headers={"Authorization": f"Bearer {TOKEN}"})
         assert r.status_code == 200
         rid = r.json()["run_id"]
-        for path in (f"/v1/runs/{rid}/steps", f"/v1/runs/{rid}/probes/batches", f"/v1/runs/{rid}/audits/1", f"/v1/runs/{rid}/probes/offers"):
-            assert c.post(path, json={}).status_code == 401
+        for route in ("steps", "probes/batches", "audits/1", "audits/1/sketch", "probes/offers", "probes/reports"):
+            assert c.post(f"/v1/runs/{rid}/{route}", json={}).status_code == 401, route
         assert c.get(f"/v1/runs/{rid}/window", params={"step": 0}).status_code == 200
 
 
