@@ -21,8 +21,7 @@ class SketchFiles:
     """One file per (run, audit, rank): ``<hex run id>-<audit id>-<rank>.f32``, raw little-endian float32."""
 
     def __init__(self, db_path: str) -> None:
-        self.root = Path(f"{db_path}.sketches")
-        self.root.mkdir(parents=True, exist_ok=True)
+        self.root = Path(f"{db_path}.sketches")  # created with the first pending rank
 
     def path(self, run_id: str, audit_id: int, rank: int) -> Path:
         # hex: run ids may be "." or ".." (allowed by the schema) and must never become path parts
@@ -30,6 +29,7 @@ class SketchFiles:
 
     def write(self, run_id: str, audit_id: int, rank: int, sketch: np.ndarray) -> None:
         final = self.path(run_id, audit_id, rank)
+        self.root.mkdir(parents=True, exist_ok=True)
         tmp = final.with_suffix(".tmp")
         with open(tmp, "wb") as f:
             f.write(np.ascontiguousarray(sketch, dtype="<f4").data)

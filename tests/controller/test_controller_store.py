@@ -91,6 +91,7 @@ def test_concurrent_callers_are_serialized_safely(tmp_path):
 def test_pending_sketch_ranks_live_in_files_next_to_the_db_until_their_audit_is_purged(tmp_path, run_id):
     db = tmp_path / "c.db"
     a = Controller(str(db))
+    assert not (tmp_path / "c.db.sketches").exists()  # created by the first pending rank only
     rid = a.register_run(run_spec(run_id=run_id, world_size=3)).run_id
     a.offer_probes(rid, offers(0, 4))
     for pid in ("s0", "s1", "s2", "s3"):
