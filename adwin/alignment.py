@@ -12,7 +12,6 @@ from the Gram matrix ``G[s, s'] = <g_s, g_s'>``.
 from __future__ import annotations
 
 import base64
-import hashlib
 import math
 import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
@@ -23,6 +22,7 @@ import numpy as np
 import torch
 
 from adwin.losses import response_positions, reverse_kl_pg, token_logprobs
+from adwin.sketch import Grads, countsketch, countsketch_hashes  # noqa: F401  (countsketch_hashes: public API)
 
 
 @dataclass
@@ -169,11 +169,6 @@ AUDIT_METRICS: tuple[str, ...] = ("identity", "adam")
 DEFAULT_SKETCH_DIM = 16384
 # Per-token loss: (student_logprobs, teacher_logprobs, mask) -> (B, L) per-token losses.
 TokenLoss = Callable[[torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor]
-# One gradient: one entry per audited parameter, None where the loss does not reach it (zero).
-Grads = list[torch.Tensor | None]
-
-_MERSENNE = 2**31 - 1  # prime modulus of the sketch hashes; products of two residues fit in int64
-_HASH_CHUNK = 1 << 20  # parameter elements hashed at a time (bounds the transient index tensors)
 
 
 def audit(
@@ -467,7 +462,7 @@ def _chunked_grams(
             sk = torch.zeros(n_seg, sketch_dim, dtype=torch.float32, device=device)
             for s, grads in _segment_grads(model, named, b, rows, n_seg, scale):
                 if grads is not None:
-                    _countsketch(grads, names, sketch_dim, seed, sk[s])
+                    countsketch(grads, names, sketch_dim, seed, sk[s])
                 del grads  # before the next backward: one transient gradient at a time
             sk64 = sk.double()
             if macro:
@@ -588,59 +583,6 @@ def _gram_of(seg_grads: Sequence[Grads | None]) -> np.ndarray:
         idx = [s for s, _ in rows]
         gram[np.ix_(idx, idx)] += sub
     return gram
-
-
-def _hash_coefficients(name: str, seed: int) -> list[int]:
-    """Four residues mod 2^31-1 from (seed, parameter name): stable across processes and machines."""
-    digest = hashlib.blake2b(f"{int(seed)}:{name}".encode(), digest_size=32).digest()
-    coeffs = [int.from_bytes(digest[8 * i : 8 * i + 8], "little") % _MERSENNE for i in range(4)]
-    coeffs[3] = coeffs[3] or 1  # keep the polynomial's degree at 3
-    return coeffs
-
-
-def countsketch_hashes(
-    name: str,
-    numel: int,
-    seed: int,
-    dim: int,
-    start: int = 0,
-    stop: int | None = None,
-    device: torch.device | str = "cpu",
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """Bucket (long) and sign (+-1 float) of elements ``[start, stop)`` of parameter ``name``.
-
-    One degree-3 polynomial mod ``p = 2^31 - 1`` with coefficients from (seed, name) gives a 4-wise
-    independent value ``h`` per element (what CountSketch's variance bound asks of the signs; the
-    buckets need only 2-wise); ``bucket = h mod dim``, ``sign`` from the parity of ``h // dim``.
-    Integer arithmetic only (products of residues stay below 2^62), so CPU, CUDA and every process
-    agree for the same seed and parameter name.
-    """
-    stop = numel if stop is None else stop
-    if numel >= _MERSENNE:
-        raise ValueError(f"parameter {name} has {numel} elements; the sketch hash supports < 2^31 - 1")
-    if dim >= _MERSENNE // 4:
-        raise ValueError(f"sketch dim {dim} too large for the hash")
-    c0, c1, c2, c3 = _hash_coefficients(name, seed)
-    x = torch.arange(start, stop, dtype=torch.int64, device=device)
-    h = x * c3  # Horner, in place: each step keeps values < 2^62
-    h.add_(c2).remainder_(_MERSENNE).mul_(x).add_(c1).remainder_(_MERSENNE).mul_(x).add_(c0).remainder_(
-        _MERSENNE
-    )
-    bucket = h % dim
-    sign = h.div_(dim, rounding_mode="floor").bitwise_and_(1).to(torch.float32).mul_(-2.0).add_(1.0)
-    return bucket, sign
-
-
-def _countsketch(grads: Grads, names: list[str], dim: int, seed: int, out: torch.Tensor) -> None:
-    """Add the CountSketch of one gradient (a list of per-parameter tensors) into ``out`` (dim,)."""
-    for g, name in zip(grads, names, strict=True):
-        if g is None:
-            continue
-        flat = g.reshape(-1)
-        for start in range(0, flat.numel(), _HASH_CHUNK):
-            stop = min(flat.numel(), start + _HASH_CHUNK)
-            bucket, sign = countsketch_hashes(name, flat.numel(), seed, dim, start, stop, flat.device)
-            out.index_add_(0, bucket, flat[start:stop].float() * sign)
 
 
 def _prefix_norms(gram: np.ndarray, cands: list[int]) -> dict[int, float]:

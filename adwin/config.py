@@ -27,6 +27,9 @@ class ModelConfig(_Strict):
     teachers: dict[str, str] = Field(default_factory=lambda: {"default": "builtin"})
     dtype: Literal["float32", "bfloat16", "float16"] = "float32"
     device: str = "cpu"
+    # Which prepared built-in models to use; independent of the run seed, so `--seed 1` trains the same
+    # student and teacher (a new value prepares a new set, which takes minutes).
+    builtin_seed: int = Field(0, ge=0)
 
 
 class DataConfig(_Strict):

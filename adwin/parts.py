@@ -61,7 +61,7 @@ def load_parts(cfg: TrainConfig, profile: str = "default") -> Parts:
     if uses_builtin:
         from adwin import tasks
 
-        assets = tasks.ensure_prepared(profile=profile, seed=cfg.seed)
+        assets = tasks.ensure_prepared(profile=profile, seed=cfg.model.builtin_seed)
     student_path = assets.student_path if cfg.model.student == "builtin" and assets else cfg.model.student
     tok_path = assets.tokenizer_path if cfg.model.student == "builtin" and assets else student_path
     tokenizer = load_tokenizer(tok_path)

@@ -116,3 +116,18 @@ def audit_ready_batch(controller: ControllerAPI, run_id: str, pool: ProbePool, p
     return m
 
 
+
+
+def audit_or_keep_window(controller: ControllerAPI, run_id: str, pool: ProbePool, parts: Parts, cfg: TrainConfig,
+                         optimizer: torch.optim.Optimizer, version: int) -> dict[str, float]:
+    """``audit_ready_batch``, except that an audit refused for NaN/Inf leaves the window where it was."""
+    from adwin.controller.api import InvalidInput
+    from adwin.guards import is_non_finite_audit
+
+    try:
+        return audit_ready_batch(controller, run_id, pool, parts, cfg, optimizer, version)
+    except (InvalidInput, ValueError) as e:
+        if not is_non_finite_audit(e):
+            raise
+        log.warning("audit rejected: %s", e)
+        return {"audit/rejected": 1.0}

@@ -19,12 +19,12 @@ from typing import Any
 from adwin.accounting import Clock, TokenLedger
 from adwin.checkpoint import save_checkpoint
 from adwin.config import TrainConfig
-from adwin.controller.api import ControllerAPI, InvalidInput
+from adwin.controller.api import ControllerAPI
 from adwin.evaluate import evaluate
-from adwin.guards import FaultCounter, NumericalFault, drop_overstale_probes, is_non_finite_audit
+from adwin.guards import FaultCounter, NumericalFault, drop_overstale_probes
 from adwin.parts import Parts, build_optimizer, load_parts, open_loggers, run_spec, seed_everything
 from adwin.probes.pool import ProbePool
-from adwin.probing import audit_ready_batch, extend_probes, make_executor, offer_prefixes
+from adwin.probing import audit_or_keep_window, extend_probes, make_executor, offer_prefixes
 from adwin.resilient_controller import controller_metrics, drain_controller
 from adwin.resume import (
     CONTROLLER_DB,
@@ -101,13 +101,7 @@ def train(cfg: TrainConfig, controller: ControllerAPI, parts: Parts | None = Non
         m |= faults.record(bool(m["optim/skipped"]))
         if faults.exhausted:  # skipped steps never touched the weights: this checkpoint is the last good state
             sinks.log(t, m | controller_metrics(controller))
-            path = checkpoint(t + 1)
-            if executor is not None:
-                executor.close()
-            sinks.close()
-            raise NumericalFault(f"{faults.consecutive} consecutive non-finite steps at step {t} "
-                                 f"(optim.max_bad_steps={cfg.optim.max_bad_steps}): run stopped; last good "
-                                 f"state saved in {path}")
+            stop_after_faults(faults, t, cfg, checkpoint(t + 1), executor, sinks)
         version = t + 1  # optimizer steps applied: the weights every probe token from now on comes from
         if probing:
             with clock("probe"):
@@ -115,13 +109,7 @@ def train(cfg: TrainConfig, controller: ControllerAPI, parts: Parts | None = Non
                 m |= offered | drop_overstale_probes(controller, run_id, pool, version, cfg.probes.staleness_limit)
                 m |= extend_probes(controller, run_id, version, executor, pool, ledger, cfg.probes.staleness_limit)
             with clock("audit"):
-                try:
-                    m |= audit_ready_batch(controller, run_id, pool, parts, cfg, optimizer, version)
-                except (InvalidInput, ValueError) as e:  # NaN/Inf in the audit: refused, the window stays
-                    if not is_non_finite_audit(e):
-                        raise
-                    log.warning("audit rejected: %s", e)
-                    m["audit/rejected"] = 1.0
+                m |= audit_or_keep_window(controller, run_id, pool, parts, cfg, optimizer, version)
         m |= window_metrics(win) | ledger.record(batch, win.window, pool.tokens_generated)
         m |= surprise_metrics(teacher.logprobs, batch.rows.response_mask, cfg.window.surprise) | {
             "rollout/prompt_tokens": float(sum(map(len, batch.prompt_ids)))}  # surprise policy input; FLOPs
@@ -144,5 +132,16 @@ def train(cfg: TrainConfig, controller: ControllerAPI, parts: Parts | None = Non
     drain_controller(controller)  # degraded mode: deliver what is still buffered (bounded wait)
     sinks.close()
     return TrainResult(run_id, run_dir, initial, final, sinks.history, ledger.totals(pool.tokens_generated))
+
+
+def stop_after_faults(faults: FaultCounter, step: int, cfg: TrainConfig, saved: Path, executor: Any,
+                      sinks: Any) -> None:
+    """Close workers and loggers, then stop the run: too many consecutive non-finite steps."""
+    if executor is not None:
+        executor.close()
+    sinks.close()
+    raise NumericalFault(f"{faults.consecutive} consecutive non-finite steps at step {step} "
+                         f"(optim.max_bad_steps={cfg.optim.max_bad_steps}): run stopped; last good "
+                         f"state saved in {saved}")
 
 

@@ -267,6 +267,7 @@ def run_one(base: Any, method: Method, seed: int, profile: str, assets_seed: int
             node = node[p]
         node[leaf] = value
     data |= {"seed": seed, "name": f"{method.key}-seed{seed}", "out_dir": str(out_dir / "runs")}
+    data["model"]["builtin_seed"] = assets_seed
     cfg = TrainConfig.model_validate(data)
     torch.set_num_threads(1)  # the built-in models are tiny; see adwin.commands.train.limit_threads
     # models (and the fixed evaluation problems) from one prepared asset folder; training data from the seed
