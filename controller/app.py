@@ -27,7 +27,7 @@ from prometheus_client.core import GaugeMetricFamily
 from adwin.controller.api import ControllerError
 from adwin.controller.core import Controller
 from adwin.controller.routers import audits, dashboard, probes, runs, telemetry, windows
-from adwin.controller.schemas import MAX_INT
+from adwin.controller.schemas import ERROR_RESPONSES, MAX_INT
 
 logger = logging.getLogger(__name__)
 
@@ -185,6 +185,7 @@ def create_app(
         title="adwin controller",
         version="1",
         description="Adaptive prefix windows for on-policy distillation: windows, probes, audits, telemetry.",
+        responses=ERROR_RESPONSES,
     )
     app.state.controller = controller
     registry = CollectorRegistry()

@@ -6,7 +6,7 @@ one contract test suite covers both.
 
 from __future__ import annotations
 
-from typing import Annotated, Literal
+from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -174,3 +174,20 @@ class TelemetryOut(_Out):
     decisions: list[dict]  # {"step", "window", "reason", "audit_id", "cosines"}
     audits: list[dict]  # {"audit_id", "step", "cosines", "macro_cosines", "probe_ids", "stats"}
     probes: dict[str, int]  # counts by state (incl. "expired"), plus "declined", "forced", "tokens_added"
+
+
+class ErrorOut(_Out):
+    """Every 4xx answer: ``detail`` says what is wrong (FastAPI's own request validation gives a list of
+    ``{loc, msg, type}``); ``error`` names the ``ControllerError`` class where the controller refused."""
+
+    detail: str | list[dict[str, Any]]
+    error: str | None = None
+
+
+# Declared on every route, so the OpenAPI schema documents the error answers the service gives.
+ERROR_RESPONSES: dict[int | str, dict[str, Any]] = {
+    status: {"model": ErrorOut, "description": text}
+    for status, text in {401: "missing or wrong bearer token (writes, with --token)",
+                         404: "unknown run, probe or audit", 409: "conflict (already decided, not active, ...)",
+                         413: "request body over the size limit", 422: "invalid input (fields, NaN/Inf, shapes)"}.items()
+}

@@ -1,5 +1,5 @@
 """Schema-driven fuzzing of the HTTP API (schemathesis, in-process ASGI, bounded examples per operation):
-no input makes it answer 5xx, and every success response matches the body schema it declares."""
+no input makes it answer 5xx, and every response (errors included) matches the schema its route declares."""
 
 from __future__ import annotations
 
@@ -24,5 +24,4 @@ def test_no_request_makes_the_service_fail(case):
         case.query = {**(case.query or {}), "max_events": 1, "interval": 0.01}  # keep the stream bounded
     response = case.call()
     assert response.status_code < 500, (case.method, case.path, response.status_code, response.text[:300])
-    if response.status_code < 300:  # success bodies match their declared models (error bodies: see docs/reliability.md)
-        case.validate_response(response, checks=[not_a_server_error, response_schema_conformance])
+    case.validate_response(response, checks=[not_a_server_error, response_schema_conformance])
