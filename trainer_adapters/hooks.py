@@ -187,6 +187,7 @@ class ControllerWindowHooks:
         self.offers_per_version = int(spec.get("offers_per_step", 0) if offers_per_version is None
                                       else offers_per_version)
         self.max_audits_per_poll = max_audits_per_poll
+        self.staleness_limit = int(spec.get("staleness_limit", 1 << 30))
         self._lock = threading.Lock()
         self._window = 0
         self._version = -1
@@ -194,7 +195,7 @@ class ControllerWindowHooks:
         self._exhausted = False  # the controller declined an offer in this version: stop asking
         self._complete: dict[str, StampedItem] = {}  # reported complete, waiting for their audit batch
         self._audit_seq = 0
-        self.counts = {"offered": 0, "accepted": 0, "reported": 0, "audits": 0, "conflicts": 0}
+        self.counts = {"offered": 0, "accepted": 0, "reported": 0, "audits": 0, "conflicts": 0, "expired": 0}
 
     @property
     def window(self) -> int:
@@ -279,7 +280,16 @@ class ControllerWindowHooks:
             metrics |= {f"audit/micro_cos_{c}": float(v) for c, v in (audit.cosines or {}).items()}
             if out.decision is not None:
                 metrics["audit/next_window"] = float(out.decision.window)
+        self._evict_expired(version)
         return metrics
+
+    def _evict_expired(self, version: int) -> None:
+        """Forget complete probes past the staleness limit: the controller expires them, no batch will name them."""
+        with self._lock:
+            gone = [pid for pid, it in self._complete.items() if version - it.behavior_version > self.staleness_limit]
+            for pid in gone:
+                del self._complete[pid]
+            self.counts["expired"] += len(gone)
 
     def on_step(self, step: int, metrics: Mapping[str, float]) -> None:
         if self.report_steps:

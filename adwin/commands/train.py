@@ -20,7 +20,7 @@ log = logging.getLogger(__name__)
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--config", metavar="YAML", help="config preset (default: configs/default.yaml if present, else built-in defaults)")
     parser.add_argument("--window-policy", metavar="SPEC",
-                        help="window policy: adwin | full | fixed:W | linear:START:STEP (overrides window.*)")
+                        help="window policy: adwin | full | fixed:W | linear:START:STEP | surprise (teacher-surprise horizon, no gradients; overrides window.*)")
     parser.add_argument("--threshold", type=float, metavar="TAU",
                         help="ADWIN cosine threshold in (0, 1]: the shortest window whose prefix-full cosine reaches it wins")
     parser.add_argument("--steps", type=int, help="optimizer steps to run")

@@ -98,7 +98,7 @@ def test_completed_probes_are_reported_audited_in_controller_order_and_decide_th
     assert hooks.on_sync(2).window == 4
     tel = ctrl.telemetry(run)
     assert tel.probes["audited"] == 2 and len(tel.audits) == 1
-    assert hooks.counts == {"offered": 2, "accepted": 2, "reported": 2, "audits": 1, "conflicts": 0}
+    assert hooks.counts == {"offered": 2, "accepted": 2, "reported": 2, "audits": 1, "conflicts": 0, "expired": 0}
 
 
 def test_probes_at_the_staleness_limit_are_listed_for_forced_completion() -> None:
@@ -130,3 +130,19 @@ def test_static_hooks_pick_every_kth_request_and_audit_in_batches() -> None:
     assert hooks.poll_audit(0) == {}
     hooks.on_probe_complete(Done("r3"), 0)
     assert hooks.poll_audit(0) == {"audit/submitted": 1.0} and audits == [2]
+
+
+def test_complete_probes_the_controller_expires_are_forgotten_not_held_forever() -> None:
+    ctrl = Controller()
+    run = ctrl.register_run(RunIn(policy=PolicyIn(name="adwin", candidates=[4, 8], max_len=16), probe_batch_size=3,
+                                  offers_per_step=1, staleness_limit=2)).run_id
+    hooks = ControllerWindowHooks(ctrl, run, max_len=16, auditor=lambda items: AuditIn(cosines={4: 0.9, 8: 0.99}))
+    hooks.on_sync(0)
+    assert hooks.plan_request("r0", "p", 0).is_probe
+    hooks.on_probe_complete(Done("r0"), 0)  # complete at version 0, but no batch of P=3 can form
+    hooks.on_sync(1)
+    assert hooks.poll_audit(1) == {} and hooks.counts["expired"] == 0, "within S=2 it waits for a batch"
+    hooks.on_sync(3)
+    assert hooks.poll_audit(3) == {}
+    assert hooks.counts["expired"] == 1, "past S the controller expires it; the hooks let it go too"
+    assert ctrl.telemetry(run).probes["expired"] == 1
