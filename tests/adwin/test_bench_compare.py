@@ -76,7 +76,7 @@ def test_aggregation_gives_mean_spread_and_ratios_to_full() -> None:
 def test_tiny_compare_writes_table_json_plots_and_html(tmp_path: Path, monkeypatch, capsys) -> None:
     monkeypatch.setenv("ADWIN_HOME", str(tmp_path / "home"))
     t0 = time.perf_counter()
-    rc = main(["bench", "compare", "--profile", "tiny", "--out", str(tmp_path / "out")])
+    rc = main(["bench", "compare", "--quick", "--profile", "tiny", "--out", str(tmp_path / "out")])
     elapsed = time.perf_counter() - t0
     assert rc == 0
     assert elapsed < 60, f"the tiny compare must stay a smoke test, took {elapsed:.0f}s"
