@@ -73,6 +73,7 @@ class ClientStats:
     completed: int = 0
     forced: int = 0
     audits: int = 0
+    expired: int = 0
     audit_s: float = 0.0
     last_cosines: dict[int, float] = field(default_factory=dict)
 
@@ -90,6 +91,7 @@ class WindowClient:
         policy = out.spec["policy"]
         self.candidates: list[int] = [int(c) for c in policy.get("candidates") or []]
         self.max_len: int = int(policy["max_len"])
+        self.staleness_limit: int = int(out.spec.get("staleness_limit", 1 << 30))
         self.probes: dict[str, HeldProbe] = {}
         self.stats = ClientStats()
         self.last_window: int | None = None
@@ -163,6 +165,15 @@ class WindowClient:
         )
         return self.controller.report_probe(self.run_id, report)
 
+    def forget_expired(self, version: int) -> int:
+        """Drop finished probes past the staleness limit: the controller expires them, no batch will name them."""
+        gone = [pid for pid, p in self.probes.items()
+                if p.finished and p.versions and version - min(p.versions) > self.staleness_limit]
+        for pid in gone:
+            del self.probes[pid]
+        self.stats.expired += len(gone)
+        return len(gone)
+
     def extend_probes(self, step: int, extend: Extend, *, version: int, to_full: bool = False) -> int:
         """One extension round over the held active probes; returns the probe tokens generated.
 
@@ -171,6 +182,7 @@ class WindowClient:
         is set (a loop that finishes its probes in one full-length generation call). Probes the
         controller lists but this process does not hold belong to other processes and are skipped.
         """
+        self.forget_expired(version)
         plan = self.probe_plan(step)
         forced = set(plan.force_complete)
         ids = [pid for pid in plan.active if pid in self.probes]
@@ -268,6 +280,7 @@ class WindowClient:
             "probe/tokens": float(s.probe_tokens),
             "probe/completed": float(s.completed),
             "probe/forced": float(s.forced),
+            "probe/expired": float(s.expired),
             "probe/held": float(len(self.probes)),
             "probe/audits": float(s.audits),
             "probe/audit_s": float(s.audit_s),

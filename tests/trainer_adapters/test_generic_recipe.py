@@ -163,3 +163,18 @@ def test_pack_right_pads_and_scores_only_response_tokens() -> None:
         logq = torch.log_softmax(teacher(input_ids=batch.input_ids[:1]).logits[0, 1], -1)[6]
     assert torch.allclose(batch.teacher_logprobs[0, 2], logq, atol=1e-5)
     assert (batch.teacher_logprobs[batch.response_mask == 0] == 0).all()
+
+
+def test_finished_probes_past_the_staleness_limit_are_forgotten_like_the_controller_expires_them() -> None:
+    ctrl = Controller()
+    spec = RunIn(policy=PolicyIn(name="fixed", window=2, candidates=[2, 4], max_len=10), staleness_limit=2,
+                 probe_batch_size=3)
+    client = WindowClient(ctrl, spec)
+    (pid,) = client.offer(0, [[5, 5]], [[9, 9]], version=0)
+    client.extend_probes(2, _fake_extend(8), version=2)  # staleness 2 = S: forced complete, no batch of 3
+    assert client.probes[pid].finished and client.stats.expired == 0
+    client.extend_probes(3, _fake_extend(8), version=3)  # staleness 3 > S: no batch can take it any more
+    assert pid not in client.probes and client.stats.expired == 1
+    assert client.metrics()["probe/expired"] == 1.0
+    assert ctrl.next_probe_batch(client.run_id) is None
+    assert ctrl.telemetry(client.run_id).probes["expired"] == 1
