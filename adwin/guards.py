@@ -66,7 +66,7 @@ def drop_overstale_probes(controller: Any, run_id: str, pool: Any, version: int,
     from adwin.controller.api import ControllerError
     from adwin.controller.schemas import ProbeReportIn
 
-    stale = [p for p in list(pool._probes.values()) if not p.finished and p.staleness(version) > limit]
+    stale = [p for p in pool.snapshot() if not p.finished and p.staleness(version) > limit]
     if not stale:
         return {}
     for p in pool.pop([p.probe_id for p in stale]):

@@ -32,7 +32,7 @@ def run_state(pool: Any, ledger: Any, prompts: Any, faults: Any) -> dict[str, An
     """The loop's state besides model/optimizer/RNG, for ``save_checkpoint(extra=...)``."""
     return {
         "prompts": prompts.state_dict(),
-        "probes": [dataclasses.asdict(pool.get(pid)) for pid in list(pool._probes)],
+        "probes": [dataclasses.asdict(p) for p in pool.snapshot()],
         "probe_tokens_generated": pool.tokens_generated,
         "ledger": {"completed_lengths": list(ledger.completed_lengths), "sync": ledger.sync, "full": ledger.full},
         "faults": faults.state_dict(),

@@ -112,6 +112,11 @@ class ProbePool:
         with self._lock:
             return [self._probes.pop(pid) for pid in probe_ids]
 
+    def snapshot(self) -> list[Probe]:
+        """The probes held now, in insertion order (a copy of the list; the probes themselves are shared)."""
+        with self._lock:
+            return list(self._probes.values())
+
     def staleness(self, version_now: int) -> list[int]:
         with self._lock:
             return [p.staleness(version_now) for p in self._probes.values()]
