@@ -19,7 +19,6 @@ import dataclasses
 import json
 import logging
 import shutil
-import sqlite3
 from pathlib import Path
 from typing import Any
 
@@ -59,15 +58,10 @@ def snapshot_controller(controller: Any, dest: Path) -> bool:
 
     Returns False for controllers without a local database (``RemoteController``, wrappers of it).
     """
-    store, lock = getattr(controller, "_store", None), getattr(controller, "_lock", None)
-    if store is None or lock is None:
+    backup = getattr(controller, "backup", None)
+    if backup is None:
         return False
-    with lock:
-        target = sqlite3.connect(str(dest))
-        try:
-            store.conn.backup(target)
-        finally:
-            target.close()
+    backup(dest)
     return True
 
 

@@ -21,9 +21,11 @@ Semantics (see also ``adwin.controller.api``):
 from __future__ import annotations
 
 import logging
+import sqlite3
 import time
 import uuid
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 from adwin.controller._base import PROBE_STATES, _check_finite, _Run
@@ -220,6 +222,15 @@ class Controller(ProbeScheduler, AuditAggregator):
         return counts
 
     # --- service helpers (not part of ControllerAPI) ---------------------------------------------
+
+    def backup(self, dest: str | Path) -> None:
+        """Copy the whole database to ``dest``, consistent: taken under the controller's lock."""
+        with self._lock:
+            target = sqlite3.connect(str(dest))
+            try:
+                self._store.conn.backup(target)
+            finally:
+                target.close()
 
     def revision(self, run_id: str) -> int:
         """Counter bumped by every acknowledged write of the run (cheap change detection for SSE)."""
