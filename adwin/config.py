@@ -93,12 +93,14 @@ class ProbeConfig(_Strict):
     staleness_limit: int = Field(5, ge=1, le=10_000, description="S: optimizer steps before forced completion")
     offers_per_step: int = Field(4, ge=0, le=65_536, description="unfinished prefixes the controller may take per step")
     max_active: int = Field(32, ge=1, le=1_000_000)
-    backend: Literal["inline", "thread", "ray"] = "inline"
+    backend: Literal["inline", "thread", "ray"] = "thread"
     selection: Literal["uniform", "stratified"] = "uniform"
     lookahead: int = Field(4, ge=0, le=65_536, description="windowed-FIFO look-ahead over completed probes")
     is_method: Literal["none", "clip", "cap", "icepop"] = "none"
     is_low: float = Field(0.5, ge=0.0)
     is_high: float = Field(2.0, gt=0.0)
+    is_level: Literal["token", "prefix"] = Field(
+        "token", description="probe IS weight per token: its own ratio (token) or the running product (prefix)")
     ray_address: str | None = None
     ray_num_cpus: int = Field(2, ge=1, le=4096, description="CPUs of the local Ray cluster when no ray_address")
     workers: int = Field(1, ge=1, le=1024, description="probe workers (threads or Ray actors), one round each in flight")

@@ -99,7 +99,8 @@ def audit_ready_batch(controller: ControllerAPI, run_id: str, pool: ProbePool, p
     batch = pool.probe_batch(probes, pad_id_of(parts.tokenizer, eos_ids(parts.student, parts.tokenizer)),
                              parts.teachers.score)
     pc = cfg.probes
-    weights, is_metrics = stale_token_weights(parts.student, batch, pc.is_method, pc.is_low, pc.is_high, version)
+    weights, is_metrics = stale_token_weights(parts.student, batch, pc.is_method, pc.is_low, pc.is_high, version,
+                                              level=pc.is_level)
     res = audit(parts.student, batch, cfg.window.candidates, method=cfg.audit.method, metric=cfg.audit.metric,
                 optimizer=optimizer, sketch_dim=cfg.audit.sketch_dim, seed=cfg.seed, token_weights=weights)
     out = controller.submit_audit(run_id, ready.audit_id,

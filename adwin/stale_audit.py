@@ -35,9 +35,19 @@ def current_logprobs(model: torch.nn.Module, batch: ProbeBatch, micro_batch: int
     return torch.cat(out)  # (B, L)
 
 
+IS_LEVELS: tuple[str, ...] = ("token", "prefix")
+
+
 def stale_token_weights(model: torch.nn.Module, batch: ProbeBatch, method: str = "none", low: float = 0.5,
-                        high: float = 2.0, version: int | None = None) -> tuple[torch.Tensor | None, dict[str, float]]:
+                        high: float = 2.0, version: int | None = None,
+                        level: str = "token") -> tuple[torch.Tensor | None, dict[str, float]]:
     """Audit ``token_weights`` (B, L) for ``method`` and the ratio diagnostics as ``audit/is_*`` metrics.
+
+    ``level="token"`` weights token t by its own ratio ``rho_t`` (AsyncOPD's correction: right for the
+    token given its prefix, blind to how stale weights shifted the prefix itself). ``level="prefix"``
+    weights it by ``prod_{s<=t} rho_s`` over the response, the per-decision importance weight, which
+    also re-weights the prefix that led to the token; unbiased for the current policy's expectation of
+    every token's gradient, at a variance that grows with staleness (the treatments bound it).
 
     Returns ``None`` weights for ``none`` (the audit then runs unweighted). Diagnostics: percentiles
     p50/p90/p99/max of ``rho`` over response tokens, the fraction clipped (``clip``) or masked (``cap``,
@@ -49,8 +59,12 @@ def stale_token_weights(model: torch.nn.Module, batch: ProbeBatch, method: str =
         if method != "none":
             raise ValueError(f"is_method={method!r} needs behavior logprobs in the probe batch")
         return None, {}
+    if level not in IS_LEVELS:
+        raise ValueError(f"is_level must be one of {IS_LEVELS}, got {level!r}")
     mask = batch.response_mask.float()  # (B, L)
     log_ratio = (current_logprobs(model, batch) - batch.behavior_logprobs.float()) * mask  # (B, L)
+    if level == "prefix":
+        log_ratio = torch.cumsum(log_ratio, dim=1) * mask  # (B, L): log prod_{s<=t} rho_s
     weights, frac = importance_weights(log_ratio, method, low, high, mask=mask)
     pct = ratio_percentiles(torch.exp(log_ratio), mask)
     m = {f"audit/is_{k}": v for k, v in pct.items()}

@@ -137,11 +137,16 @@ def base_overrides(args: argparse.Namespace, mode: str, steps: int) -> dict[str,
     import yaml
 
     ov: dict[str, Any] = dict(TINY_OVERRIDES if mode == "tiny" else QUICK_OVERRIDES if mode == "quick" else {})
+    # inline probe rounds keep every method's run a pure function of its seed, so the methods differ only
+    # by what they are; `--set probes.backend=thread` measures the asynchronous variant instead
+    ov["probes.backend"] = "inline"
     for item in args.set:
         key, sep, value = item.partition("=")
         if not sep or not key:
             raise ValueError(f"--set expects KEY=VALUE, got {item!r}")
         ov[key] = yaml.safe_load(value)
+    if "window.candidates" in ov:  # the preset's initial window belongs to the preset's candidates
+        ov.setdefault("window.initial", None)
     ov |= {"steps": steps, "eval.every": 0, "controller.serve": False, "logging.progress": False, "logging.stdout": False,
            "logging.wandb": "off"}
     return ov

@@ -54,6 +54,8 @@ class SFTSchedule:
     min_lr_ratio: float = 0.1
     weight_decay: float = 0.0
     grad_clip: float = 1.0
+    # per-line probability of a planted mistake the model learns to continue after (adwin.tasks.noise)
+    noise_line_rate: float = 0.0
 
     def lr_at(self, step: int) -> float:
         if step < self.warmup:
@@ -86,9 +88,12 @@ TARGETS: dict[str, float] = {
 PROFILE_SPECS: dict[str, Profile] = {
     "default": Profile(
         name="default",
-        model=ModelSpec(hidden_size=96, num_layers=4, num_heads=4, intermediate_size=384),
-        schedule=SFTSchedule(steps=2000, batch_size=16, lr=5e-3, warmup=50),
-        student_step=400,
+        # hidden 64 trains ~1.7x faster per step than 96 and converged as reliably in our tries, so 2000
+        # steps fit the 5-minute budget on 2 cores. 5 % of the lines carry a planted mistake (masked) so
+        # the teacher learns to continue after one (adwin.tasks.noise); the student is the step-600 snapshot.
+        model=ModelSpec(hidden_size=64, num_layers=4, num_heads=4, intermediate_size=256),
+        schedule=SFTSchedule(steps=2000, batch_size=16, lr=5e-3, warmup=50, noise_line_rate=0.05),
+        student_step=600,
         eval_problems=256,
         enforce_targets=True,
     ),

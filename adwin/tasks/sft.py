@@ -16,24 +16,41 @@ import torch
 from transformers import LlamaForCausalLM, PreTrainedTokenizerBase
 
 from adwin.tasks.chain import Problem, check_answer, generate_problems
+from adwin.tasks.noise import corrupt_solution
 from adwin.tasks.profiles import SFTSchedule
 
 logger = logging.getLogger(__name__)
 
 
-def encode_example(tokenizer: PreTrainedTokenizerBase, problem: Problem) -> tuple[list[int], int]:
-    """Token ids of <bos> prompt response <eos>, and the number of prompt ids (with <bos>)."""
+def encode_example(
+    tokenizer: PreTrainedTokenizerBase,
+    problem: Problem,
+    rng: random.Random | None = None,
+    noise_line_rate: float = 0.0,
+) -> tuple[list[int], list[int]]:
+    """Token ids of <bos> prompt response <eos>, and the labels (-100 on the prompt and on planted
+    mistakes, see :mod:`adwin.tasks.noise`)."""
     prompt_ids = tokenizer(problem.prompt)["input_ids"]
-    response_ids = tokenizer(problem.solution(), add_special_tokens=False)["input_ids"]
-    return prompt_ids + response_ids + [tokenizer.eos_token_id], len(prompt_ids)
+    text, trained = corrupt_solution(problem, rng or random.Random(0), noise_line_rate)
+    response_ids = tokenizer(text, add_special_tokens=False)["input_ids"]
+    if len(response_ids) != len(trained):
+        raise ValueError("the built-in task's tokenizer must be character-level")
+    ids = prompt_ids + response_ids + [tokenizer.eos_token_id]
+    labels = [-100] * len(prompt_ids) + [t if ok else -100 for t, ok in zip(response_ids, trained, strict=True)]
+    return ids, labels + [tokenizer.eos_token_id]
 
 
 def make_batches(
-    tokenizer: PreTrainedTokenizerBase, problems: list[Problem], batch_size: int, seed: int
+    tokenizer: PreTrainedTokenizerBase,
+    problems: list[Problem],
+    batch_size: int,
+    seed: int,
+    noise_line_rate: float = 0.0,
 ) -> list[tuple[torch.Tensor, torch.Tensor, torch.Tensor]]:
     """(input_ids, attention_mask, labels) batches, each (B, T). Examples are grouped by length within
     chunks of 8 batches so that padding wastes little compute, then the batch order is shuffled."""
-    encoded = [encode_example(tokenizer, p) for p in problems]
+    noise_rng = random.Random(f"adwin-noise:{seed}")
+    encoded = [encode_example(tokenizer, p, noise_rng, noise_line_rate) for p in problems]
     rng = random.Random(seed)
     chunk = batch_size * 8
     batches = []
@@ -45,10 +62,10 @@ def make_batches(
             input_ids = torch.full((len(part), width), tokenizer.pad_token_id, dtype=torch.long)  # (B, T)
             mask = torch.zeros((len(part), width), dtype=torch.long)  # (B, T)
             labels = torch.full((len(part), width), -100, dtype=torch.long)  # (B, T)
-            for i, (ids, n_prompt) in enumerate(part):
+            for i, (ids, example_labels) in enumerate(part):
                 input_ids[i, : len(ids)] = torch.tensor(ids)
                 mask[i, : len(ids)] = 1
-                labels[i, n_prompt : len(ids)] = torch.tensor(ids[n_prompt:])
+                labels[i, : len(ids)] = torch.tensor(example_labels)
             batches.append((input_ids, mask, labels))
     rng.shuffle(batches)
     return batches
@@ -79,7 +96,9 @@ def train_sft(
     if routes is not None:
         problems = [p for p in problems if p.route in routes]
     problems = problems[start_step * schedule.batch_size : stop_step * schedule.batch_size]
-    batches = make_batches(tokenizer, problems, schedule.batch_size, seed=seed + start_step)
+    batches = make_batches(
+        tokenizer, problems, schedule.batch_size, seed=seed + start_step, noise_line_rate=schedule.noise_line_rate
+    )
     if optimizer is None:
         optimizer = torch.optim.AdamW(
             model.parameters(), lr=schedule.lr, betas=(0.9, 0.98), weight_decay=schedule.weight_decay

@@ -72,6 +72,83 @@ def test_importance_weights_bring_the_stale_audit_closer_to_a_fresh_one(method: 
     assert weighted < 0.5 * plain
 
 
+class LateShift(torch.nn.Module):
+    """Stale weights of a tiny Llama: the current model plus a logit shift towards ``token`` from response
+    position ``start`` on (the old student favoured, late in the response, what the teacher likes least)."""
+
+    def __init__(self, base: torch.nn.Module, token: int, shift: float, start: int) -> None:
+        super().__init__()
+        self.base, self.token, self.shift, self.start = base, token, shift, start
+
+    def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None = None, **_: object) -> SimpleNamespace:
+        logits = self.base(input_ids=input_ids, attention_mask=attention_mask).logits.clone()  # (B, n, V)
+        logits[:, self.start :, self.token] += self.shift
+        return SimpleNamespace(logits=logits)
+
+
+@torch.no_grad()
+def _sample_llama(model: torch.nn.Module, teacher: torch.nn.Module, n: int, gen: torch.Generator) -> ProbeBatch:
+    """``n`` probes of L tokens sampled token by token from ``model`` after a fixed 2-token prompt."""
+    ids = torch.tensor([[1, 3]] * n)  # (n, P)
+    behavior = []
+    for _ in range(L):
+        logp = torch.log_softmax(model(input_ids=ids).logits[:, -1].float(), -1)  # (n, V)
+        y = torch.multinomial(logp.exp(), 1, generator=gen)  # (n, 1)
+        behavior.append(logp.gather(1, y))
+        ids = torch.cat([ids, y], 1)
+    resp = torch.zeros_like(ids)
+    resp[:, P:] = 1
+    b = torch.zeros(ids.shape)
+    b[:, P:] = torch.cat(behavior, 1)
+    t = torch.zeros(ids.shape)
+    t[:, 1:] = torch.log_softmax(teacher(input_ids=ids).logits.float(), -1)[:, :-1].gather(2, ids[:, 1:, None])[..., 0]
+    return ProbeBatch(ids, torch.ones_like(ids), resp, t * resp, behavior_logprobs=b)
+
+
+def _llama_errors(seed: int, level: str, n: int = 256) -> tuple[float, float]:
+    from tiny_models import make_tiny_llama
+
+    g = torch.Generator().manual_seed(seed)
+    shape = {"vocab_size": V, "hidden_size": 16, "num_layers": 1, "num_heads": 2, "intermediate_size": 32}
+    new, teacher = make_tiny_llama(**shape, seed=seed), make_tiny_llama(**shape, seed=seed + 1000)
+    with torch.no_grad():  # sharper than at init, so the policies are far from uniform and context-dependent
+        new.lm_head.weight.mul_(8.0)
+        teacher.lm_head.weight.mul_(8.0)
+    fresh = _sample_llama(new, teacher, 4 * n, g)
+    teacher_logp = torch.log_softmax(teacher(input_ids=fresh.input_ids).logits.float(), -1)  # (4n, P + L, V)
+    worst = int(teacher_logp[:, P - 1 : -1].mean((0, 1)).argmin())
+    stale = _sample_llama(LateShift(new, worst, 3.0, P - 1 + CANDS[-1]), teacher, n, g)
+    ref = audit(new, fresh, CANDS, method="reference", macro=False).cosines
+    plain = audit(new, stale, CANDS, method="reference", macro=False).cosines
+    weights, _ = stale_token_weights(new, stale, "clip", 0.0, 1e3, level=level)
+    weighted = audit(new, stale, CANDS, method="reference", macro=False, token_weights=weights).cosines
+    return sum(abs(plain[c] - ref[c]) for c in CANDS), sum(abs(weighted[c] - ref[c]) for c in CANDS)
+
+
+@pytest.mark.parametrize("level", ["token", "prefix"])
+def test_importance_weights_bring_a_tiny_llamas_stale_audit_closer_to_a_fresh_one(level: str) -> None:
+    errs = [_llama_errors(seed, level) for seed in range(3)]
+    plain = sum(e[0] for e in errs) / len(errs)
+    weighted = sum(e[1] for e in errs) / len(errs)
+    assert plain > 0.3  # the stale weights really bias the unweighted audit (fresh-vs-fresh noise is ~0.1)
+    assert weighted < 0.5 * plain
+
+
+def test_prefix_level_weights_are_running_products_of_token_ratios(tiny_llama: torch.nn.Module) -> None:
+    ids = torch.randint(3, 64, (2, 7), generator=torch.Generator().manual_seed(2))
+    resp = torch.zeros_like(ids)
+    resp[:, 3:] = 1
+    batch = ProbeBatch(ids, torch.ones_like(ids), resp, torch.zeros(ids.shape))
+    shift = torch.zeros(ids.shape)
+    shift[:, 3:] = torch.tensor([0.1, -0.2, 0.3, 0.05])
+    batch.behavior_logprobs = (current_logprobs(tiny_llama, batch) - shift) * resp  # rho_t = exp(shift_t)
+    w, _ = stale_token_weights(tiny_llama, batch, "clip", 0.0, 1e3, level="prefix")
+    assert w is not None
+    torch.testing.assert_close(w, torch.exp(torch.cumsum(shift, 1)) * resp, rtol=1e-4, atol=1e-5)
+    with pytest.raises(ValueError, match="is_level"):
+        stale_token_weights(tiny_llama, batch, "clip", level="sequence")
+
+
 def test_ratios_are_one_when_the_behavior_policy_is_the_current_one(tiny_llama: torch.nn.Module) -> None:
     ids = torch.randint(3, 64, (3, 9), generator=torch.Generator().manual_seed(0))
     resp = torch.zeros_like(ids)

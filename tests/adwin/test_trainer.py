@@ -33,8 +33,9 @@ def test_adwin_run_audits_applies_decisions_next_step_and_bounds_staleness(tmp_p
     assert all(h["probe/staleness_max"] <= cfg.probes.staleness_limit for h in hist if "probe/staleness_max" in h)
     windows = [int(h["window/current"]) for h in hist]
     assert windows[0] == max(cfg.window.candidates)  # ADWIN starts at the largest candidate
-    decided = [int(h["audit/next_window"]) for h in audits]
-    assert windows[1] == decided[0]  # the audit's decision applies from the next step
+    for h in audits[:1]:  # the first audit's decision applies from the next step (thread: whenever it lands)
+        if h["step"] + 1 < len(windows):
+            assert windows[h["step"] + 1] == int(h["audit/next_window"])
     assert all(w in (*cfg.window.candidates, cfg.rollout.max_response_len) for w in windows)
     for h in hist:  # no rollout longer than its window
         assert h["rollout/mean_len"] <= h["window/current"]
