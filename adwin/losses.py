@@ -1,6 +1,8 @@
 """OPD estimators: per-token losses, window masks, importance weights and aggregation.
 
 Math layer: imports nothing from the controller, probes or application modules.
+Token log-probabilities and mask primitives live in ``adwin.logprobs``, the top-k and dense-logit
+divergences in ``adwin.divergences``; both are re-exported here.
 
 Position convention (DESIGN.md): the token at ``input_ids[b, i]`` is predicted by ``logits[b, i-1]``.
 All per-token tensors here are aligned with ``input_ids`` (shape ``(B, L)``): the value at ``[b, i]``
@@ -20,13 +22,28 @@ import math
 from typing import Literal
 
 import torch
-import torch.nn.functional as F
 
+from adwin.divergences import (  # noqa: F401  (re-exported: part of the losses API)
+    _forward_kl_topk_terms,
+    forward_kl,
+    forward_kl_topk,
+    generalized_jsd,
+    reverse_kl,
+)
 from adwin.importance import (  # noqa: F401  (re-exported: part of the losses API)
     IS_METHODS,
     ISMethod,
     importance_weights,
     ratio_percentiles,
+)
+from adwin.logprobs import (  # noqa: F401  (re-exported: part of the losses API)
+    _fill_off,
+    _keep,
+    _upcast,
+    action_logprobs,
+    response_positions,
+    token_logprobs,
+    window_mask,
 )
 
 Aggregation = Literal["token-mean", "seq-mean-token-mean", "seq-mean-token-sum"]
@@ -34,63 +51,6 @@ AGGREGATIONS: tuple[str, ...] = ("token-mean", "seq-mean-token-mean", "seq-mean-
 LOSS_NAMES: tuple[str, ...] = (
     "reverse_kl_pg", "reverse_kl_mc", "forward_kl_topk", "forward_kl", "reverse_kl", "jsd", "k2", "k3",
 )
-
-
-def token_logprobs(logits: torch.Tensor, input_ids: torch.Tensor) -> torch.Tensor:
-    """Log-probability of each realized token, aligned with ``input_ids``.
-
-    logits: (B, L, V); input_ids: (B, L) -> (B, L), with 0 at position 0 (no predictor).
-    """
-    logp = torch.log_softmax(_upcast(logits[:, :-1]), dim=-1)  # (B, L-1, V)
-    picked = logp.gather(-1, input_ids[:, 1:, None]).squeeze(-1)  # (B, L-1)
-    return torch.nn.functional.pad(picked, (1, 0), value=0.0)  # (B, L)
-
-
-def action_logprobs(logits: torch.Tensor, action_ids: torch.Tensor) -> torch.Tensor:
-    """Log-probabilities of ``m`` candidate tokens per position (MC actions or teacher top-k ids).
-
-    logits: (B, L, V) raw model layout; action_ids: (B, L, m) aligned with ``input_ids`` -> (B, L, m),
-    0 at position 0. Negative ids (a padding sentinel) read token 0; mask those positions out.
-    """
-    if action_ids.dim() != 3 or action_ids.shape[:2] != logits.shape[:2]:
-        raise ValueError(f"action_ids must be (B, L, m) matching logits {tuple(logits.shape[:2])}, "
-                         f"got {tuple(action_ids.shape)}")
-    logp = torch.log_softmax(_upcast(logits[:, :-1]), dim=-1)  # (B, L-1, V)
-    picked = logp.gather(-1, action_ids[:, 1:].long().clamp_min(0))  # (B, L-1, m)
-    return F.pad(picked, (0, 0, 1, 0), value=0.0)  # (B, L, m)
-
-
-def response_positions(response_mask: torch.Tensor) -> torch.Tensor:
-    """Response position ``j`` (0 at the first response token of each sample), -1 off the response.
-
-    response_mask: (B, L) of 0/1 -> (B, L) long.
-    """
-    rm = response_mask.long()
-    return torch.where(rm.bool(), rm.cumsum(dim=1) - 1, torch.full_like(rm, -1))
-
-
-def window_mask(response_mask: torch.Tensor, window: int | None) -> torch.Tensor:
-    """Float mask of response positions ``j < window`` (all response positions when ``window`` is None)."""
-    if window is None:
-        return response_mask.float()
-    pos = response_positions(response_mask)  # (B, L)
-    return ((pos >= 0) & (pos < window)).float()
-
-
-def _upcast(x: torch.Tensor) -> torch.Tensor:
-    """Half precision to float32 for the math; float64 stays float64 (reference tests use it)."""
-    return x if x.dtype == torch.float64 else x.float()
-
-
-def _keep(mask: torch.Tensor, like: torch.Tensor) -> torch.Tensor:
-    """Boolean mask broadcastable to ``like`` ((B, L) -> (B, L, 1) for per-action tensors)."""
-    keep = mask > 0
-    return keep.unsqueeze(-1) if like.dim() == keep.dim() + 1 else keep
-
-
-def _fill_off(x: torch.Tensor, mask: torch.Tensor, value: float | torch.Tensor = 0.0) -> torch.Tensor:
-    """``x`` on the mask, ``value`` elsewhere: sanitizes padding before it enters any arithmetic."""
-    return torch.where(_keep(mask, x), x, value)
 
 
 def _pg_surrogate(
@@ -217,97 +177,6 @@ def k3(student_logprobs: torch.Tensor, teacher_logprobs: torch.Tensor) -> torch.
     return torch.expm1(log_r) - log_r
 
 
-# ----------------------------------------------------------------------------- distribution losses
-
-
-def forward_kl_topk(
-    student_logits: torch.Tensor,
-    teacher_topk_ids: torch.Tensor,
-    teacher_topk_logprobs: torch.Tensor,
-    mask: torch.Tensor,
-) -> torch.Tensor:
-    """Teacher top-k forward KL (GKD OPD), per token: ``max(0, sum_{v in topk} q(v)(log q(v) - log p(v)))``.
-
-    student_logits: (B, L, V) raw layout; teacher_topk_ids, teacher_topk_logprobs: (B, L, k) aligned with
-    ``input_ids`` (the teacher's top-k for the token at ``i``); mask: (B, L) -> (B, L). Neither side is
-    renormalized on the top-k support; non-finite teacher logprobs (unfilled slots) count as q = 0.
-    """
-    if teacher_topk_logprobs.shape != teacher_topk_ids.shape:
-        raise ValueError("teacher_topk_ids and teacher_topk_logprobs must have the same (B, L, k) shape")
-    logp = action_logprobs(student_logits, teacher_topk_ids)  # (B, L, k)
-    return _forward_kl_topk_terms(logp, teacher_topk_logprobs, mask)
-
-
-def _forward_kl_topk_terms(logp: torch.Tensor, teacher_topk_logprobs: torch.Tensor,
-                           mask: torch.Tensor) -> torch.Tensor:
-    """forward_kl_topk from the student's top-k logprobs (B, L, k) -> (B, L)."""
-    lq = _upcast(teacher_topk_logprobs).detach()
-    present = torch.isfinite(lq) & _keep(mask, lq)
-    lq = torch.where(present, lq, torch.zeros_like(lq))
-    q = torch.where(present, lq.exp(), torch.zeros_like(lq))
-    per_token = (q * (lq - logp)).sum(dim=-1).clamp_min(0.0)  # (B, L)
-    return _fill_off(per_token, mask)
-
-
-def _dense_logps(
-    student_logits: torch.Tensor, teacher_logits: torch.Tensor, mask: torch.Tensor | None
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """Shifted student and (constant) teacher log-softmax, both (B, L-1, V)."""
-    if student_logits.shape != teacher_logits.shape:
-        raise ValueError(f"teacher_logits {tuple(teacher_logits.shape)} must match student_logits "
-                         f"{tuple(student_logits.shape)} (same vocabulary, same layout)")
-    t_raw = _upcast(teacher_logits[:, :-1]).detach()  # (B, L-1, V)
-    if mask is not None:
-        # a NaN teacher row off the mask would still poison the gradient through 0 * NaN
-        t_raw = torch.where((mask[:, 1:] > 0).unsqueeze(-1), t_raw, torch.zeros_like(t_raw))
-    s = torch.log_softmax(_upcast(student_logits[:, :-1]), dim=-1)
-    return s, torch.log_softmax(t_raw, dim=-1)
-
-
-def _kl_rows(log_a: torch.Tensor, log_b: torch.Tensor) -> torch.Tensor:
-    """``KL(a || b)`` over the last dim, with ``0 * log 0 = 0``: (..., V) -> (...)."""
-    a = log_a.exp()
-    return torch.where(a > 0, a * (log_a - log_b), torch.zeros_like(a)).sum(dim=-1)
-
-
-def _finish(per_pos: torch.Tensor, mask: torch.Tensor | None) -> torch.Tensor:
-    per_token = F.pad(per_pos, (1, 0), value=0.0)  # (B, L): position 0 has no predictor
-    return per_token if mask is None else _fill_off(per_token, mask)
-
-
-def forward_kl(student_logits: torch.Tensor, teacher_logits: torch.Tensor,
-               mask: torch.Tensor | None = None) -> torch.Tensor:
-    """Dense ``KL(q || p)`` per token from full logits (both (B, L, V) raw layout) -> (B, L)."""
-    s, t = _dense_logps(student_logits, teacher_logits, mask)
-    return _finish(_kl_rows(t, s), mask)
-
-
-def reverse_kl(student_logits: torch.Tensor, teacher_logits: torch.Tensor,
-               mask: torch.Tensor | None = None) -> torch.Tensor:
-    """Dense ``KL(p || q)`` per token from full logits (both (B, L, V) raw layout) -> (B, L)."""
-    s, t = _dense_logps(student_logits, teacher_logits, mask)
-    return _finish(_kl_rows(s, t), mask)
-
-
-def generalized_jsd(student_logits: torch.Tensor, teacher_logits: torch.Tensor, beta: float = 0.5,
-                    mask: torch.Tensor | None = None) -> torch.Tensor:
-    """Generalized JSD per token (GKD eq. 1), TRL's ``generalized_jsd_loss`` convention -> (B, L).
-
-    ``M = beta * q + (1 - beta) * p`` and ``JSD = beta * KL(q || M) + (1 - beta) * KL(p || M)`` for
-    ``0 < beta < 1``; ``beta = 0`` is forward ``KL(q || p)`` and ``beta = 1`` reverse ``KL(p || q)``,
-    special-cased exactly as in TRL (the interior tends to 0, not to those KLs, at the endpoints: near
-    them it behaves like ``beta * KL(q || p)`` and ``(1 - beta) * KL(p || q)``).
-    """
-    if not 0.0 <= beta <= 1.0:
-        raise ValueError(f"beta must be in [0, 1], got {beta}")
-    s, t = _dense_logps(student_logits, teacher_logits, mask)
-    if beta == 0.0:
-        return _finish(_kl_rows(t, s), mask)
-    if beta == 1.0:
-        return _finish(_kl_rows(s, t), mask)
-    log_m = torch.logsumexp(torch.stack([t + math.log(beta), s + math.log1p(-beta)]), dim=0)
-    per_pos = beta * _kl_rows(t, log_m) + (1.0 - beta) * _kl_rows(s, log_m)
-    return _finish(per_pos, mask)
 
 
 # ----------------------------------------------------------------------------- IW-OPD position weights

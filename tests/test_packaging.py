@@ -11,8 +11,8 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
-MATH_MODULES = ["adwin/losses.py", "adwin/importance.py", "adwin/window.py", "adwin/alignment.py", "adwin/config.py",
-                 "adwin/sketch.py"]
+MATH_MODULES = ["adwin/losses.py", "adwin/logprobs.py", "adwin/divergences.py", "adwin/importance.py",
+                "adwin/window.py", "adwin/alignment.py", "adwin/audit_grams.py", "adwin/config.py", "adwin/sketch.py"]
 UPPER = ("adwin.controller", "adwin.probes", "adwin.trainer_adapters", "adwin.trainer", "adwin.cli",
          "adwin.commands", "adwin.tasks", "adwin.bench", "adwin.rollout", "adwin.teacher",
          "adwin.parts", "adwin.step", "adwin.probing", "adwin.accounting", "adwin.evaluate")
