@@ -95,6 +95,10 @@ class ProbeConfig(_Strict):
     max_active: int = Field(32, ge=1, le=1_000_000)
     backend: Literal["inline", "thread", "ray"] = "thread"
     selection: Literal["uniform", "stratified"] = "uniform"
+    offer_finished: Literal["at_horizon", "always"] = Field(
+        "at_horizon", description="offer rollouts that finished inside the window as already complete probes: "
+        "only at the full horizon (the paper: probes are unfinished prefixes) or always (the audit batch then "
+        "samples all rollouts, and a window most rollouts fit into still gets audited)")
     lookahead: int = Field(4, ge=0, le=65_536, description="windowed-FIFO look-ahead over completed probes")
     is_method: Literal["none", "clip", "cap", "icepop"] = "none"
     is_low: float = Field(0.5, ge=0.0)

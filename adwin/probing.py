@@ -22,14 +22,16 @@ from adwin.step import Batch, Sampler
 log = logging.getLogger(__name__)
 
 def offer_prefixes(controller: ControllerAPI, run_id: str, step: int, batch: Batch, behavior: torch.Tensor,
-                   pool: ProbePool, window: int) -> dict[str, float]:
+                   pool: ProbePool, window: int, offer_finished: str = "at_horizon") -> dict[str, float]:
     """Offer this step's unfinished prefixes; the ones the controller accepts enter the pool.
 
     At the full horizon nothing is unfinished, yet the window must still be able to shrink again: then
     every rollout is offered as an already complete probe (a full rollout costs no extension at all).
+    ``offer_finished="always"`` offers finished rollouts at every window, so that a window almost every
+    rollout fits into still produces probes (docs/decisions.md, "Finished rollouts as probes").
     """
-    at_horizon = window >= pool.max_response_len
-    picks = [b for b, done in enumerate(batch.finished) if at_horizon or not done]
+    offer_all = offer_finished == "always" or window >= pool.max_response_len
+    picks = [b for b, done in enumerate(batch.finished) if offer_all or not done]
     items = {f"s{step}-{b}": b for b in picks}
     offers = [ProbeOfferItem(sample_id=sid, prompt_id=batch.prompts[b].id, response_len=len(batch.response_ids[b]),
                              version=step) for sid, b in items.items()]

@@ -105,7 +105,8 @@ def train(cfg: TrainConfig, controller: ControllerAPI, parts: Parts | None = Non
         version = t + 1  # optimizer steps applied: the weights every probe token from now on comes from
         if probing:
             with clock("probe"):
-                offered = offer_prefixes(controller, run_id, t, batch, behavior, pool, win.window)
+                offered = offer_prefixes(controller, run_id, t, batch, behavior, pool, win.window,
+                                         cfg.probes.offer_finished)
                 m |= offered | drop_overstale_probes(controller, run_id, pool, version, cfg.probes.staleness_limit)
                 m |= extend_probes(controller, run_id, version, executor, pool, ledger, cfg.probes.staleness_limit)
             with clock("audit"):

@@ -111,6 +111,20 @@ def test_offers_past_the_active_bound_are_declined_and_counted() -> None:
     assert ctl.telemetry(run_id).probes["declined"] == 2 + 5
 
 
+def test_finished_rollouts_are_offered_as_complete_probes_only_when_asked() -> None:
+    ctl = Controller()
+    run_id = ctl.register_run(RunIn(policy=PolicyIn(name="adwin", candidates=[4, 8], max_len=16), probe_batch_size=2,
+                                    staleness_limit=5, offers_per_step=10, max_active_probes=100)).run_id
+    batch, behavior = _batch(4, [True, True, True, False])  # a window most rollouts fit into
+    pool = ProbePool(16)
+    assert offer_prefixes(ctl, run_id, 0, batch, behavior, pool, window=8)["probe/offered"] == 1  # the paper's rule
+    pool = ProbePool(16)
+    m = offer_prefixes(ctl, run_id, 1, batch, behavior, pool, window=8, offer_finished="always")
+    assert m["probe/offered"] == 4 and len(pool) == 4
+    finished = [pool.get(f"s1-{b}").finished for b in range(4)]
+    assert finished == [True, True, True, False]  # finished ones need no extension; the unfinished one does
+
+
 @pytest.mark.parametrize("selection", ["uniform", "stratified"])
 def test_selection_is_seeded_and_recorded(selection: str) -> None:
     def accepted(seed: int) -> tuple[list[str], list[dict]]:
