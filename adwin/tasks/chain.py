@@ -49,6 +49,20 @@ SHORT_WEIGHT = 3
 EVAL_BUCKETS = 8  # one problem in EVAL_BUCKETS is held out for eval
 SPLITS = ("train", "eval")
 
+# the two operators of each route's line ``kk:x<op1>a=p<op2>b=q``
+OPERATORS: dict[str, tuple[str, str]] = {"muladd": ("*", "+"), "submul": ("-", "*")}
+
+
+def first_op(route: str, x: int, a: int) -> int:
+    """The intermediate ``p`` of a line from the value ``x`` and the first operand."""
+    return (x * a) % MOD if route == "muladd" else (x - a) % MOD
+
+
+def second_op(route: str, p: int, b: int) -> int:
+    """The line's result ``q`` from the intermediate ``p`` and the second operand."""
+    return (p + b) % MOD if route == "muladd" else (p * b) % MOD
+
+
 _PROMPT_RE = re.compile(r"^(muladd|submul) x=(\d) a=(\d) b=(\d) n=(\d+)\n$")
 _ANSWER_RE = re.compile(re.escape(ANSWER_PREFIX) + r"(\d+)")
 _LINE_RE = re.compile(r"^(\d\d):(\d)([*\-])(\d)=(\d)([+*])(\d)=(\d)$")
@@ -93,15 +107,12 @@ class Problem:
 
     def step(self, x: int) -> tuple[int, int]:
         """One application of the rule: (intermediate p, new x)."""
-        if self.route == "muladd":
-            p = (x * self.a) % MOD
-            return p, (p + self.b) % MOD
-        p = (x - self.a) % MOD
-        return p, (p * self.b) % MOD
+        p = first_op(self.route, x, self.a)
+        return p, second_op(self.route, p, self.b)
 
     def line(self, counter: int, x: int) -> tuple[str, int]:
         p, q = self.step(x)
-        op1, op2 = ("*", "+") if self.route == "muladd" else ("-", "*")
+        op1, op2 = OPERATORS[self.route]
         return f"{counter:02d}:{x}{op1}{self.a}={p}{op2}{self.b}={q}\n", q
 
     def solution(self, first_x: int | None = None) -> str:

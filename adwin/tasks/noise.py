@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import random
 
-from adwin.tasks.chain import ANSWER_PREFIX, MAX_STEPS, MOD, Problem
+from adwin.tasks.chain import ANSWER_PREFIX, MAX_STEPS, MOD, OPERATORS, Problem, first_op, second_op
 
 KINDS: tuple[str, ...] = ("x", "operand", "p", "q", "counter")
 
@@ -39,7 +39,7 @@ def corrupt_solution(problem: Problem, rng: random.Random, line_rate: float) -> 
         text.append(field)
         trained.extend([ok] * len(field))
 
-    op1, op2 = ("*", "+") if problem.route == "muladd" else ("-", "*")
+    op1, op2 = OPERATORS[problem.route]
     x, counter, lines = problem.x, problem.n, 0
     while counter >= 1:
         kind = rng.choice(KINDS) if rng.random() < line_rate else None
@@ -63,7 +63,7 @@ def corrupt_solution(problem: Problem, rng: random.Random, line_rate: float) -> 
         if wrong == "first":
             first = _other_digit(rng, first)
         put(str(first), ok=wrong != "first")
-        p = (x * first) % MOD if problem.route == "muladd" else (x - first) % MOD
+        p = first_op(problem.route, x, first)
         put("=")
         if kind == "p":
             p = _other_digit(rng, p)
@@ -72,7 +72,7 @@ def corrupt_solution(problem: Problem, rng: random.Random, line_rate: float) -> 
         if wrong == "second":
             second = _other_digit(rng, second)
         put(str(second), ok=wrong != "second")
-        q = (p + second) % MOD if problem.route == "muladd" else (p * second) % MOD
+        q = second_op(problem.route, p, second)
         put("=")
         if kind == "q":
             q = _other_digit(rng, q)
