@@ -6,6 +6,7 @@ fails at load time with a pydantic ``ValidationError`` naming the field and its 
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from pathlib import Path
 from typing import Any, Literal
 
@@ -259,6 +260,23 @@ def load_config(path: str | Path | None = None, overrides: dict[str, Any] | None
                 raise ValueError(f"{dotted}: {'.'.join(parents[: i + 1])} is not a config section (got {node!r})")
         node[leaf] = value
     return TrainConfig.model_validate(data)
+
+
+def parse_set(items: Iterable[str]) -> dict[str, Any]:
+    """``--set KEY=VALUE`` items as dotted overrides, each value parsed as YAML.
+
+    New ``window.candidates`` without a ``window.initial`` also reset the preset's initial window to
+    ``None`` (the largest new candidate): the preset's initial window belongs to the preset's candidates.
+    """
+    overrides: dict[str, Any] = {}
+    for item in items:
+        key, sep, value = item.partition("=")
+        if not sep or not key:
+            raise ValueError(f"--set expects KEY=VALUE, got {item!r}")
+        overrides[key] = yaml.safe_load(value)
+    if "window.candidates" in overrides:
+        overrides.setdefault("window.initial", None)
+    return overrides
 
 
 def apply_policy_spec(overrides: dict[str, Any], spec: str) -> dict[str, Any]:

@@ -43,7 +43,7 @@ STEPS = {"default": 30, "quick": 8, "tiny": 2}
 SEEDS = {"default": 3, "quick": 1, "tiny": 1}
 TINY_OVERRIDES: dict[str, Any] = {  # a budget the test suite can afford (< 60 s for the whole compare)
     "rollout.prompts_per_step": 2, "rollout.samples_per_prompt": 2, "rollout.max_response_len": 16,
-    "window.candidates": [4, 8, 12], "probes.batch_size": 2, "probes.offers_per_step": 2,
+    "window.candidates": [4, 8, 12], "window.initial": None, "probes.batch_size": 2, "probes.offers_per_step": 2,
     "probes.staleness_limit": 2, "probes.max_active": 8, "eval.n_problems": 4, "eval.every": 0,
 }
 
@@ -134,19 +134,13 @@ def parse_seeds(spec: str | None, default: int) -> list[int]:
 
 
 def base_overrides(args: argparse.Namespace, mode: str, steps: int) -> dict[str, Any]:
-    import yaml
+    from adwin.config import parse_set
 
     ov: dict[str, Any] = dict(TINY_OVERRIDES if mode == "tiny" else QUICK_OVERRIDES if mode == "quick" else {})
     # inline probe rounds keep every method's run a pure function of its seed, so the methods differ only
     # by what they are; `--set probes.backend=thread` measures the asynchronous variant instead
     ov["probes.backend"] = "inline"
-    for item in args.set:
-        key, sep, value = item.partition("=")
-        if not sep or not key:
-            raise ValueError(f"--set expects KEY=VALUE, got {item!r}")
-        ov[key] = yaml.safe_load(value)
-    if "window.candidates" in ov:  # the preset's initial window belongs to the preset's candidates
-        ov.setdefault("window.initial", None)
+    ov |= parse_set(args.set)
     ov |= {"steps": steps, "eval.every": 0, "controller.serve": False, "logging.progress": False, "logging.stdout": False,
            "logging.wandb": "off"}
     return ov

@@ -36,17 +36,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def _config(args: argparse.Namespace, variant: str, out: Path) -> Any:
-    import yaml
-
     from adwin.commands.train import default_config_path
-    from adwin.config import load_config
+    from adwin.config import load_config, parse_set
 
-    ov: dict[str, Any] = {}
-    for item in args.set:
-        key, _, value = item.partition("=")
-        ov[key] = yaml.safe_load(value)
-    if "window.candidates" in ov:  # the preset's initial window belongs to the preset's candidates
-        ov.setdefault("window.initial", None)
+    ov = parse_set(args.set)
     ov |= {"steps": args.steps, "name": f"bench-{variant}", "out_dir": str(out), "eval.every": 0,
            "controller.serve": False, "logging.progress": False, "checkpoint_every": 0}
     base = load_config(args.config or default_config_path(), ov)

@@ -55,16 +55,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def _overrides(args: argparse.Namespace) -> dict[str, Any]:
-    import yaml
+    from adwin.config import apply_policy_spec, parse_set
 
-    from adwin.config import apply_policy_spec
-
-    ov: dict[str, Any] = {}
-    for item in args.set:
-        key, sep, value = item.partition("=")
-        if not sep or not key:
-            raise ValueError(f"--set expects KEY=VALUE, got {item!r}")
-        ov[key] = yaml.safe_load(value)
+    ov = parse_set(args.set)
     if args.window_policy:
         apply_policy_spec(ov, args.window_policy)
     simple = {"window.threshold": args.threshold, "steps": args.steps, "seed": args.seed, "out_dir": args.out,

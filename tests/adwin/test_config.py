@@ -3,7 +3,7 @@ from __future__ import annotations
 import pytest
 from pydantic import ValidationError
 
-from adwin.config import TrainConfig, apply_policy_spec, load_config
+from adwin.config import TrainConfig, apply_policy_spec, load_config, parse_set
 
 
 def test_defaults_validate():
@@ -39,3 +39,14 @@ def test_yaml_preset_and_overrides(tmp_path):
 def test_policy_spec_becomes_overrides():
     cfg = load_config(None, apply_policy_spec({}, "fixed:64"))
     assert cfg.window.policy == "fixed" and cfg.window.window == 64
+
+
+def test_set_items_parse_as_yaml_and_new_candidates_drop_the_presets_initial_window() -> None:
+    assert parse_set(["window.threshold=0.8", "rollout.top_p=1"]) == {"window.threshold": 0.8, "rollout.top_p": 1}
+    ov = parse_set(["window.candidates=[8, 16]"])
+    assert ov == {"window.candidates": [8, 16], "window.initial": None}
+    cfg = load_config("configs/default.yaml", ov | {"rollout.max_response_len": 64})
+    assert cfg.window.initial is None  # the preset's 128 would not fit the new candidates and horizon
+    assert parse_set(["window.candidates=[8, 16]", "window.initial=8"])["window.initial"] == 8
+    with pytest.raises(ValueError, match="KEY=VALUE"):
+        parse_set(["window.threshold"])
