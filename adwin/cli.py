@@ -12,7 +12,7 @@ from typing import NoReturn
 
 # (command path, module, one-line help)
 COMMANDS: list[tuple[tuple[str, ...], str, str]] = [
-    (("train",), "adwin.commands.train", "distill a student with adaptive prefix windows (built-in task by default)"),
+    (("train",), "adwin.train", "distill a student with adaptive prefix windows (built-in task by default)"),
     (("prepare",), "adwin.tasks.prepare", "build the built-in task's tokenizer, teacher(s) and student init"),
     (("controller", "serve"), "adwin.controller.serve", "serve the controller HTTP API and dashboard"),
     (("bench", "audit"), "adwin.bench.audit", "time and memory of the alignment audit methods"),
@@ -87,7 +87,7 @@ def exit_code(e: Exception) -> int | None:
     import yaml
 
     from adwin.controller.api import ControllerError
-    from adwin.guards import NumericalFault
+    from adwin.runtime.guards import NumericalFault
 
     if isinstance(e, NumericalFault):
         return 3

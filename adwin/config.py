@@ -13,7 +13,7 @@ from typing import Any, Literal
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-from adwin.window import WindowConfigError, build_policy, parse_policy_spec
+from adwin.policies.window import WindowConfigError, build_policy, parse_policy_spec
 
 
 class _Strict(BaseModel):
@@ -58,7 +58,7 @@ class RolloutConfig(_Strict):
 
 
 class SurpriseSection(_Strict):
-    """``surprise`` policy: teacher-surprise horizon (``adwin.surprise`` measures, the policy smooths)."""
+    """``surprise`` policy: teacher-surprise horizon (``adwin.policies.surprise`` measures, the policy smooths)."""
 
     threshold: float = Field(-9.2, lt=0.0, description="a token is lost when the teacher's logprob of it is below")
     rank: int = Field(8, ge=1, le=1_000_000, description="per sample: the position of the rank-th lost token")
@@ -286,3 +286,9 @@ def apply_policy_spec(overrides: dict[str, Any], spec: str) -> dict[str, Any]:
     for k, v in fields.items():
         overrides[f"window.{k}"] = v
     return overrides
+
+
+def default_config_path() -> Path | None:
+    """``configs/default.yaml`` in the working folder, if present (the README's commands run from the repo root)."""
+    path = Path("configs/default.yaml")
+    return path if path.is_file() else None

@@ -23,7 +23,7 @@ from adwin.controller._base import ControllerBase, _check_finite, _Run
 from adwin.controller.api import AuditConflict, InvalidInput
 from adwin.controller.schemas import MAX_INT, AuditIn, AuditOut, WindowOut
 from adwin.controller.store import dumps, loads
-from adwin.window import WindowConfigError, policy_from_state
+from adwin.policies.window import WindowConfigError, policy_from_state
 
 logger = logging.getLogger(__name__)
 
@@ -45,8 +45,8 @@ def _finite(a: np.ndarray) -> bool:
 
 
 def _alignment() -> ModuleType:
-    """Imported lazily: ``adwin.alignment`` pulls in torch, which the bare service does not otherwise need."""
-    from adwin import alignment
+    """Imported lazily: ``adwin.audit.alignment`` pulls in torch, which the bare service does not otherwise need."""
+    from adwin.audit import alignment
 
     return alignment
 

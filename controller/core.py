@@ -34,7 +34,13 @@ from adwin.controller.audits import AuditAggregator
 from adwin.controller.scheduler import ProbeScheduler
 from adwin.controller.schemas import MAX_INT, RunIn, RunOut, StepMetricsIn, TelemetryOut, WindowOut
 from adwin.controller.store import dumps, loads
-from adwin.window import StepObserver, WindowConfigError, build_policy, policy_from_state, validate_candidates
+from adwin.policies.window import (
+    StepObserver,
+    WindowConfigError,
+    build_policy,
+    policy_from_state,
+    validate_candidates,
+)
 
 logger = logging.getLogger(__name__)
 

@@ -50,7 +50,7 @@ def main(args: argparse.Namespace) -> int:
     token = resolve_token(args.host, args.token)
     # Import the audit math (it pulls in torch, seconds) in the background: the service is up at once,
     # and the first audit does not pay for the import unless it arrives within those seconds.
-    threading.Thread(target=importlib.import_module, args=("adwin.alignment",), daemon=True).start()
+    threading.Thread(target=importlib.import_module, args=("adwin.audit.alignment",), daemon=True).start()
     if args.db == ":memory:":
         logger.warning("controller: --db not given, state lives in memory and is lost on exit")
     controller = Controller(args.db)

@@ -8,7 +8,7 @@ from dataclasses import dataclass
 import torch
 
 from adwin.probes.pool import Extension
-from adwin.rollout import generate
+from adwin.sampling.rollout import generate
 
 
 @dataclass

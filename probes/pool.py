@@ -22,7 +22,7 @@ from typing import Protocol, runtime_checkable
 
 import torch
 
-from adwin.alignment import ProbeBatch
+from adwin.audit.alignment import ProbeBatch
 from adwin.controller.schemas import ProbePlanOut, ProbeReportIn
 
 

@@ -1,4 +1,4 @@
-"""The package layout: namespace mapping, no generic top-level modules, math layer never imports upward."""
+"""The package layout: namespace mapping, no generic top-level modules, one import direction per layer."""
 
 from __future__ import annotations
 
@@ -11,11 +11,40 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
-MATH_MODULES = ["adwin/losses.py", "adwin/logprobs.py", "adwin/divergences.py", "adwin/importance.py",
-                "adwin/window.py", "adwin/alignment.py", "adwin/audit_grams.py", "adwin/config.py", "adwin/sketch.py"]
-UPPER = ("adwin.controller", "adwin.probes", "adwin.trainer_adapters", "adwin.trainer", "adwin.cli",
-         "adwin.commands", "adwin.tasks", "adwin.bench", "adwin.rollout", "adwin.teacher",
-         "adwin.parts", "adwin.step", "adwin.probing", "adwin.accounting", "adwin.evaluate")
+FOLDERS = {"adwin": "adwin", "adwin.controller": "controller", "adwin.probes": "probes",
+           "adwin.trainer_adapters": "trainer_adapters"}
+
+# The pipeline's layers, bottom first. A module may import its own layer and the layers below it,
+# never one above (function-level imports count too).
+LAYERS: list[tuple[str, ...]] = [
+    ("adwin.objectives", "adwin.tasks", "adwin.backends"),  # math of the losses; the built-in task; engines
+    ("adwin.audit", "adwin.policies", "adwin.sampling"),  # alignment audit; window policies; rollouts, teacher, prompts
+    ("adwin.config",),
+    ("adwin.controller",),
+    ("adwin.probes",),
+    ("adwin.runtime",),  # checkpoints, resume, guards, logging, degraded mode
+    ("adwin.loop",),  # the synchronous trainer
+    ("adwin.trainer_adapters", "adwin.bench"),
+    ("adwin.train", "adwin.cli"),  # commands
+]
+RANK = {group: i for i, groups in enumerate(LAYERS) for group in groups}
+
+
+def _group(module: str) -> str | None:
+    parts = module.split(".")
+    if parts[0] != "adwin" or len(parts) < 2:
+        return None
+    return ".".join(parts[:2])
+
+
+def _modules() -> list[tuple[str, Path]]:
+    out = []
+    for pkg, folder in FOLDERS.items():
+        for path in sorted((ROOT / folder).rglob("*.py")):
+            rel = path.relative_to(ROOT / folder).with_suffix("")
+            parts = [p for p in rel.parts if p != "__init__"]
+            out.append((".".join([pkg, *parts]), path))
+    return out
 
 
 def _imports(path: Path) -> set[str]:
@@ -26,14 +55,26 @@ def _imports(path: Path) -> set[str]:
             names.update(a.name for a in node.names)
         elif isinstance(node, ast.ImportFrom) and node.module:
             names.add(node.module)
+            if node.module == "adwin":
+                names.update(f"adwin.{a.name}" for a in node.names)
     return names
 
 
-@pytest.mark.parametrize("module", MATH_MODULES)
-def test_math_layer_never_imports_upward(module):
-    bad = sorted(n for n in _imports(ROOT / module) if n.startswith(UPPER) or n.split(".")[0] in
-                 ("controller", "probes", "trainer_adapters"))
-    assert not bad, f"{module} imports upper layers: {bad}"
+MODULES = [(m, p) for m, p in _modules() if _group(m) is not None]
+
+
+def test_every_module_belongs_to_a_layer():
+    unknown = sorted({_group(m) for m, _ in MODULES} - set(RANK))
+    assert not unknown, f"add these to LAYERS: {unknown}"
+
+
+@pytest.mark.parametrize("module,path", MODULES, ids=[m for m, _ in MODULES])
+def test_no_module_imports_a_layer_above_its_own(module, path):
+    own = RANK[_group(module)]
+    bad = sorted(n for n in _imports(path) if _group(n) in RANK and RANK[_group(n)] > own)
+    assert not bad, f"{module} (layer {own}) imports upper layers: {bad}"
+    generic = sorted(n for n in _imports(path) if n.split(".")[0] in ("controller", "probes", "trainer_adapters"))
+    assert not generic, f"{module} imports a top-level folder by its folder name: {generic}"
 
 
 def test_rooms_import_under_the_adwin_namespace():

@@ -32,7 +32,7 @@ from typing import Any
 
 import torch
 
-from adwin.alignment import AuditResult, ProbeBatch, audit
+from adwin.audit.alignment import AuditResult, ProbeBatch, audit
 from adwin.controller.api import ControllerAPI
 from adwin.controller.schemas import (
     AuditIn,
@@ -45,7 +45,7 @@ from adwin.controller.schemas import (
     RunIn,
     StepMetricsIn,
 )
-from adwin.losses import token_logprobs
+from adwin.objectives.losses import token_logprobs
 
 logger = logging.getLogger(__name__)
 

@@ -34,7 +34,7 @@ Contract, in pipeline order:
    hooks report it to the controller (tokens, newest version, finished/forced) and keep it for its audit.
 5. ``poll_audit(version)`` by the learner between updates: when the controller has a batch of P
    completed probes ready (windowed FIFO), the hooks hand the items to an *auditor* (which runs
-   ``adwin.alignment.audit`` under the current learner weights) and submit its ``AuditIn``; the next
+   ``adwin.audit.alignment.audit`` under the current learner weights) and submit its ``AuditIn``; the next
    ``on_sync`` then reads the window that audit decided.
 
 ``on_step(step, metrics)`` forwards learner metrics to the controller's telemetry (optional).
@@ -53,7 +53,7 @@ from typing import Protocol, runtime_checkable
 
 from adwin.controller.api import ControllerAPI, ControllerError, ProbeConflict
 from adwin.controller.schemas import AuditIn, OfferIn, ProbeOfferItem, ProbeReportIn, StepMetricsIn
-from adwin.metrics_log import numeric
+from adwin.runtime.metrics_log import numeric
 
 log = logging.getLogger(__name__)
 

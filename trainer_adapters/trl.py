@@ -23,7 +23,7 @@ audit then measures the truncation of exactly the rollouts the trainer trains on
 prefix distribution), which is the quantity ADWIN's decision is about. The prefix was sampled by the
 pre-step weights and the continuation by the post-step weights: staleness 1, below any limit ``S``.
 
-When the controller has ``P`` complete probes, the teacher scores them, ``adwin.alignment.audit`` runs
+When the controller has ``P`` complete probes, the teacher scores them, ``adwin.audit.alignment.audit`` runs
 under the current weights (``autograd.grad`` in eval mode: ``.grad`` and optimizer state untouched, and
 it runs after ``zero_grad``, outside the accumulation/optimizer window), and the Gram goes to the
 controller, whose decision is the window of the next ``on_step_begin``.

@@ -6,7 +6,7 @@ UNTESTED ON HARDWARE (no GPU while writing it); ``scores_to_tensors`` and the pa
 CPU with stand-in outputs. One request per sequence (prompt + response) with ``max_tokens=1`` and
 ``prompt_logprobs=k``: vLLM returns, for every position ``i >= 1``, a ``{token_id: Logprob}`` dict holding
 the top-k tokens *and* the realized token ``seq[i]`` (each with its ``rank``), computed from the
-teacher's raw logits given ``seq[:i]``. That is exactly the layout ``adwin.losses`` uses: values aligned
+teacher's raw logits given ``seq[:i]``. That is exactly the layout ``adwin.objectives.losses`` uses: values aligned
 with ``input_ids``, position 0 has no predictor. The engine must allow ``max_logprobs >= k``.
 """
 

@@ -128,7 +128,7 @@ def _build(args: argparse.Namespace) -> tuple[Any, Any]:
     import torch
     from transformers import LlamaConfig, LlamaForCausalLM
 
-    from adwin.alignment import ProbeBatch
+    from adwin.audit.alignment import ProbeBatch
 
     torch.manual_seed(args.seed)
     cfg = LlamaConfig(
@@ -159,8 +159,8 @@ def _build(args: argparse.Namespace) -> tuple[Any, Any]:
 
 def _runner(args: argparse.Namespace, method: str, cands: list[int], model: Any, batch: Any) -> Any:
     """A no-argument callable running ``method`` once; returns its cosines ({} for the plain pass)."""
-    from adwin.alignment import audit
-    from adwin.losses import reverse_kl_pg, token_logprobs
+    from adwin.audit.alignment import audit
+    from adwin.objectives.losses import reverse_kl_pg, token_logprobs
 
     def plain() -> dict[int, float]:
         # one training step's forward+backward of the same loss on the same batch, into .grad

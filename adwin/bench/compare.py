@@ -246,16 +246,16 @@ def run_all(base: Any, methods: list[Method], seeds: list[int], args: argparse.N
 
 
 def run_one(base: Any, method: Method, seed: int, profile: str, assets_seed: int, out_dir: Path) -> dict[str, Any]:
-    """One training run through ``adwin.trainer.train`` with an embedded controller; its measured row."""
+    """One training run through ``adwin.loop.trainer.train`` with an embedded controller; its measured row."""
     import torch
     from transformers.utils import logging as hf_logging
 
     from adwin.bench.compare_stats import measure_run
     from adwin.config import TrainConfig
     from adwin.controller import Controller
-    from adwin.data import PromptStream
-    from adwin.parts import load_parts, load_prompts
-    from adwin.trainer import train
+    from adwin.sampling.data import PromptStream
+    from adwin.loop.parts import load_parts, load_prompts
+    from adwin.loop.trainer import train
 
     hf_logging.disable_progress_bar()
     data = base.model_dump(mode="json")
@@ -268,7 +268,7 @@ def run_one(base: Any, method: Method, seed: int, profile: str, assets_seed: int
     data |= {"seed": seed, "name": f"{method.key}-seed{seed}", "out_dir": str(out_dir / "runs")}
     data["model"]["builtin_seed"] = assets_seed
     cfg = TrainConfig.model_validate(data)
-    torch.set_num_threads(1)  # the built-in models are tiny; see adwin.commands.train.limit_threads
+    torch.set_num_threads(1)  # the built-in models are tiny; see adwin.loop.parts.limit_threads
     # models (and the fixed evaluation problems) from one prepared asset folder; training data from the seed
     parts = load_parts(cfg.model_copy(update={"seed": assets_seed}), profile)
     parts.train_prompts = PromptStream(load_prompts(cfg)[0], cfg.seed)

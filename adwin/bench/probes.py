@@ -36,7 +36,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def _config(args: argparse.Namespace, variant: str, out: Path) -> Any:
-    from adwin.commands.train import default_config_path
+    from adwin.config import default_config_path
     from adwin.config import load_config, parse_set
 
     ov = parse_set(args.set)
@@ -52,9 +52,9 @@ def _config(args: argparse.Namespace, variant: str, out: Path) -> Any:
 
 
 def run_variant(args: argparse.Namespace, variant: str, out: Path) -> dict[str, float]:
-    from adwin.commands.train import limit_threads
+    from adwin.loop.parts import limit_threads
     from adwin.controller import Controller
-    from adwin.trainer import load_parts, train
+    from adwin.loop.trainer import load_parts, train
 
     cfg = _config(args, variant, out)
     parts = load_parts(cfg, args.profile)

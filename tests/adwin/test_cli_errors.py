@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 import yaml
-from test_trainer_fixtures import tiny_overrides
+from trainer_fixtures import tiny_overrides
 
 from adwin.cli import main
 

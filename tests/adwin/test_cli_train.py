@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 import yaml
-from test_trainer_fixtures import tiny_overrides
+from trainer_fixtures import tiny_overrides
 
 from adwin.cli import build_parser, main
 from adwin.config import load_config

@@ -12,8 +12,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from pydantic import BaseModel, ValidationError
 
-from adwin.commands.train import config_error
 from adwin.config import TrainConfig, load_config
+from adwin.train import config_error
 
 
 def _leaves(model: type[BaseModel], prefix: str = "") -> Iterator[str]:

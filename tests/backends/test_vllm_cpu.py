@@ -20,7 +20,7 @@ from adwin.backends.vllm_rollout import VLLMRollout, parse_outputs
 from adwin.backends.vllm_teacher import VLLMTeacher, parse_prompt_logprobs, scores_to_tensors
 from adwin.cli import main
 from adwin.config import load_config
-from adwin.losses import forward_kl, opd_loss
+from adwin.objectives.losses import forward_kl, opd_loss
 
 
 def _lp(logprob: float, rank: int | None = None) -> SimpleNamespace:

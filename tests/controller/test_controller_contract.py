@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 from controller_harness import CANDIDATES, MAX_LEN, finish, offers, run_spec, sketch_b64
 
-from adwin.alignment import cosines_from_gram
+from adwin.audit.alignment import cosines_from_gram
 from adwin.controller import (
     AuditConflict,
     ControllerAPI,

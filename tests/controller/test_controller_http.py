@@ -9,7 +9,7 @@ import pytest
 from controller_harness import CANDIDATES, run_spec, sketch_b64
 from fastapi.testclient import TestClient
 
-from adwin.alignment import cosines_from_gram
+from adwin.audit.alignment import cosines_from_gram
 from adwin.controller import Controller
 from adwin.controller.app import DEFAULT_MAX_BODY_BYTES, create_app
 

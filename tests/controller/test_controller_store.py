@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 from controller_harness import CANDIDATES, finish, offers, run_spec, sketch_b64
 
-from adwin.alignment import cosines_from_gram
+from adwin.audit.alignment import cosines_from_gram
 from adwin.controller import Controller
 from adwin.controller.schemas import AuditIn, StepMetricsIn
 from adwin.controller.store import SCHEMA_VERSION, SchemaVersionError

@@ -13,7 +13,7 @@ from tiny_models import make_tiny_llama
 from adwin.cli import main
 from adwin.controller import Controller
 from adwin.controller.schemas import OfferIn, PolicyIn, ProbeOfferItem, RunIn
-from adwin.losses import token_logprobs
+from adwin.objectives.losses import token_logprobs
 from adwin.probes.async_executor import AsyncProbeExecutor
 from adwin.probes.executors import build_executor
 from adwin.probes.pool import Probe, ProbePool

@@ -10,13 +10,13 @@ import torch
 
 from adwin.controller import Controller
 from adwin.controller.schemas import OfferIn, PolicyIn, ProbeOfferItem, RunIn
-from adwin.data import Prompt
+from adwin.loop.probing import offer_prefixes
+from adwin.loop.step import Batch
 from adwin.probes.async_executor import AsyncProbeExecutor
 from adwin.probes.pool import Extension, Probe, ProbePool
 from adwin.probes.workers import InlineWorker, ThreadWorker
-from adwin.probing import offer_prefixes
-from adwin.rollout import layout
-from adwin.step import Batch
+from adwin.sampling.data import Prompt
+from adwin.sampling.rollout import layout
 
 EOS, MAX_LEN, W = 2, 64, 8
 

@@ -1,7 +1,7 @@
 """A training run survives its controller being SIGKILLed mid-run and restarted on the same database.
 
 Real ``adwin controller serve`` subprocess on 127.0.0.1, real ``RemoteController`` wrapped in degraded mode
-(``adwin.commands.train.open_controller``), tiny on-disk models. Bounded: every wait has a deadline.
+(``adwin.train.open_controller``), tiny on-disk models. Bounded: every wait has a deadline.
 """
 
 from __future__ import annotations
@@ -19,12 +19,12 @@ import httpx
 import pytest
 from reliability_record import record
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "adwin"))  # tiny model fixtures live there
-from test_trainer_fixtures import tiny_overrides  # noqa: E402
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # tiny model fixtures live there
+from trainer_fixtures import tiny_overrides  # noqa: E402
 
-from adwin.commands.train import open_controller  # noqa: E402
 from adwin.config import load_config  # noqa: E402
-from adwin.trainer import train  # noqa: E402
+from adwin.loop.trainer import train  # noqa: E402
+from adwin.train import open_controller  # noqa: E402
 
 STEPS, KILL_AT, RESTART_AT = 10, 2, 5
 

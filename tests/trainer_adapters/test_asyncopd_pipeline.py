@@ -11,11 +11,11 @@ from tiny_models import make_tiny_llama
 
 from adwin.config import load_config
 from adwin.controller import Controller
-from adwin.data import Prompt, PromptStream
-from adwin.losses import opd_loss
-from adwin.parts import Parts
+from adwin.loop.parts import Parts
+from adwin.objectives.losses import opd_loss
+from adwin.sampling.data import Prompt, PromptStream
+from adwin.sampling.teacher import Teachers
 from adwin.tasks.tokenizer import build_tokenizer
-from adwin.teacher import Teachers
 from adwin.trainer_adapters.asyncopd.hf import HFLearner, HFRolloutEngine, HFTeacherScorer
 from adwin.trainer_adapters.asyncopd.items import StreamItem, TokenOut
 from adwin.trainer_adapters.asyncopd.run import AsyncOPDOptions, build_asyncopd, run_asyncopd

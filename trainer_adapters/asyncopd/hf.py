@@ -9,7 +9,7 @@
   the new weights, which is exactly what the paper's prefix-cache reset achieves.
 - ``HFTeacherScorer``: teacher logprobs of the realized tokens (probe audits) and of the cached actions.
 - ``HFLearner``: recomputes ``log p_theta`` of the cached actions under the current student and applies
-  ``adwin.losses.reverse_kl_mc`` via ``opd_loss``: ``-(1/m) sum_i rho_i sg(A_theta(a_i))`` with
+  ``adwin.objectives.losses.reverse_kl_mc`` via ``opd_loss``: ``-(1/m) sum_i rho_i sg(A_theta(a_i))`` with
   ``A_theta = log q - log p_theta`` recomputed at learner time and unclipped old-to-current IS
   ``rho = p_theta / p_behavior`` (the config's ``is_method``/clip can override, off by default).
 - ``make_auditor``: audits a batch of completed probes under the current learner weights.
@@ -26,12 +26,12 @@ from typing import Any
 
 import torch
 
-from adwin.alignment import ProbeBatch, audit
+from adwin.audit.alignment import ProbeBatch, audit
 from adwin.backends.logprob_gap import logprob_gap
 from adwin.controller.schemas import AuditIn
-from adwin.losses import action_logprobs, opd_loss, token_logprobs
-from adwin.rollout import Rows, layout, left_pad
-from adwin.teacher import Teachers
+from adwin.objectives.losses import action_logprobs, opd_loss, token_logprobs
+from adwin.sampling.rollout import Rows, layout, left_pad
+from adwin.sampling.teacher import Teachers
 from adwin.trainer_adapters.asyncopd.items import StreamItem, TokenOut
 from adwin.trainer_adapters.hooks import Auditor, StampedItem
 
@@ -215,7 +215,7 @@ def probe_batch(items: Sequence[StampedItem], pad_id: int) -> ProbeBatch:
 def make_auditor(student: torch.nn.Module, candidates: Sequence[int], *, pad_id: int, method: str = "fast",
                  metric: str = "identity", optimizer: torch.optim.Optimizer | None = None,
                  sketch_dim: int | None = None, seed: int = 0) -> Auditor:
-    """An ``Auditor`` that runs ``adwin.alignment.audit`` under the student's current weights.
+    """An ``Auditor`` that runs ``adwin.audit.alignment.audit`` under the student's current weights.
 
     Call it only between learner updates (the train dispatcher's thread does): it reads the live weights.
     """

@@ -26,8 +26,8 @@ from typing import Any
 
 from adwin.config import TrainConfig
 from adwin.controller.api import ControllerAPI
-from adwin.parts import Parts, build_optimizer, load_parts, open_loggers, run_spec, seed_everything
-from adwin.rollout import encode_prompts, eos_ids, pad_id_of
+from adwin.loop.parts import Parts, build_optimizer, load_parts, open_loggers, run_spec, seed_everything
+from adwin.sampling.rollout import encode_prompts, eos_ids, pad_id_of
 from adwin.trainer_adapters.asyncopd.hf import (
     LEARNER_LOSSES,
     HFLearner,

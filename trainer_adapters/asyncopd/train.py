@@ -19,14 +19,14 @@ from dataclasses import dataclass, field
 from types import SimpleNamespace
 from typing import Any
 
-from adwin.accounting import TokenLedger
-from adwin.checkpoint import save_checkpoint
 from adwin.config import TrainConfig
 from adwin.controller.api import ControllerAPI
-from adwin.evaluate import evaluate
-from adwin.parts import Parts
-from adwin.step import Sampler
-from adwin.trainer import TrainResult
+from adwin.loop.accounting import TokenLedger
+from adwin.loop.evaluate import evaluate
+from adwin.loop.parts import Parts
+from adwin.loop.step import Sampler
+from adwin.loop.trainer import TrainResult
+from adwin.runtime.checkpoint import save_checkpoint
 from adwin.trainer_adapters.asyncopd.run import AsyncOPDRun, build_asyncopd, run_asyncopd
 
 SUMMARY_KEYS = ("throughput_tokens_per_s", "overlap", "staleness", "permits", "checks", "submitted",

@@ -1,0 +1,363 @@
+"""The prefix-full alignment audit (ADWIN section 4.2).
+
+Math layer: imports nothing from the controller, probes or application modules.
+The segment-gradient engines (reference and causal chunked, Gram and sketch) live in
+``adwin.audit.grams``; this module validates the inputs and turns Gram matrices into cosines.
+
+Segments: candidates ``c_1 < ... < c_K`` split response positions into ``K + 1`` segments
+``[0, c_1), [c_1, c_2), ..., [c_{K-1}, c_K), [c_K, inf)``. ``g_s`` is the gradient of the summed
+per-token loss over segment ``s`` (summed over samples: batch level). The prefix gradient of window
+``c_k`` is ``g_0 + ... + g_{k-1}``; the full gradient is the sum of all segments. Everything follows
+from the Gram matrix ``G[s, s'] = <g_s, g_s'>``.
+"""
+
+from __future__ import annotations
+
+import base64
+import math
+import time
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+import torch
+
+from adwin.audit.grams import (
+    TokenLoss,
+    _canonical_name,
+    _chunked_grams,
+    _metric_scaler,
+    _Prepared,
+    _reference_grams,
+)
+from adwin.audit.sketch import Grads, countsketch, countsketch_hashes  # noqa: F401  (countsketch_hashes: public API)
+from adwin.objectives.losses import response_positions, reverse_kl_pg, token_logprobs  # noqa: F401  (last two: kept importable here)
+
+
+@dataclass
+class ProbeBatch:
+    """A batch of completed probes, all tensors (B, L) and aligned with ``input_ids``."""
+
+    input_ids: torch.Tensor  # (B, L) long
+    attention_mask: torch.Tensor  # (B, L) 0/1
+    response_mask: torch.Tensor  # (B, L) 0/1, 1 on response tokens
+    teacher_logprobs: torch.Tensor  # (B, L) log q of the realized token, 0 off the response
+    behavior_logprobs: torch.Tensor | None = None  # (B, L) log p_behavior at extension time
+    versions: torch.Tensor | None = None  # (B, L) student version that produced each token, -1 off response
+
+    def __post_init__(self) -> None:
+        shape = tuple(self.input_ids.shape)
+        if len(shape) != 2:
+            raise ValueError(f"input_ids must be (B, L), got shape {shape}")
+        for name in ("attention_mask", "response_mask", "teacher_logprobs", "behavior_logprobs", "versions"):
+            t = getattr(self, name)
+            if t is not None and tuple(t.shape) != shape:
+                raise ValueError(f"{name} must have shape {shape} like input_ids, got {tuple(t.shape)}")
+
+
+@dataclass
+class AuditResult:
+    """What one audit measured. ``gram`` is (K+1, K+1) over segments; cosines are keyed by candidate."""
+
+    candidates: list[int]
+    cosines: dict[int, float]
+    macro_cosines: dict[int, float] = field(default_factory=dict)
+    gram: np.ndarray | None = None  # (K+1, K+1) float64
+    grad_norms: dict[int, float] = field(
+        default_factory=dict
+    )  # norm of each prefix gradient, and "full" as max_len key
+    tokens_per_segment: list[int] = field(default_factory=list)
+    method: str = "fast"
+    metric: str = "identity"
+    elapsed_s: float = 0.0
+    extra: dict[str, float] = field(default_factory=dict)
+    sketch: np.ndarray | None = None  # (K+1, sketch_dim) float32 segment sketches (method "sketch")
+
+    def to_dict(self, *, include_sketch: bool = False) -> dict[str, Any]:
+        """JSON-able dict. The sketch (large) is left out unless ``include_sketch``; then it travels as
+        ``{"shape": [K+1, D], "dtype": "float32", "b64": <little-endian bytes, base64>}``."""
+        out = {
+            "candidates": list(self.candidates),
+            "cosines": {str(k): v for k, v in self.cosines.items()},
+            "macro_cosines": {str(k): v for k, v in self.macro_cosines.items()},
+            "gram": None if self.gram is None else np.asarray(self.gram, dtype=float).tolist(),
+            "grad_norms": {str(k): v for k, v in self.grad_norms.items()},
+            "tokens_per_segment": list(self.tokens_per_segment),
+            "method": self.method,
+            "metric": self.metric,
+            "elapsed_s": self.elapsed_s,
+            "extra": dict(self.extra),
+        }
+        if include_sketch and self.sketch is not None:
+            arr = np.ascontiguousarray(self.sketch, dtype="<f4")
+            out["sketch"] = {
+                "shape": list(arr.shape),
+                "dtype": "float32",
+                "b64": base64.b64encode(arr.tobytes()).decode("ascii"),
+            }
+        return out
+
+    @classmethod
+    def from_dict(cls, d: Mapping[str, Any]) -> AuditResult:
+        return cls(
+            candidates=[int(c) for c in d["candidates"]],
+            cosines={int(k): float(v) for k, v in d["cosines"].items()},
+            macro_cosines={int(k): float(v) for k, v in d.get("macro_cosines", {}).items()},
+            gram=None if d.get("gram") is None else np.asarray(d["gram"], dtype=np.float64),
+            grad_norms={int(k): float(v) for k, v in d.get("grad_norms", {}).items()},
+            tokens_per_segment=[int(t) for t in d.get("tokens_per_segment", [])],
+            method=str(d.get("method", "fast")),
+            metric=str(d.get("metric", "identity")),
+            elapsed_s=float(d.get("elapsed_s", 0.0)),
+            extra={str(k): float(v) for k, v in d.get("extra", {}).items()},
+            sketch=_decode_sketch(d.get("sketch")),
+        )
+
+
+def _decode_sketch(raw: Mapping[str, Any] | None) -> np.ndarray | None:
+    if raw is None:
+        return None
+    if raw.get("dtype", "float32") != "float32":
+        raise ValueError(f"sketch dtype must be float32, got {raw.get('dtype')!r}")
+    shape = tuple(int(x) for x in raw["shape"])
+    arr = np.frombuffer(base64.b64decode(raw["b64"]), dtype="<f4")
+    if arr.size != math.prod(shape):
+        raise ValueError(f"sketch has {arr.size} values, shape {shape} needs {math.prod(shape)}")
+    return arr.reshape(shape).astype(np.float32)
+
+
+def cosines_from_gram(
+    gram: np.ndarray | Sequence[Sequence[float]], candidates: Sequence[int]
+) -> dict[int, float]:
+    """Cosine of each candidate prefix gradient with the full gradient, from the segment Gram matrix.
+
+    gram: (K+1, K+1). With ``P_k = 1[s < k]`` and ``F = 1``: ``<g_w, g_full> = P^T G F``,
+    ``|g_w|^2 = P^T G P``, ``|g_full|^2 = F^T G F``. A zero-norm prefix gives cosine 0.
+    """
+    g = np.asarray(gram, dtype=np.float64)
+    k = len(candidates)
+    if g.shape != (k + 1, k + 1):
+        raise ValueError(f"gram must be ({k + 1}, {k + 1}) for {k} candidates, got {g.shape}")
+    if not np.all(np.isfinite(g)):
+        raise ValueError("gram has non-finite entries")
+    ones = np.ones(k + 1)
+    full_sq = float(ones @ g @ ones)
+    out: dict[int, float] = {}
+    for i, c in enumerate(candidates):
+        p = np.zeros(k + 1)
+        p[: i + 1] = 1.0
+        pref_sq = float(p @ g @ p)
+        denom = math.sqrt(max(pref_sq, 0.0) * max(full_sq, 0.0))
+        out[int(c)] = float(np.clip((p @ g @ ones) / denom, -1.0, 1.0)) if denom > 0 else 0.0
+    return out
+
+
+def gram_from_sketches(sketches: Sequence[np.ndarray] | np.ndarray) -> np.ndarray:
+    """Sum per-rank sketches (each (K+1, D)) and return the (K+1, K+1) Gram of the summed sketch.
+
+    Sketches are linear in the gradient, so the sum of the ranks' sketches is the sketch of the
+    whole batch's segment gradients.
+    """
+    arr = np.asarray(sketches, dtype=np.float64)
+    if arr.ndim == 2:
+        arr = arr[None]
+    if arr.ndim != 3:
+        raise ValueError(f"sketches must be (ranks, K+1, D) or (K+1, D), got shape {arr.shape}")
+    if not np.all(np.isfinite(arr)):
+        raise ValueError("sketches have non-finite entries")
+    total = arr.sum(axis=0)  # (K+1, D)
+    return total @ total.T
+
+
+# ---------------------------------------------------------------------------------------------
+# The audit itself: segment gradients under the model's current parameters.
+# ---------------------------------------------------------------------------------------------
+
+AUDIT_METHODS: tuple[str, ...] = ("reference", "fast", "sketch")
+AUDIT_METRICS: tuple[str, ...] = ("identity", "adam")
+DEFAULT_SKETCH_DIM = 16384
+
+
+def audit(
+    model: torch.nn.Module,
+    batch: ProbeBatch,
+    candidates: Sequence[int],
+    *,
+    loss: str | TokenLoss = "reverse_kl_pg",
+    method: str = "fast",
+    metric: str = "identity",
+    optimizer: torch.optim.Optimizer | None = None,
+    sketch_dim: int | None = None,
+    seed: int = 0,
+    macro: bool = True,
+    token_weights: torch.Tensor | None = None,
+    micro_batch: int | None = None,
+) -> AuditResult:
+    """Cosine of each candidate prefix gradient with the full-rollout gradient (ADWIN section 4.2).
+
+    The per-token loss is ``reverse_kl_pg`` (advantage ``log q - log p_theta`` is a constant, so a
+    segment's gradient is ``-sum_t A_t grad log p_theta(y_t)``) times ``token_weights`` (B, L) when
+    given, the hook for importance weights. Segment losses are sums over tokens and samples.
+
+    Methods (all three give the same segment Gram; ``sketch`` up to its sketch error):
+
+    - ``reference``: one full forward, one ``autograd.grad`` per segment over the whole batch,
+      flattened float64 gradients, Gram = M M^T. Plain and slow; for tests.
+    - ``fast``: exact. Relies on causality: the loss on columns ``< e`` depends only on tokens
+      ``< e``. The forward runs in column chunks that end at the segment boundaries, each chunk
+      attending to the previous ones through a differentiable KV cache, so the autograd graph of
+      segment ``s`` contains only chunks ``<= s``. One forward, then one backward per segment that
+      walks only that prefix of the graph: cost ``fwd + sum_s bwd(prefix_s)``, i.e. about
+      ``1 + (2/3) sum_k (p + c_k)/(p + L)`` plain forward+backward passes (no recomputed forward,
+      unlike re-running truncated batches). Trailing columns with no response token are never
+      forwarded. Memory: the graph of one forward (as a plain pass) plus ``K + 1`` gradient copies
+      (the segment gradients, kept for the Gram) and, with ``macro``, ``K + 1`` more (per-sample
+      segment gradients while the batch-level ones accumulate).
+    - ``sketch``: each segment gradient goes through a seeded CountSketch of dimension
+      ``sketch_dim`` (hash and sign per parameter element from ``seed`` and the parameter name,
+      computed on the fly, never a D x n matrix) and is dropped: extra memory ``(K+1) x sketch_dim``
+      floats (twice with ``macro``) plus one transient gradient. ``result.sketch`` holds the
+      (K+1, sketch_dim) batch sketch; sketches of shards of a batch add up to the sketch of the batch.
+
+    ``metric="adam"`` weights inner products by ``1 / (sqrt(v_hat) + eps)`` from the AdamW
+    ``optimizer``'s second moment (bias-corrected as AdamW does, ``max_exp_avg_sq`` with amsgrad):
+    ADWIN eq. 10 with a diagonal Fisher proxy. Gradients are scaled by the square root of that weight
+    before any inner product or sketch. Parameters without optimizer state yet get weight 1 (the
+    identity metric; Adam's preconditioner is undefined before its first step).
+
+    ``macro`` adds per-sample cosines (mean over samples; samples whose prefix gradient is zero are
+    left out, a candidate with no such sample is absent). It processes ``fast``/``sketch`` one sample
+    at a time (``micro_batch`` defaults to 1, else to the whole batch), which also bounds activation
+    memory. Gradients are taken in eval mode (no dropout) under the current parameters; the model's
+    mode is restored and no parameter's ``.grad`` is touched.
+
+    Assumes a decoder-only (causal) model that accepts ``past_key_values`` (HF ``DynamicCache``);
+    encoder-decoder models are rejected. Position ids come from the attention mask
+    (``cumsum - 1``), which equals ``arange`` for right-padded batches.
+    """
+    t0 = time.perf_counter()
+    cands = _check_candidates(candidates)
+    if method not in AUDIT_METHODS:
+        raise ValueError(f"method must be one of {AUDIT_METHODS}, got {method!r}")
+    if metric not in AUDIT_METRICS:
+        raise ValueError(f"metric must be one of {AUDIT_METRICS}, got {metric!r}")
+    if metric == "adam" and optimizer is None:
+        raise ValueError("metric='adam' needs the AdamW optimizer whose second moment weights the metric")
+    if not (isinstance(loss, str) and loss == "reverse_kl_pg") and not callable(loss):
+        raise ValueError(f"loss must be 'reverse_kl_pg' or a callable, got {loss!r}")
+    if method == "sketch":
+        sketch_dim = DEFAULT_SKETCH_DIM if sketch_dim is None else int(sketch_dim)
+        if sketch_dim < 1:
+            raise ValueError(f"sketch_dim must be >= 1, got {sketch_dim}")
+    if getattr(getattr(model, "config", None), "is_encoder_decoder", False):
+        raise ValueError("audit needs a decoder-only (causal) model; got an encoder-decoder")
+
+    named = [(_canonical_name(n), p) for n, p in model.named_parameters() if p.requires_grad]
+    if not named:
+        raise ValueError("model has no parameters that require grad")
+    device = named[0][1].device
+    b = _prepare(batch, token_weights, cands, device)
+    b.loss = loss
+    scale = _metric_scaler([p for _, p in named], metric, optimizer)
+
+    was_training = model.training
+    model.eval()
+    try:
+        with torch.enable_grad():
+            if method == "reference":
+                gram, sample_grams = _reference_grams(model, named, b, len(cands) + 1, scale, macro)
+                sketch = None
+            else:
+                gram, sample_grams, sketch = _chunked_grams(
+                    model,
+                    named,
+                    b,
+                    len(cands) + 1,
+                    scale,
+                    macro,
+                    micro_batch,
+                    sketch_dim if method == "sketch" else None,
+                    seed,
+                )
+    finally:
+        model.train(was_training)
+
+    cos = cosines_from_gram(gram, cands)
+    macro_cos = _macro_cosines(sample_grams, cands) if macro else {}
+    norms = _prefix_norms(gram, cands)
+    max_len = int(b.response_mask.sum(dim=1).max().item())
+    norms[max_len] = math.sqrt(max(float(gram.sum()), 0.0))  # the full gradient
+    return AuditResult(
+        candidates=cands,
+        cosines=cos,
+        macro_cosines=macro_cos,
+        gram=gram,
+        grad_norms=norms,
+        tokens_per_segment=b.tokens_per_segment,
+        method=method,
+        metric=metric,
+        elapsed_s=time.perf_counter() - t0,
+        extra={"samples": float(b.input_ids.shape[0]), "max_response_len": float(max_len)},
+        sketch=None if sketch is None else sketch.astype(np.float32),
+    )
+
+
+def _check_candidates(candidates: Sequence[int]) -> list[int]:
+    raw = list(candidates)
+    if not raw:
+        raise ValueError("candidates must not be empty")
+    if any(isinstance(c, bool) or not isinstance(c, (int, np.integer)) or c < 1 for c in raw):
+        raise ValueError(f"candidates must be integers >= 1, got {raw!r}")
+    cands = [int(c) for c in raw]
+    if any(b <= a for a, b in zip(cands, cands[1:], strict=False)):
+        raise ValueError(f"candidates must be strictly increasing, got {cands}")
+    return cands
+
+
+def _prepare(
+    batch: ProbeBatch, token_weights: torch.Tensor | None, cands: list[int], device: torch.device
+) -> _Prepared:
+    shape = tuple(batch.input_ids.shape)
+    if token_weights is not None and tuple(token_weights.shape) != shape:
+        raise ValueError(f"token_weights must have shape {shape}, got {tuple(token_weights.shape)}")
+    am = batch.attention_mask.to(device).long()
+    rm = batch.response_mask.to(device).float()
+    if bool((rm[:, 0] > 0).any()):
+        raise ValueError("response_mask is 1 at column 0, which no logit predicts")
+    if bool(((rm > 0) & (am == 0)).any()):
+        raise ValueError("response_mask is 1 on a position the attention mask excludes")
+    pos = response_positions(rm)  # (B, L), -1 off the response
+    bounds = torch.tensor(cands, device=device)
+    seg = torch.where(pos >= 0, torch.bucketize(pos, bounds, right=True), torch.full_like(pos, -1))
+    counts = torch.bincount(seg[seg >= 0], minlength=len(cands) + 1).tolist()
+    return _Prepared(
+        input_ids=batch.input_ids.to(device),
+        attention_mask=am,
+        position_ids=(am.cumsum(dim=1) - 1).clamp_min(0),
+        response_mask=rm,
+        teacher_logprobs=batch.teacher_logprobs.to(device).float(),
+        token_weights=None if token_weights is None else token_weights.to(device).float(),
+        segment=seg,
+        tokens_per_segment=[int(c) for c in counts],
+    )
+
+
+def _prefix_norms(gram: np.ndarray, cands: list[int]) -> dict[int, float]:
+    out: dict[int, float] = {}
+    for i, c in enumerate(cands):
+        out[c] = math.sqrt(max(float(gram[: i + 1, : i + 1].sum()), 0.0))
+    return out
+
+
+def _macro_cosines(sample_grams: list[np.ndarray], cands: list[int]) -> dict[int, float]:
+    """Mean over samples of per-sample cosines; a sample whose prefix gradient is zero is left out."""
+    sums: dict[int, float] = {}
+    counts: dict[int, int] = {}
+    for g in sample_grams:
+        cos = cosines_from_gram(g, cands)
+        for i, c in enumerate(cands):
+            if float(g[: i + 1, : i + 1].sum()) > 0.0:
+                sums[c] = sums.get(c, 0.0) + cos[c]
+                counts[c] = counts.get(c, 0) + 1
+    return {c: sums[c] / counts[c] for c in cands if counts.get(c)}

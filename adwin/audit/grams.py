@@ -1,0 +1,275 @@
+"""Segment gradients and their Gram matrix: the engines behind ``adwin.audit.alignment.audit``.
+
+Math layer: imports nothing from the controller, probes or application modules. Internal to the audit:
+``adwin.audit.alignment`` validates the inputs, builds ``_Prepared`` and turns the Gram into cosines.
+
+Both engines return the (K+1, K+1) float64 Gram ``G[s, s'] = <g_s, g_s'>`` of the segment gradients
+(batch level) and, with ``macro``, one Gram per sample: ``_reference_grams`` from flattened float64
+gradients (tests), ``_chunked_grams`` through the causal chunked forward (methods ``fast`` and
+``sketch``). Gradients are scaled by the square root of the metric weight (``_metric_scaler``) first.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import torch
+
+from adwin.audit.sketch import Grads, countsketch
+from adwin.objectives.losses import reverse_kl_pg, token_logprobs
+
+# Per-token loss: (student_logprobs, teacher_logprobs, mask) -> (B, L) per-token losses.
+TokenLoss = Callable[[torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor]
+
+
+@dataclass
+class _Prepared:
+    input_ids: torch.Tensor  # (B, L)
+    attention_mask: torch.Tensor  # (B, L) long
+    position_ids: torch.Tensor  # (B, L)
+    response_mask: torch.Tensor  # (B, L) float
+    teacher_logprobs: torch.Tensor  # (B, L) float
+    token_weights: torch.Tensor | None  # (B, L) float
+    segment: torch.Tensor  # (B, L) long: segment of each response token, -1 elsewhere
+    tokens_per_segment: list[int]
+    loss: str | TokenLoss = "reverse_kl_pg"
+
+
+def _canonical_name(name: str) -> str:
+    # Wrappers (DDP, torch.compile) prefix names; the sketch hash must not depend on them.
+    for prefix in ("module.", "_orig_mod."):
+        while name.startswith(prefix):
+            name = name[len(prefix) :]
+    return name
+
+
+def _metric_scaler(
+    params: list[torch.nn.Parameter], metric: str, optimizer: torch.optim.Optimizer | None
+) -> Callable[[int, torch.Tensor], torch.Tensor]:
+    """``scale(i, g)``: gradient of parameter ``i`` times the square root of its metric weight.
+
+    Weights are rebuilt per call from the optimizer state rather than cached, so no full-size weight
+    vector is held.
+    """
+    if metric == "identity" or optimizer is None:
+        return lambda i, g: g
+    group_of: dict[int, dict[str, Any]] = {id(p): g for g in optimizer.param_groups for p in g["params"]}
+
+    def scale(i: int, g: torch.Tensor) -> torch.Tensor:
+        p = params[i]
+        state = optimizer.state.get(p, {})
+        group = group_of.get(id(p))
+        v = (
+            state.get("max_exp_avg_sq")
+            if group is not None and group.get("amsgrad")
+            else state.get("exp_avg_sq")
+        )
+        if v is None or group is None or "step" not in state:
+            return g  # no second moment yet: weight 1
+        step = float(state["step"])
+        beta2 = float(group["betas"][1])
+        eps = float(group["eps"])
+        denom = (v.float() / (1.0 - beta2**step)).sqrt_().add_(eps)  # AdamW's denominator
+        return g * denom.rsqrt_()
+
+    return scale
+
+
+def _per_token_loss(
+    logp: torch.Tensor,
+    teacher: torch.Tensor,
+    mask: torch.Tensor,
+    weights: torch.Tensor | None,
+    loss: str | TokenLoss,
+) -> torch.Tensor:
+    per = loss(logp, teacher, mask) if callable(loss) else reverse_kl_pg(logp, teacher, mask)  # (B, n)
+    return per if weights is None else per * weights
+
+
+def _reference_grams(
+    model: torch.nn.Module,
+    named: list[tuple[str, torch.nn.Parameter]],
+    b: _Prepared,
+    n_seg: int,
+    scale: Callable[[int, torch.Tensor], torch.Tensor],
+    macro: bool,
+) -> tuple[np.ndarray, list[np.ndarray]]:
+    """One forward over the whole batch, one backward per segment (and per sample and segment)."""
+    params = [p for _, p in named]
+    logits = model(input_ids=b.input_ids, attention_mask=b.attention_mask, position_ids=b.position_ids).logits
+    logp = token_logprobs(logits, b.input_ids)  # (B, L)
+    per = _per_token_loss(logp, b.teacher_logprobs, b.response_mask, b.token_weights, b.loss)  # (B, L)
+
+    def flat_grad(scalar: torch.Tensor) -> torch.Tensor:
+        gs = torch.autograd.grad(scalar, params, retain_graph=True, allow_unused=True)
+        return torch.cat(
+            [
+                (torch.zeros_like(p) if g is None else scale(i, g)).reshape(-1).double()
+                for i, (p, g) in enumerate(zip(params, gs, strict=True))
+            ]
+        )
+
+    m = torch.stack([flat_grad((per * (b.segment == s)).sum()) for s in range(n_seg)])  # (K+1, D)
+    gram = (m @ m.T).cpu().numpy()
+    sample_grams = []
+    if macro:
+        for i in range(per.shape[0]):
+            ms = torch.stack([flat_grad((per[i] * (b.segment[i] == s)).sum()) for s in range(n_seg)])
+            sample_grams.append((ms @ ms.T).cpu().numpy())
+    return gram, sample_grams
+
+
+def _chunked_grams(
+    model: torch.nn.Module,
+    named: list[tuple[str, torch.nn.Parameter]],
+    b: _Prepared,
+    n_seg: int,
+    scale: Callable[[int, torch.Tensor], torch.Tensor],
+    macro: bool,
+    micro_batch: int | None,
+    sketch_dim: int | None,
+    seed: int,
+) -> tuple[np.ndarray, list[np.ndarray], np.ndarray | None]:
+    """``fast`` (sketch_dim None) and ``sketch``: micro-batches through the causal chunked graph."""
+    n = b.input_ids.shape[0]
+    mb = (1 if macro else n) if micro_batch is None else int(micro_batch)
+    if mb < 1:
+        raise ValueError(f"micro_batch must be >= 1, got {micro_batch}")
+    if macro and mb != 1:
+        raise ValueError("macro cosines need per-sample gradients: use micro_batch=1 (the default)")
+    names = [name for name, _ in named]
+    device = b.input_ids.device
+    acc: list[Grads | None] = [None] * n_seg  # batch-level segment gradients (fast)
+    sk_total = torch.zeros(n_seg, sketch_dim, dtype=torch.float64, device=device) if sketch_dim else None
+    sample_grams: list[np.ndarray] = []
+    single = mb >= n  # one micro-batch: its gradients are the batch's, no accumulator copy
+    for start in range(0, n, mb):
+        rows = slice(start, min(n, start + mb))
+        if sketch_dim is not None:
+            sk = torch.zeros(n_seg, sketch_dim, dtype=torch.float32, device=device)
+            for s, grads in _segment_grads(model, named, b, rows, n_seg, scale):
+                if grads is not None:
+                    countsketch(grads, names, sketch_dim, seed, sk[s])
+                del grads  # before the next backward: one transient gradient at a time
+            sk64 = sk.double()
+            if macro:
+                sample_grams.append((sk64 @ sk64.T).cpu().numpy())
+            sk_total += sk64
+            continue
+        seg_grads: list[Grads | None] = [None] * n_seg
+        for s, grads in _segment_grads(model, named, b, rows, n_seg, scale):
+            seg_grads[s] = grads
+        if macro:
+            sample_grams.append(_gram_of(seg_grads))
+        if single:
+            acc = seg_grads
+        else:
+            for s, grads in enumerate(seg_grads):
+                acc[s] = _add_into(acc[s], grads)
+        del seg_grads
+    if sk_total is not None:
+        sk_np = sk_total.cpu().numpy()
+        return sk_np @ sk_np.T, sample_grams, sk_np
+    return _gram_of(acc), sample_grams, None
+
+
+def _segment_grads(
+    model: torch.nn.Module,
+    named: list[tuple[str, torch.nn.Parameter]],
+    b: _Prepared,
+    rows: slice,
+    n_seg: int,
+    scale: Callable[[int, torch.Tensor], torch.Tensor],
+) -> Iterator[tuple[int, Grads | None]]:
+    """Yield ``(s, gradient of segment s)`` for the rows, in segment order; None for an empty segment.
+
+    Chunk ``s`` of the forward covers the input columns needed by segment ``s`` and not by earlier
+    ones. A token at column ``i`` is predicted by the logits at ``i - 1``, so segment ``s`` needs input
+    columns ``< end_s`` where ``end_s`` is the largest column of a token in segments ``<= s``.
+    """
+    from transformers import DynamicCache  # heavy; only the causal engine needs it
+
+    params = [p for _, p in named]
+    seg = b.segment[rows]  # (b, L)
+    ids = b.input_ids[rows]
+    ends: list[int] = []
+    last = 0
+    for s in range(n_seg):
+        cols = torch.nonzero((seg == s).any(dim=0)).flatten()
+        last = max(last, int(cols.max().item()) if cols.numel() else 0)
+        ends.append(last)
+    cache = DynamicCache(config=getattr(model, "config", None))
+    seg_losses: list[torch.Tensor | None] = [None] * n_seg
+    begin = 0
+    for s in range(n_seg):
+        end = ends[s]
+        if end <= begin:
+            continue  # nothing new to forward for this segment
+        out = model(
+            input_ids=ids[:, begin:end],
+            attention_mask=b.attention_mask[rows, :end],
+            position_ids=b.position_ids[rows, begin:end],
+            past_key_values=cache,
+            use_cache=True,
+        )
+        logp = torch.log_softmax(out.logits.float(), dim=-1)  # (b, n, V)
+        logp = logp.gather(-1, ids[:, begin + 1 : end + 1, None]).squeeze(-1)  # (b, n): columns begin+1..end
+        cols = slice(begin + 1, end + 1)
+        weights = None if b.token_weights is None else b.token_weights[rows, cols]
+        per = _per_token_loss(
+            logp, b.teacher_logprobs[rows, cols], b.response_mask[rows, cols], weights, b.loss
+        )
+        chunk_seg = seg[:, cols]
+        for t in range(s, n_seg):  # tokens of later segments can sit in this chunk (shorter prompts)
+            hit = chunk_seg == t
+            if bool(hit.any()):
+                part = (per * hit).sum()
+                seg_losses[t] = part if seg_losses[t] is None else seg_losses[t] + part
+        begin = end
+    live = [s for s in range(n_seg) if seg_losses[s] is not None]
+    for s in range(n_seg):
+        if seg_losses[s] is None:
+            yield s, None
+            continue
+        grads: Grads = list(
+            torch.autograd.grad(seg_losses[s], params, retain_graph=s != live[-1], allow_unused=True)
+        )
+        seg_losses[s] = None
+        for i, g in enumerate(grads):  # replace one parameter at a time: never two full copies
+            grads[i] = None if g is None else scale(i, g)
+        g = None  # drop the loop reference to the last raw gradient
+        yield s, grads
+        del grads  # the caller owns it now; holding it here would double the sketch's transient memory
+
+
+def _add_into(acc: Grads | None, grads: Grads | None) -> Grads | None:
+    if grads is None:
+        return acc
+    if acc is None:
+        return list(grads)
+    for i, g in enumerate(grads):
+        if g is not None:
+            acc[i] = g if acc[i] is None else acc[i].add_(g)
+    return acc
+
+
+def _gram_of(seg_grads: Sequence[Grads | None]) -> np.ndarray:
+    """(K+1, K+1) float64 Gram, built one parameter at a time (transient memory: one parameter x K+1)."""
+    n_seg = len(seg_grads)
+    gram = np.zeros((n_seg, n_seg))
+    live = [s for s in range(n_seg) if seg_grads[s] is not None]
+    if not live:
+        return gram
+    n_params = len(seg_grads[live[0]])  # type: ignore[arg-type]
+    for i in range(n_params):
+        rows = [(s, seg_grads[s][i]) for s in live if seg_grads[s][i] is not None]  # type: ignore[index]
+        if not rows:
+            continue
+        m = torch.stack([g.reshape(-1).float() for _, g in rows])  # (k, n_i)
+        sub = (m @ m.T).double().cpu().numpy()
+        idx = [s for s, _ in rows]
+        gram[np.ix_(idx, idx)] += sub
+    return gram

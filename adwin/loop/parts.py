@@ -1,0 +1,158 @@
+"""Everything a run computes with, loaded and checked before the first step: models, prompts, optimizer,
+loggers and the controller run spec."""
+
+from __future__ import annotations
+
+import logging
+import math
+import random
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from adwin.config import TrainConfig
+from adwin.controller.api import ControllerAPI
+from adwin.controller.schemas import PolicyIn, RunIn
+from adwin.runtime.metrics_log import ControllerLogger, JsonlLogger, MultiLogger, StdoutLogger, WandbLogger
+from adwin.sampling.data import (
+    Prompt,
+    PromptStream,
+    builtin_checker,
+    builtin_prompts,
+    check_context,
+    check_routes,
+    load_jsonl,
+    match_answer,
+)
+from adwin.sampling.teacher import Teachers, load_model, load_tokenizer
+
+log = logging.getLogger(__name__)
+
+@dataclass
+class Parts:
+    """Everything a run computes with, loaded and checked before the first step."""
+
+    student: torch.nn.Module
+    tokenizer: Any
+    teachers: Teachers
+    train_prompts: PromptStream
+    eval_prompts: list[Prompt]
+    checker: Callable[[str, str], bool]
+
+
+
+def seed_everything(seed: int) -> None:
+    random.seed(seed)
+    np.random.seed(seed)
+    torch.manual_seed(seed)
+
+
+def load_parts(cfg: TrainConfig, profile: str = "default") -> Parts:
+    """Load student, teachers and prompts; check tokenizers and routes before any compute.
+
+    ``builtin`` model paths come from the built-in task's prepared assets of ``profile`` (``tiny`` for tests).
+    """
+    assets = None
+    uses_builtin = cfg.model.student == "builtin" or "builtin" in cfg.model.teachers.values()
+    if uses_builtin:
+        from adwin import tasks
+
+        assets = tasks.ensure_prepared(profile=profile, seed=cfg.model.builtin_seed)
+    student_path = assets.student_path if cfg.model.student == "builtin" and assets else cfg.model.student
+    tok_path = assets.tokenizer_path if cfg.model.student == "builtin" and assets else student_path
+    tokenizer = load_tokenizer(tok_path)
+    student = load_model(student_path, cfg.model.dtype, cfg.model.device)
+    check_context(cfg.data.max_prompt_len, cfg.rollout.max_response_len,
+                  getattr(student.config, "max_position_embeddings", None))
+    teacher_paths = resolve_teachers(cfg.model.teachers, assets)
+    teachers = Teachers.load(teacher_paths, tokenizer, int(student.config.vocab_size), cfg.model.dtype, cfg.model.device)
+    train_p, eval_p = load_prompts(cfg)
+    check_routes(train_p + eval_p, list(teachers.models))
+    checker = builtin_checker() if cfg.data.task == "builtin" else match_answer
+    return Parts(student, tokenizer, teachers, PromptStream(train_p, cfg.seed), eval_p, checker)
+
+
+def resolve_teachers(spec: dict[str, str], assets: Any) -> dict[str, str]:
+    """``{"default": "builtin"}`` means all of the built-in task's teachers, keyed by route."""
+    if assets is not None and spec == {"default": "builtin"}:
+        return {k: str(v) for k, v in assets.teacher_paths.items()}
+    out = {}
+    for key, path in spec.items():
+        if path == "builtin":
+            if assets is None or key not in assets.teacher_paths:
+                raise ValueError(f"model.teachers.{key}: no built-in teacher for route {key!r}")
+            path = str(assets.teacher_paths[key])
+        out[key] = path
+    return out
+
+
+def load_prompts(cfg: TrainConfig) -> tuple[list[Prompt], list[Prompt]]:
+    d = cfg.data
+    if d.task == "builtin":
+        n_train = min(cfg.steps * cfg.rollout.prompts_per_step, 100_000)
+        return builtin_prompts(n_train, cfg.seed, "train"), builtin_prompts(cfg.eval.n_problems, cfg.seed, "eval")
+    assert d.path is not None  # the config validator guarantees it
+    train_p = load_jsonl(d.path, d.route_key)
+    if d.eval_path:
+        return train_p, load_jsonl(d.eval_path, d.route_key)[: cfg.eval.n_problems]
+    # No eval file: hold out the tail (at most a fifth of the file) so eval prompts are never trained on.
+    n_hold = max(1, min(cfg.eval.n_problems, d.n_eval, len(train_p) // 5))
+    if len(train_p) <= n_hold:
+        raise ValueError(f"data.path has {len(train_p)} prompts: too few to hold out evaluation problems")
+    return train_p[:-n_hold], train_p[-n_hold:]
+
+
+def run_spec(cfg: TrainConfig) -> RunIn:
+    w, p = cfg.window, cfg.probes
+    policy = PolicyIn(name=w.policy, candidates=w.candidates, threshold=w.threshold,
+                      max_len=cfg.rollout.max_response_len, initial=w.initial, window=w.window,
+                      start=w.start, step=w.step, options=w.policy_options())
+    return RunIn(name=cfg.name, policy=policy, probe_batch_size=p.batch_size, staleness_limit=p.staleness_limit,
+                 offers_per_step=p.offers_per_step, max_active_probes=p.max_active, lookahead=p.lookahead,
+                 selection=p.selection, seed=cfg.seed, config=cfg.model_dump(mode="json"))
+
+
+def open_loggers(cfg: TrainConfig, run_dir: Path, controller: ControllerAPI, run_id: str) -> MultiLogger:
+    resolved = cfg.model_dump(mode="json")
+    sinks: list[Any] = [JsonlLogger(run_dir, resolved), ControllerLogger(controller, run_id)]
+    if cfg.logging.stdout:
+        sinks.append(StdoutLogger(keys=["window/current", "loss/total", "loss/teacher_kl", "eval/accuracy"]))
+    if cfg.logging.wandb != "off":
+        sinks.append(WandbLogger(cfg.logging.wandb, run_dir, cfg.name, resolved))
+    return MultiLogger(sinks)
+
+
+def build_optimizer(cfg: TrainConfig, model: torch.nn.Module) -> tuple[torch.optim.Optimizer, Any]:
+    """AdamW with linear warmup, then a constant, cosine or linear decay to zero at ``cfg.steps``."""
+    o = cfg.optim
+    params = [p for p in model.parameters() if p.requires_grad]
+    optimizer = torch.optim.AdamW(params, lr=o.lr, betas=o.betas, eps=o.eps, weight_decay=o.weight_decay)
+
+    def factor(step: int) -> float:
+        if step < o.warmup_steps:
+            return (step + 1) / (o.warmup_steps + 1)
+        frac = (step - o.warmup_steps) / max(1, cfg.steps - o.warmup_steps)
+        if o.schedule == "cosine":
+            return 0.5 * (1.0 + math.cos(math.pi * min(frac, 1.0)))
+        if o.schedule == "linear":
+            return max(0.0, 1.0 - frac)
+        return 1.0
+
+    return optimizer, torch.optim.lr_scheduler.LambdaLR(optimizer, factor)
+
+
+SMALL_MODEL_PARAMS = 20_000_000
+
+
+def limit_threads(model: Any, device: str) -> None:
+    """One intra-op thread for small models on CPU: their ops are too small to split, and on a busy
+    2-core machine extra threads oversubscribe (measured: 12 ms vs 110-230 ms per generated token)."""
+    import torch
+
+    n_params = sum(p.numel() for p in model.parameters())
+    if device == "cpu" and n_params < SMALL_MODEL_PARAMS:
+        torch.set_num_threads(1)

@@ -1,0 +1,131 @@
+"""One synchronous OPD step's pieces: student sampling, teacher scoring, the optimizer step."""
+
+from __future__ import annotations
+
+import logging
+import warnings
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from adwin.config import TrainConfig
+from adwin.controller.schemas import WindowOut
+from adwin.loop.parts import Parts
+from adwin.objectives.losses import opd_loss, token_logprobs
+from adwin.probes.pool import Extension
+from adwin.runtime.guards import is_finite
+from adwin.sampling.data import (
+    Prompt,
+)
+from adwin.sampling.rollout import Rows, encode_prompts, eos_ids, generate, layout, pad_id_of
+from adwin.sampling.teacher import Teachers
+
+log = logging.getLogger(__name__)
+
+@dataclass
+class Batch:
+    """One step's rollouts: ragged per-sample lists plus their right-padded rows."""
+
+    prompts: list[Prompt]
+    prompt_ids: list[list[int]]
+    response_ids: list[list[int]]
+    finished: list[bool]
+    rows: Rows
+
+
+
+class Sampler:
+    """Student sampling for rollouts, probe extension and evaluation (transformers ``generate``)."""
+
+    def __init__(self, parts: Parts, cfg: TrainConfig) -> None:
+        self.parts, self.cfg = parts, cfg
+        self.eos = eos_ids(parts.student, parts.tokenizer)
+        self.pad = pad_id_of(parts.tokenizer, self.eos)
+
+    def roll_out(self, prompts: list[Prompt], n: int, window: int) -> Batch:
+        """``n`` samples per prompt, at most ``window`` tokens each, then right-padded rows for scoring."""
+        rep = [p for p in prompts for _ in range(n)]
+        ctx = encode_prompts(self.parts.tokenizer, [p.prompt for p in rep], self.cfg.data.max_prompt_len)
+        r = self.cfg.rollout
+        g = generate(self.parts.student, ctx, [window] * len(ctx), eos=self.eos, pad_id=self.pad,
+                     temperature=r.temperature, top_p=r.top_p)
+        return Batch(rep, ctx, g.response_ids, g.finished, layout(ctx, g.response_ids, self.pad))
+
+    def extend(self, contexts: list[list[int]], budgets: list[int]) -> Extension:
+        """Probe extension with the newest weights; records behavior logprobs per token."""
+        r = self.cfg.rollout
+        g = generate(self.parts.student, contexts, budgets, eos=self.eos, pad_id=self.pad,
+                     temperature=r.temperature, top_p=r.top_p, with_logprobs=True)
+        return Extension(g.response_ids, g.logprobs or [[] for _ in contexts], g.finished)
+
+
+@dataclass
+class TeacherSignal:
+    logprobs: torch.Tensor  # (B, L) realized-token teacher logprobs
+    logits: torch.Tensor | None = None  # (B, L, V) raw layout, dense losses only
+    topk_ids: torch.Tensor | None = None  # (B, L, k) aligned with input_ids
+    topk_logprobs: torch.Tensor | None = None  # (B, L, k)
+
+
+def score_teacher(teachers: Teachers, batch: Batch, cfg: TrainConfig) -> TeacherSignal:
+    """Realized-token logprobs always; full logits or top-k only when the configured loss needs them."""
+    ids, attn, routes = batch.rows.input_ids, batch.rows.attention_mask, [p.route for p in batch.prompts]
+    if cfg.loss.name == "reverse_kl_pg":
+        return TeacherSignal(teachers.score(ids, attn, routes))
+    logits = teachers.logits(ids, attn, routes)  # (B, L, V)
+    signal = TeacherSignal(token_logprobs(logits, ids), logits=logits)
+    if cfg.loss.name == "forward_kl_topk":
+        aligned = torch.nn.functional.pad(torch.log_softmax(logits[:, :-1], -1), (0, 0, 1, 0))  # (B, L, V)
+        signal.topk_logprobs, signal.topk_ids = aligned.topk(min(cfg.loss.topk, logits.shape[-1]), dim=-1)
+        signal.logits = None
+    return signal
+
+
+def optimize(student: torch.nn.Module, optimizer: torch.optim.Optimizer, scheduler: Any, batch: Batch,
+             teacher: TeacherSignal, cfg: TrainConfig, window: int) -> tuple[dict[str, float], torch.Tensor]:
+    """One AdamW step on the OPD loss over the first ``window`` response tokens.
+
+    Returns the metrics and the student's per-token logprobs before the update (B, L): the behavior
+    logprobs of this step's prefixes, which probes carry forward.
+    """
+    rows, lc = batch.rows, cfg.loss
+    device = next(student.parameters()).device
+    optimizer.zero_grad(set_to_none=True)
+    logits = student(input_ids=rows.input_ids.to(device), attention_mask=rows.attention_mask.to(device)).logits
+    loss, lm = opd_loss(
+        lc.name, input_ids=rows.input_ids.to(device), response_mask=rows.response_mask.to(device),
+        student_logits=logits, teacher_logprobs=teacher.logprobs.to(device),
+        teacher_logits=None if teacher.logits is None else teacher.logits.to(device),
+        teacher_topk_ids=None if teacher.topk_ids is None else teacher.topk_ids.to(device),
+        teacher_topk_logprobs=None if teacher.topk_logprobs is None else teacher.topk_logprobs.to(device),
+        window=window, aggregation=lc.aggregation, beta=lc.jsd_beta, clip_low=lc.clip_low, clip_high=lc.clip_high,
+        iw_gamma=lc.iw_gamma,
+    )
+    loss.backward()
+    clip = cfg.optim.grad_clip if cfg.optim.grad_clip > 0 else float("inf")
+    grad_norm = torch.nn.utils.clip_grad_norm_(student.parameters(), clip)
+    skip = not is_finite(float(loss.detach()), float(grad_norm))
+    if skip:  # a NaN/Inf update would corrupt the weights and Adam's moments: drop it (adwin.runtime.guards)
+        log.warning("non-finite loss %.4g or grad norm %.4g: optimizer step skipped", float(loss.detach()),
+                    float(grad_norm))
+        optimizer.zero_grad(set_to_none=True)
+    else:
+        optimizer.step()
+    with warnings.catch_warnings():  # torch warns when a skipped first step leaves optimizer.step() uncalled
+        warnings.filterwarnings("ignore", message=r"Detected call of `lr_scheduler\.step\(\)`")
+        scheduler.step()  # the LR schedule follows loop steps, skipped or not
+    behavior = token_logprobs(logits.detach(), rows.input_ids.to(device)).cpu()  # (B, L)
+    metrics = {"loss/total": float(loss.detach()), "loss/teacher_kl": lm.get("loss/teacher_kl", float("nan")),
+               "loss/tokens": lm["loss/tokens"], "optim/grad_norm": float(grad_norm), "optim/skipped": float(skip)}
+    metrics |= {k: v for k, v in lm.items() if k == "loss/iw_weight_mean"}  # IW-OPD runs only
+    return metrics, behavior
+
+
+
+def window_metrics(win: WindowOut) -> dict[str, Any]:
+    m: dict[str, Any] = {"window/current": float(win.window), "window/reason": win.reason}
+    m |= {f"window/cos_{c}": float(v) for c, v in (win.cosines or {}).items()}
+    return m
+
+

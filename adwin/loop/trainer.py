@@ -1,0 +1,148 @@
+"""The synchronous prefix-window OPD trainer (DESIGN.md "The loop", ADWIN sections 4.1-4.2).
+
+``train`` reads top to bottom as one step of the paper's algorithm; its helpers do one thing each and
+live in ``parts`` (setup), ``step`` (sampling, teacher, optimizer step), ``probing`` (offers, probe rounds,
+audits), ``accounting`` (tokens, clocks) and ``evaluate``. Versions: the student's version is the number
+of optimizer steps applied, so the rollout of step ``t`` comes from version ``t`` and everything after the
+update (probe extension, audit) uses ``t + 1``.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from adwin.config import TrainConfig
+from adwin.controller.api import ControllerAPI
+from adwin.loop.accounting import Clock, TokenLedger
+from adwin.loop.evaluate import evaluate
+from adwin.loop.parts import Parts, build_optimizer, load_parts, open_loggers, run_spec, seed_everything
+from adwin.loop.probing import audit_or_keep_window, extend_probes, make_executor, offer_prefixes
+from adwin.loop.step import Sampler, optimize, score_teacher, window_metrics
+from adwin.policies.surprise import surprise_metrics
+from adwin.probes.pool import ProbePool
+from adwin.runtime.checkpoint import save_checkpoint
+from adwin.runtime.guards import FaultCounter, NumericalFault, drop_overstale_probes
+from adwin.runtime.resilient_controller import controller_metrics, drain_controller
+from adwin.runtime.resume import (
+    CONTROLLER_DB,
+    read_state,
+    resume_from,
+    run_state,
+    snapshot_controller,
+    truncate_metrics,
+)
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class TrainResult:
+    run_id: str
+    run_dir: Path
+    initial_eval: dict[str, float]
+    final_eval: dict[str, float]
+    history: list[dict[str, Any]]
+    totals: dict[str, float] = field(default_factory=dict)
+
+
+def train(cfg: TrainConfig, controller: ControllerAPI, parts: Parts | None = None,
+          on_step: Callable[[int, dict[str, Any]], None] | None = None, resume: Path | None = None) -> TrainResult:
+    """Distill ``parts.student`` for ``cfg.steps`` steps, windows decided by ``controller``.
+
+    ``resume``: a checkpoint folder of this run to continue from (``adwin.runtime.resume``; the embedded controller
+    must be ``adwin.runtime.resume.open_resumed_controller(resume)``).
+    """
+    parts = parts or load_parts(cfg)
+    seed_everything(cfg.seed)
+    run_dir = Path(cfg.out_dir) / cfg.name
+    run_id = read_state(resume)["run_id"] if resume else controller.register_run(run_spec(cfg)).run_id
+    if resume:
+        truncate_metrics(run_dir, read_state(resume)["step"])
+        controller.get_run(run_id)  # the controller must know the run (and a wrapper caches it)
+    sinks = open_loggers(cfg, run_dir, controller, run_id)
+    optimizer, scheduler = build_optimizer(cfg, parts.student)
+    gen = Sampler(parts, cfg)
+    pool = ProbePool(cfg.rollout.max_response_len)
+    ledger = TokenLedger(cfg.rollout.max_response_len)
+    probing = cfg.window.policy == "adwin" and cfg.probes.offers_per_step > 0
+    executor = make_executor(cfg, pool, parts, gen) if probing else None  # thread/Ray workers start here
+    faults = FaultCounter(cfg.optim.max_bad_steps)
+    clock, started = Clock(), time.perf_counter()
+
+    def checkpoint(step: int) -> Path:
+        return save_checkpoint(run_dir, step, parts.student, parts.tokenizer, optimizer, scheduler,
+                               controller.get_run(run_id).policy_state,
+                               extra=run_state(pool, ledger, parts.train_prompts, faults),
+                               meta={"run_id": run_id, "initial_eval": initial},
+                               write_files=lambda d: snapshot_controller(controller, d / CONTROLLER_DB))
+
+    start = 0
+    if resume:  # RNG states are restored last: nothing below may draw before the loop
+        initial, start = resume_from(resume, parts.student, optimizer, scheduler, pool, ledger, parts.train_prompts,
+                                     faults)
+    else:
+        with clock("eval"):
+            initial = evaluate(parts, cfg, gen)
+    final = initial
+    for t in range(start, cfg.steps):
+        win = controller.get_window(run_id, t)
+        prompts = parts.train_prompts.next_batch(cfg.rollout.prompts_per_step)
+        with clock("rollout"):
+            batch = gen.roll_out(prompts, cfg.rollout.samples_per_prompt, win.window)
+        with clock("teacher"):
+            teacher = score_teacher(parts.teachers, batch, cfg)
+        with clock("train"):
+            m, behavior = optimize(parts.student, optimizer, scheduler, batch, teacher, cfg, win.window)
+        m |= faults.record(bool(m["optim/skipped"]))
+        if faults.exhausted:  # skipped steps never touched the weights: this checkpoint is the last good state
+            sinks.log(t, m | controller_metrics(controller))
+            stop_after_faults(faults, t, cfg, checkpoint(t + 1), executor, sinks)
+        version = t + 1  # optimizer steps applied: the weights every probe token from now on comes from
+        if probing:
+            with clock("probe"):
+                offered = offer_prefixes(controller, run_id, t, batch, behavior, pool, win.window,
+                                         cfg.probes.offer_finished)
+                m |= offered | drop_overstale_probes(controller, run_id, pool, version, cfg.probes.staleness_limit)
+                m |= extend_probes(controller, run_id, version, executor, pool, ledger, cfg.probes.staleness_limit)
+            with clock("audit"):
+                m |= audit_or_keep_window(controller, run_id, pool, parts, cfg, optimizer, version)
+        m |= window_metrics(win) | ledger.record(batch, win.window, pool.tokens_generated)
+        m |= surprise_metrics(teacher.logprobs, batch.rows.response_mask, cfg.window.surprise) | {
+            "rollout/prompt_tokens": float(sum(map(len, batch.prompt_ids)))}  # surprise policy input; FLOPs
+        if t == 0:
+            m |= initial
+        if (cfg.eval.every and (t + 1) % cfg.eval.every == 0) or t == cfg.steps - 1:
+            with clock("eval"):
+                final = evaluate(parts, cfg, gen)
+            m |= final
+        m |= controller_metrics(controller)  # controller/degraded etc. (degraded-mode wrapper only)
+        m |= clock.metrics() | {"optim/lr": scheduler.get_last_lr()[0], "time/wall": time.perf_counter() - started}
+        sinks.log(t, m)
+        if (cfg.checkpoint_every and (t + 1) % cfg.checkpoint_every == 0) or t == cfg.steps - 1:
+            checkpoint(t + 1)  # after logging, so the controller snapshot holds this step's telemetry
+        clock.reset()  # after logging: step 0 carries the initial evaluation's time
+        if on_step is not None:
+            on_step(t, m)
+    if executor is not None:
+        executor.close()
+    drain_controller(controller)  # degraded mode: deliver what is still buffered (bounded wait)
+    sinks.close()
+    return TrainResult(run_id, run_dir, initial, final, sinks.history, ledger.totals(pool.tokens_generated))
+
+
+def stop_after_faults(faults: FaultCounter, step: int, cfg: TrainConfig, saved: Path, executor: Any,
+                      sinks: Any) -> None:
+    """Close workers and loggers, then stop the run: too many consecutive non-finite steps."""
+    if executor is not None:
+        executor.close()
+    sinks.close()
+    raise NumericalFault(f"{faults.consecutive} consecutive non-finite steps at step {step} "
+                         f"(optim.max_bad_steps={cfg.optim.max_bad_steps}): run stopped; last good "
+                         f"state saved in {saved}")
+
+

@@ -1,0 +1,124 @@
+"""What a checkpoint carries beyond the model and optimizer, and how ``adwin train --resume`` gets it back.
+
+Saved (in ``trainer_state.pt`` under ``extra``): the prompt stream position, the probe pool with every
+active probe's prompt, prefix, per-token versions and behavior logprobs (probes are *saved*, not dropped),
+the token ledger and the fault counters. ``state.json`` names the controller run id and the initial
+evaluation.
+
+Window policy state: the embedded controller's whole SQLite database is snapshotted into the checkpoint
+(``controller.db``, SQLite online backup taken under the controller's lock), so decisions, the probe queue
+and pending audits are exactly those of the checkpointed step; resume reopens a working copy of it in the
+run folder and the controller answers the same windows. A remote controller (``--controller-url``) cannot be
+rewound: resume re-uses the run id there and continues from the service's current state (the window policy
+state is still recorded in ``state.json``).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import logging
+import shutil
+from pathlib import Path
+from typing import Any
+
+log = logging.getLogger(__name__)
+
+CONTROLLER_DB = "controller.db"
+
+
+def run_state(pool: Any, ledger: Any, prompts: Any, faults: Any) -> dict[str, Any]:
+    """The loop's state besides model/optimizer/RNG, for ``save_checkpoint(extra=...)``."""
+    return {
+        "prompts": prompts.state_dict(),
+        "probes": [dataclasses.asdict(p) for p in pool.snapshot()],
+        "probe_tokens_generated": pool.tokens_generated,
+        "ledger": {"completed_lengths": list(ledger.completed_lengths), "sync": ledger.sync, "full": ledger.full},
+        "faults": faults.state_dict(),
+    }
+
+
+def restore_run_state(extra: dict[str, Any], pool: Any, ledger: Any, prompts: Any, faults: Any) -> None:
+    from adwin.probes.pool import Probe
+
+    if not extra:
+        log.warning("checkpoint holds no run state (older format): prompt stream and probe pool start fresh")
+        return
+    prompts.load_state_dict(extra["prompts"])
+    for d in extra["probes"]:
+        pool.add(Probe(**d))
+    pool.tokens_generated = int(extra["probe_tokens_generated"])
+    ledger.completed_lengths = list(extra["ledger"]["completed_lengths"])
+    ledger.sync, ledger.full = float(extra["ledger"]["sync"]), float(extra["ledger"]["full"])
+    faults.load_state_dict(extra["faults"])
+
+
+def snapshot_controller(controller: Any, dest: Path) -> bool:
+    """Copy an embedded ``Controller``'s database to ``dest`` (consistent: taken under its lock).
+
+    Returns False for controllers without a local database (``RemoteController``, wrappers of it).
+    """
+    backup = getattr(controller, "backup", None)
+    if backup is None:
+        return False
+    backup(dest)
+    return True
+
+
+def open_resumed_controller(checkpoint: Path) -> Any:
+    """An embedded controller on a working copy of the checkpoint's database (``<run>/controller.db``)."""
+    from adwin.controller import Controller
+
+    src = checkpoint / CONTROLLER_DB
+    if not src.is_file():
+        raise ValueError(f"{checkpoint}: no {CONTROLLER_DB} (run used a remote controller? pass --controller-url)")
+    work = checkpoint.parent / CONTROLLER_DB
+    for suffix in ("", "-wal", "-shm"):  # a stale WAL next to the fresh copy would be replayed into it
+        Path(f"{work}{suffix}").unlink(missing_ok=True)
+    shutil.copyfile(src, work)
+    return Controller(str(work))
+
+
+def truncate_metrics(run_dir: Path, start: int) -> int:
+    """Drop ``metrics.jsonl`` rows of steps ``>= start`` (logged after the checkpoint by the crashed run).
+
+    Returns the number of rows dropped; the resumed run logs those steps again.
+    """
+    path = run_dir / "metrics.jsonl"
+    if not path.is_file():
+        return 0
+    kept, dropped = [], 0
+    for line in path.read_text().splitlines():
+        try:
+            step = json.loads(line)["step"]
+        except (ValueError, KeyError, TypeError):
+            dropped += 1  # a torn last line from the crash
+            continue
+        if step < start:
+            kept.append(line)
+        else:
+            dropped += 1
+    tmp = path.with_suffix(".jsonl.tmp")
+    tmp.write_text("".join(f"{x}\n" for x in kept))
+    tmp.replace(path)
+    return dropped
+
+
+def read_state(checkpoint: Path) -> dict[str, Any]:
+    """``state.json`` of a checkpoint; a resumable one names its controller run id."""
+    state = json.loads((checkpoint / "state.json").read_text())
+    if "run_id" not in state:
+        raise ValueError(f"{checkpoint}: no run id in state.json (written by an older adwin); cannot resume")
+    return state
+
+
+def resume_from(checkpoint: Path, model: Any, optimizer: Any, scheduler: Any, pool: Any, ledger: Any,
+                prompts: Any, faults: Any) -> tuple[dict[str, float], int]:
+    """Load everything back in place; RNG states last. Returns the run's initial evaluation and the next step."""
+    from adwin.runtime.checkpoint import load_checkpoint, load_weights
+
+    load_weights(checkpoint, model)
+    state = load_checkpoint(checkpoint, optimizer, scheduler)
+    restore_run_state(state["extra"], pool, ledger, prompts, faults)
+    log.info("resumed from %s at step %d (%d probes restored)", checkpoint, state["step"], len(pool))
+    return dict(state.get("initial_eval") or {}), int(state["step"])

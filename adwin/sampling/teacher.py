@@ -1,0 +1,147 @@
+"""Teacher scoring on transformers models, with routing of each sample to its teacher.
+
+A teacher scores the realized tokens of prompt+response rows: ``log q(input_ids[b, i])`` from its full
+logits at ``i - 1`` (``adwin.objectives.losses.token_logprobs``). OPD compares student and teacher logprobs token by
+token, so every teacher must share the student's tokenizer; ``check_tokenizers`` refuses a mismatch at
+start-up instead of producing silently wrong losses.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable, Mapping, Sequence
+from pathlib import Path
+
+import torch
+
+from adwin.objectives.losses import token_logprobs
+
+log = logging.getLogger(__name__)
+
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+
+
+class TokenizerMismatch(ValueError):
+    """A teacher's tokenizer differs from the student's."""
+
+
+class UnknownTeacher(ValueError):
+    """A sample routes to a teacher key that is not configured."""
+
+
+def load_model(path: str | Path, dtype: str = "float32", device: str = "cpu") -> torch.nn.Module:
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_pretrained(str(path), dtype=DTYPES[dtype])
+    return model.to(device)
+
+
+def load_tokenizer(path: str | Path) -> object:
+    from transformers import AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(str(path))
+    if tok.pad_token_id is None:
+        tok.pad_token = tok.eos_token  # generation pads with EOS; masks keep pads out of every loss
+    return tok
+
+
+def _vocab(tokenizer: object) -> dict[str, int]:
+    return dict(tokenizer.get_vocab())  # type: ignore[attr-defined]
+
+
+def check_tokenizers(student_tok: object, teacher_toks: Mapping[str, object | None], student_vocab_size: int,
+                     teacher_vocab_sizes: Mapping[str, int]) -> None:
+    """Raise ``TokenizerMismatch`` naming the teacher whose vocabulary differs from the student's.
+
+    Tokenizers must map the same strings to the same ids; model vocab sizes may differ only by padding
+    rows beyond the tokenizer (common for hub checkpoints), never below the tokenizer's size.
+    """
+    s_vocab = _vocab(student_tok)
+    for key, tok in teacher_toks.items():
+        if tok is not None:
+            t_vocab = _vocab(tok)
+            if t_vocab != s_vocab:
+                differ = sum(1 for k, v in s_vocab.items() if t_vocab.get(k) != v) + len(set(t_vocab) - set(s_vocab))
+                raise TokenizerMismatch(
+                    f"teacher {key!r} has a different tokenizer than the student ({len(t_vocab)} vs "
+                    f"{len(s_vocab)} tokens, {differ} entries differ); on-policy distillation needs a shared tokenizer"
+                )
+        needed = max(s_vocab.values()) + 1
+        t_size = teacher_vocab_sizes[key]
+        if t_size < needed or (tok is None and t_size != student_vocab_size):
+            raise TokenizerMismatch(
+                f"teacher {key!r} has vocab size {t_size} but the student's tokenizer needs {needed} "
+                f"(student model: {student_vocab_size}); on-policy distillation needs a shared tokenizer"
+            )
+
+
+class Teachers:
+    """One or more frozen teachers keyed by route; a single teacher scores every route."""
+
+    def __init__(self, models: Mapping[str, torch.nn.Module]) -> None:
+        if not models:
+            raise ValueError("model.teachers must name at least one teacher")
+        self.models = dict(models)
+        for m in self.models.values():
+            m.eval()
+            m.requires_grad_(False)
+
+    @classmethod
+    def load(cls, paths: Mapping[str, str | Path], student_tok: object, student_vocab_size: int,
+             dtype: str = "float32", device: str = "cpu") -> Teachers:
+        """Load every teacher and check its tokenizer against the student's before any compute."""
+        by_path: dict[str, torch.nn.Module] = {}  # routes that share a checkpoint share one model
+        models: dict[str, torch.nn.Module] = {}
+        for k, p in paths.items():
+            if str(p) not in by_path:
+                by_path[str(p)] = load_model(p, dtype, device)
+            models[k] = by_path[str(p)]
+        toks: dict[str, object | None] = {}
+        for k, p in paths.items():
+            try:
+                toks[k] = load_tokenizer(p)
+            except (OSError, ValueError):  # a checkpoint without tokenizer files: the vocab size check remains
+                toks[k] = None
+        sizes = {k: int(m.config.vocab_size) for k, m in models.items()}
+        check_tokenizers(student_tok, toks, student_vocab_size, sizes)
+        return cls(models)
+
+    def route(self, key: str) -> str:
+        if len(self.models) == 1:
+            return next(iter(self.models))
+        if key not in self.models:
+            raise UnknownTeacher(f"no teacher for route {key!r}; model.teachers has {sorted(self.models)}")
+        return key
+
+    @torch.no_grad()
+    def score(self, input_ids: torch.Tensor, attention_mask: torch.Tensor, routes: Sequence[str]) -> torch.Tensor:
+        """Teacher log-probability of each realized token, aligned with ``input_ids``.
+
+        input_ids, attention_mask: (B, L) -> (B, L) float32 (0 at position 0). Rows are grouped by
+        teacher so that each teacher runs one forward pass.
+        """
+        return self._per_teacher(input_ids, attention_mask, routes, lambda lg, ids: token_logprobs(lg, ids).float())
+
+    @torch.no_grad()
+    def logits(self, input_ids: torch.Tensor, attention_mask: torch.Tensor, routes: Sequence[str]) -> torch.Tensor:
+        """Full teacher logits (B, L, V) in the model's raw layout, for the dense losses."""
+        return self._per_teacher(input_ids, attention_mask, routes, lambda lg, ids: lg.float())
+
+    def _per_teacher(self, input_ids: torch.Tensor, attention_mask: torch.Tensor, routes: Sequence[str],
+                     fn: Callable[[torch.Tensor, torch.Tensor], torch.Tensor]) -> torch.Tensor:
+        if len(routes) != input_ids.shape[0]:
+            raise ValueError(f"{len(routes)} routes for {input_ids.shape[0]} rows")
+        # group rows by model (not by key): routes that share a checkpoint run one forward pass
+        owner = [id(self.models[self.route(r)]) for r in routes]
+        out: torch.Tensor | None = None
+        for mid in dict.fromkeys(owner):
+            rows = torch.tensor([b for b, o in enumerate(owner) if o == mid], dtype=torch.long)
+            model = next(m for m in self.models.values() if id(m) == mid)
+            dev = next(model.parameters()).device
+            ids = input_ids[rows].to(dev)
+            part = fn(model(input_ids=ids, attention_mask=attention_mask[rows].to(dev)).logits, ids).cpu()
+            if out is None:
+                out = torch.zeros((input_ids.shape[0], *part.shape[1:]), dtype=part.dtype)
+            out[rows] = part
+        assert out is not None
+        return out

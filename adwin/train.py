@@ -1,0 +1,222 @@
+"""Distill a student with adaptive prefix windows.
+
+With no flags, trains on the built-in task on CPU with the embedded controller (its HTTP API and
+dashboard are served on 127.0.0.1; the URL is printed), shows a progress bar and ends with a summary
+table. Every run writes runs/<name>/ (config.json, metrics.jsonl, summary.json, checkpoints).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import sys
+from pathlib import Path
+from typing import Any
+
+log = logging.getLogger(__name__)
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--config", metavar="YAML", help="config preset (default: configs/default.yaml if present, else built-in defaults)")
+    parser.add_argument("--window-policy", metavar="SPEC",
+                        help="window policy: adwin | full | fixed:W | linear:START:STEP | surprise (teacher-surprise horizon, no gradients; overrides window.*)")
+    parser.add_argument("--threshold", type=float, metavar="TAU",
+                        help="ADWIN cosine threshold in (0, 1]: the shortest window whose prefix-full cosine reaches it wins")
+    parser.add_argument("--steps", type=int, help="optimizer steps to run")
+    parser.add_argument("--seed", type=int, help="seed for sampling, data order and probe selection")
+    parser.add_argument("--out", metavar="DIR", help="folder for run outputs (default: runs/); the run goes to DIR/<name>")
+    parser.add_argument("--name", help="run name (folder under --out)")
+    parser.add_argument("--controller-url", metavar="URL",
+                        help="use a running `adwin controller serve` instead of the embedded controller")
+    parser.add_argument("--wandb", choices=["off", "offline", "online"],
+                        help="also log to Weights & Biases (offline works without network)")
+    parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
+                        help="any config field as a dotted override, e.g. --set rollout.max_response_len=64 (repeatable)")
+    parser.add_argument("--profile", choices=["default", "tiny"], default="default",
+                        help="size of the built-in task's models when the config says 'builtin' (tiny: for smoke tests)")
+    parser.add_argument("--log-stdout", action="store_true", help="print one metrics line per step")
+    parser.add_argument("--no-progress", action="store_true", help="no progress bar")
+    parser.add_argument("--no-serve", action="store_true", help="do not serve the embedded controller over HTTP")
+    parser.add_argument("--resume", metavar="RUN_DIR",
+                        help="continue RUN_DIR from its latest checkpoint (config from RUN_DIR/config.json; "
+                             "flags still override, e.g. --steps to extend)")
+    parser.add_argument("--probe-backend", choices=["inline", "thread", "ray"],
+                        help="where probe rounds run: thread (default: a background thread with its own student "
+                             "replica), inline (in the step; seeded runs reproduce exactly) or ray (Ray actors, "
+                             "separate processes: fastest on CPU with small models; local cluster unless "
+                             "--ray-address)")
+    parser.add_argument("--ray-address", metavar="ADDR", help="Ray cluster for --probe-backend ray (default: start a local one)")
+    parser.add_argument("--scheduler", choices=["sync", "asyncopd"],
+                        help="sync: the prefix-window trainer; asyncopd: streaming rollout/teacher/learner pipeline "
+                             "(AsyncOPD; loss.name reverse_kl_mc or reverse_kl_pg)")
+    parser.add_argument("--asyncopd-workers", choices=["thread", "ray"],
+                        help="where AsyncOPD rollout workers' engines run (ray: one Ray actor per worker)")
+
+
+def _overrides(args: argparse.Namespace) -> dict[str, Any]:
+    from adwin.config import apply_policy_spec, parse_set
+
+    ov = parse_set(args.set)
+    if args.window_policy:
+        apply_policy_spec(ov, args.window_policy)
+    simple = {"window.threshold": args.threshold, "steps": args.steps, "seed": args.seed, "out_dir": args.out,
+              "name": args.name, "controller.url": args.controller_url, "logging.wandb": args.wandb,
+              "probes.backend": args.probe_backend, "probes.ray_address": args.ray_address,
+              "scheduler": args.scheduler, "asyncopd.workers": args.asyncopd_workers}
+    ov.update({k: v for k, v in simple.items() if v is not None})
+    if args.log_stdout:
+        ov["logging.stdout"] = True
+    if args.no_progress:
+        ov["logging.progress"] = False
+    if args.no_serve:
+        ov["controller.serve"] = False
+    return ov
+
+
+def config_error(e: Exception) -> str:
+    """One line per invalid field: ``field.path: message (got value)``."""
+    from pydantic import ValidationError
+
+    if not isinstance(e, ValidationError):
+        return str(e)
+    parts = []
+    for err in e.errors():
+        # a key that is not a plain name (e.g. "\\n" from a hand-written YAML) is quoted, so the message stays one line
+        loc = ".".join(str(x) if isinstance(x, int) or str(x).isidentifier() else repr(x) for x in err["loc"]) or "config"
+        got = f" (got {err['input']!r})" if "input" in err and not isinstance(err["input"], dict) else ""
+        parts.append(f"{loc}: {' '.join(str(err['msg']).split())}{got}")
+    return "invalid config: " + "; ".join(parts)
+
+
+def main(args: argparse.Namespace) -> int:
+    from pydantic import ValidationError
+
+    from adwin.config import default_config_path, load_config
+    from adwin.policies.window import WindowConfigError
+
+    path = args.config or default_config_path()
+    resume = Path(args.resume) if getattr(args, "resume", None) else None
+    try:
+        overrides = _overrides(args)
+        if resume is not None:  # the run's own resolved config; it lives where it already is
+            path = resume / "config.json"
+            if not path.is_file():
+                raise ValueError(f"--resume {resume}: not a run folder (no config.json)")
+            overrides.update({"out_dir": str(resume.parent), "name": resume.name})
+        cfg = load_config(path, overrides)
+    except (ValidationError, WindowConfigError, ValueError) as e:
+        sys.stderr.write(f"adwin train: {config_error(e)}\n")
+        return 2
+    from adwin.backends import BackendUnavailable, check_backends
+
+    try:
+        check_backends(cfg)
+    except BackendUnavailable as e:
+        sys.stderr.write(f"adwin train: {e}\n")
+        return 2
+    return run(cfg, profile=args.profile, resume=resume)
+
+
+def open_controller(cfg: Any, checkpoint: Path | None = None) -> tuple[Any, Any, str | None]:
+    """The controller the run talks to, a stop callback for its HTTP server, and its dashboard URL.
+
+    A remote controller is wrapped in degraded mode (``adwin.runtime.resilient_controller``); an embedded one
+    resuming from ``checkpoint`` reopens the checkpoint's database snapshot (``adwin.runtime.resume``).
+    """
+    from adwin import controller as ctl
+    from adwin.runtime.resilient_controller import ResilientController
+    from adwin.runtime.resume import open_resumed_controller
+
+    if cfg.controller.url:
+        remote = ctl.RemoteController(cfg.controller.url, token=cfg.controller.token)
+        return ResilientController(remote), None, cfg.controller.url
+    controller = open_resumed_controller(checkpoint) if checkpoint is not None else ctl.Controller()
+    if not cfg.controller.serve:
+        return controller, None, None
+    try:
+        url, stop = ctl.serve_in_thread(controller, port=cfg.controller.port, token=cfg.controller.token)
+    except (RuntimeError, OSError):  # port taken: any free port is as good for a local dashboard
+        url, stop = ctl.serve_in_thread(controller, port=0, token=cfg.controller.token)
+    return controller, stop, url
+
+
+def run(cfg: Any, profile: str = "default", resume: Path | None = None) -> int:
+    import torch
+    from rich.console import Console
+    from transformers.utils import logging as hf_logging
+
+    from adwin.loop.parts import limit_threads
+    from adwin.loop.trainer import load_parts, train
+    from adwin.runtime.summary import render, summarize
+
+    hf_logging.disable_progress_bar()  # weight loading/saving bars would drown the training bar
+    console = Console(stderr=False)
+    if cfg.model.device == "cpu" and cfg.model.student == "builtin":
+        torch.set_num_threads(1)  # the built-in models are tiny (see limit_threads), preparing them too
+    from adwin.backends import check_backends
+
+    check_backends(cfg)  # an engine that is not installed fails here, before any model loads
+    checkpoint = None
+    if resume is not None:
+        from adwin.runtime.checkpoint import latest_checkpoint
+
+        checkpoint = latest_checkpoint(resume)
+        if checkpoint is None:
+            raise ValueError(f"--resume {resume}: no complete checkpoint-<step> folder to resume from")
+        if cfg.scheduler != "sync":
+            raise ValueError(f"--resume supports the sync scheduler only, not {cfg.scheduler!r}")
+    parts = load_parts(cfg, profile)  # loads and checks models, tokenizers and prompts before any training compute
+    limit_threads(parts.student, cfg.model.device)
+    controller, stop, url = open_controller(cfg, checkpoint)
+    if url:
+        console.print(f"controller + dashboard: [bold]{url}[/bold]")
+    bar = _progress(cfg)
+    try:
+        if cfg.scheduler == "asyncopd":
+            from adwin.trainer_adapters.asyncopd.train import train_asyncopd
+
+            result = train_asyncopd(cfg, controller, parts, on_step=bar.update if bar else None)
+        else:
+            result = train(cfg, controller, parts, on_step=bar.update if bar else None, resume=checkpoint)
+    finally:
+        if bar:
+            bar.close()
+        if stop is not None:
+            stop()
+    summary = summarize(result.history, result.initial_eval, result.final_eval, result.totals)
+    summary["run_id"] = result.run_id
+    if getattr(result, "asyncopd", None):
+        summary["asyncopd"] = result.asyncopd
+        summary["throughput_tokens_per_s"] = result.asyncopd.get("throughput_tokens_per_s")
+        summary["pipeline_overlap"] = result.asyncopd.get("overlap", {}).get("pipeline/overlap")
+    (result.run_dir / "summary.json").write_text(json.dumps(summary, indent=2))
+    render(summary, console)
+    console.print(f"run folder: {result.run_dir}")
+    return 0
+
+
+class _Bar:
+    """tqdm bar showing step, window, loss and the latest accuracy."""
+
+    def __init__(self, total: int) -> None:
+        from tqdm.auto import tqdm
+
+        self.bar = tqdm(total=total, desc="train", unit="step", dynamic_ncols=True)
+        self.acc: float | None = None
+
+    def update(self, step: int, m: dict[str, Any]) -> None:
+        if "eval/accuracy" in m:
+            self.acc = float(m["eval/accuracy"])
+        post = {"W": int(m.get("window/current", 0)), "loss": f"{m.get('loss/total', float('nan')):.3f}"}
+        if self.acc is not None:
+            post["acc"] = f"{self.acc:.3f}"
+        self.bar.set_postfix(post, refresh=False)
+        self.bar.update(1)
+
+    def close(self) -> None:
+        self.bar.close()
+
+
+def _progress(cfg: Any) -> _Bar | None:
+    return _Bar(cfg.steps) if cfg.logging.progress else None
