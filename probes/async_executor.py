@@ -33,6 +33,7 @@ from concurrent.futures import Future
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
+from adwin.audit.job import AuditJob, AuditOutcome
 from adwin.controller.api import ControllerAPI
 from adwin.controller.schemas import ProbeReportIn
 from adwin.probes.pool import Extension, ProbePool, RoundStats, record_round
@@ -128,6 +129,16 @@ class AsyncProbeExecutor:
         for k in ("blocked_s", "reissued", "lost", "restarts"):
             self.totals[k] += getattr(stats, k)
         return stats
+
+    def submit_audit(self, job: AuditJob) -> Future[AuditOutcome]:
+        """Hand an audit to a worker (an idle one if any): it runs on that worker's replica under
+        ``job.version``'s weights, after the rounds already queued there."""
+        if job.version != self.version:
+            raise ValueError(f"audit at version {job.version}, but the published weights are version {self.version}")
+        slot = next((s for s in self.slots if s.job is None), self.slots[0])
+        job.weights = self._weights if slot.loaded < job.version else None
+        slot.loaded = max(slot.loaded, job.version)
+        return slot.worker.submit_audit(job)
 
     def close(self) -> None:
         for slot in self.slots:

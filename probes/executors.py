@@ -15,6 +15,7 @@ from typing import Any, Literal
 
 import torch
 
+from adwin.audit.job import AuditJob, AuditOutcome, run_audit_job
 from adwin.probes.async_executor import AsyncProbeExecutor, FaultPolicy
 from adwin.probes.extender import ModelExtender, snapshot_weights
 from adwin.probes.pool import Extender, ProbePool
@@ -27,18 +28,24 @@ BACKENDS: tuple[str, ...] = ("inline", "thread", "ray")
 def build_executor(backend: str, pool: ProbePool, model: torch.nn.Module, *, eos: set[int], pad_id: int,
                    temperature: float = 1.0, top_p: float = 1.0, extend: Extender | None = None, workers: int = 1,
                    ray_address: str | None = None, ray_num_cpus: int = 2, fault_policy: FaultPolicy = "reissue",
-                   max_reissues: int = 2) -> AsyncProbeExecutor:
-    """An executor whose workers sample like ``ModelExtender(model, eos, pad_id, temperature, top_p)``.
+                   max_reissues: int = 2, optimizer: torch.optim.Optimizer | None = None) -> AsyncProbeExecutor:
+    """An executor whose workers sample like ``ModelExtender(model, eos, pad_id, temperature, top_p)``
+    and audit (``adwin.audit.job.run_audit_job``) on the same replica.
 
     ``extend`` overrides the inline backend's extender (the trainer's own sampler); ``model`` is the
-    trainer's student, the source of every replica and weights snapshot.
+    trainer's student, the source of every replica and weights snapshot; ``optimizer`` is the trainer's,
+    which inline audits read directly (``metric="adam"``).
     """
     if backend not in BACKENDS:
         raise ValueError(f"probe backend must be one of {BACKENDS}, got {backend!r}")
     kw: dict[str, Any] = {"workers": workers, "fault_policy": fault_policy, "max_reissues": max_reissues}
     if backend == "inline":
         inline = extend or ModelExtender(model, eos, pad_id, temperature, top_p)
-        return AsyncProbeExecutor(pool, lambda: InlineWorker(inline), **{**kw, "workers": 1})
+
+        def audit_inline(job: AuditJob) -> AuditOutcome:
+            return run_audit_job(model, job, optimizer)
+
+        return AsyncProbeExecutor(pool, lambda: InlineWorker(inline, audit_inline), **{**kw, "workers": 1})
     if backend == "thread":
         return AsyncProbeExecutor(pool, _thread_spawner(model, eos, pad_id, temperature, top_p),
                                   snapshot=lambda: snapshot_weights(model), **kw)
@@ -52,7 +59,8 @@ def _thread_spawner(model: torch.nn.Module, eos: set[int], pad_id: int, temperat
     def spawn() -> ProbeWorker:
         replica = copy.deepcopy(model).eval()  # loads the published version before its first round
         ext = ModelExtender(replica, eos, pad_id, temperature, top_p)
-        return ThreadWorker(ext, ext.load, name=f"probe-worker-{next(count)}")
+        return ThreadWorker(ext, ext.load, name=f"probe-worker-{next(count)}",
+                            audit=lambda job: run_audit_job(replica, job))
 
     return spawn
 

@@ -8,6 +8,7 @@ of each actor that is behind, so every actor loads each version at most once and
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 from concurrent.futures import Future
 from functools import cache
@@ -15,6 +16,7 @@ from typing import Any
 
 import torch
 
+from adwin.audit.job import AuditJob, AuditOutcome
 from adwin.probes.pool import Extension
 from adwin.probes.workers import RoundJob
 
@@ -52,6 +54,13 @@ def _actor_class() -> Any:
                 self.extender.load(weights)
             return self.extender(contexts, budgets)
 
+        def audit(self, job: Any, weights: dict[str, torch.Tensor] | None) -> Any:
+            from adwin.audit.job import run_audit_job
+
+            if weights is not None:
+                self.extender.load(weights)
+            return run_audit_job(self.extender.model, job)
+
         def ping(self) -> bool:
             return True
 
@@ -70,6 +79,10 @@ class RayWorker:
 
     def submit(self, job: RoundJob) -> Future[Extension]:
         return self.actor.extend.remote(job.contexts, job.budgets, job.weights).future()
+
+    def submit_audit(self, job: AuditJob) -> Future[AuditOutcome]:
+        # the weights travel as a top-level argument: Ray resolves an object reference only there
+        return self.actor.audit.remote(dataclasses.replace(job, weights=None), job.weights).future()
 
     def alive(self) -> bool:
         import ray

@@ -2,8 +2,10 @@
 
 A worker takes one ``RoundJob`` at a time (contexts, budgets, the weights version to use and, when the
 worker's replica is older, that version's weights) and answers with a ``concurrent.futures.Future`` of
-an ``Extension``. The executor (``adwin.probes.async_executor``) decides what to submit and applies
-results; workers never touch the pool or the controller.
+an ``Extension``. It also computes audits (``submit_audit``: an ``adwin.audit.job.AuditJob`` on the same
+replica, after the rounds queued before it), so the learner never runs the audit's backward passes.
+The executor (``adwin.probes.async_executor``) decides what to submit and applies results; workers
+never touch the pool or the controller.
 
 * ``InlineWorker``: runs the job in the caller's thread on the trainer's own model (no replica, no sync).
 * ``ThreadWorker``: one background thread holding its own student replica. An exception in a job
@@ -21,6 +23,7 @@ from concurrent.futures import Future
 from dataclasses import dataclass, field
 from typing import Any, Protocol, runtime_checkable
 
+from adwin.audit.job import AuditJob, AuditOutcome
 from adwin.probes.pool import Extender, Extension
 
 log = logging.getLogger(__name__)
@@ -45,6 +48,8 @@ class ProbeWorker(Protocol):
 
     def submit(self, job: RoundJob) -> Future[Extension]: ...
 
+    def submit_audit(self, job: AuditJob) -> Future[AuditOutcome]: ...
+
     def alive(self) -> bool: ...
 
     def close(self) -> None: ...
@@ -55,22 +60,32 @@ class InlineWorker:
 
     synchronous = True
 
-    def __init__(self, extend: Extender) -> None:
-        self.extend = extend
+    def __init__(self, extend: Extender, audit: Callable[[AuditJob], AuditOutcome] | None = None) -> None:
+        self.extend, self.audit = extend, audit
 
     def submit(self, job: RoundJob) -> Future[Extension]:
-        fut: Future[Extension] = Future()
-        try:
-            fut.set_result(self.extend(job.contexts, job.budgets))
-        except Exception as e:  # noqa: BLE001 - the executor's fault path handles every failure alike
-            fut.set_exception(e)
-        return fut
+        return _run_now(lambda: self.extend(job.contexts, job.budgets))
+
+    def submit_audit(self, job: AuditJob) -> Future[AuditOutcome]:
+        if self.audit is None:
+            raise RuntimeError("this inline worker was built without an audit function")
+        audit = self.audit
+        return _run_now(lambda: audit(job))
 
     def alive(self) -> bool:
         return True
 
     def close(self) -> None:
         return None
+
+
+def _run_now(fn: Callable[[], Any]) -> Future[Any]:
+    fut: Future[Any] = Future()
+    try:
+        fut.set_result(fn())
+    except Exception as e:  # noqa: BLE001 - the executor's fault path handles every failure alike
+        fut.set_exception(e)
+    return fut
 
 
 _STOP = object()
@@ -87,8 +102,8 @@ class ThreadWorker:
     synchronous = False
 
     def __init__(self, extend: Extender, load: Callable[[Mapping[str, Any]], None] | None = None,
-                 name: str = "probe-worker") -> None:
-        self.extend, self.load = extend, load
+                 name: str = "probe-worker", audit: Callable[[AuditJob], AuditOutcome] | None = None) -> None:
+        self.extend, self.load, self.audit = extend, load, audit
         self._jobs: queue.Queue[Any] = queue.Queue()
         self._thread = threading.Thread(target=self._loop, name=name, daemon=True)
         self._thread.start()
@@ -100,6 +115,11 @@ class ThreadWorker:
             return fut
         self._jobs.put((job, fut))
         return fut
+
+    def submit_audit(self, job: AuditJob) -> Future[AuditOutcome]:
+        if self.audit is None:
+            raise RuntimeError(f"{self._thread.name} was built without an audit function")
+        return self.submit(job)  # type: ignore[arg-type]  # same queue: runs after the rounds before it
 
     def alive(self) -> bool:
         return self._thread.is_alive()
@@ -113,6 +133,9 @@ class ThreadWorker:
             if item is _STOP:
                 return
             job, fut = item
+            if isinstance(job, AuditJob):
+                self._audit(job, fut)
+                continue
             try:
                 if job.weights is not None and self.load is not None:
                     self.load(job.weights)
@@ -123,3 +146,13 @@ class ThreadWorker:
                 fut.set_exception(e)
                 return
             fut.set_result(ext)
+
+    def _audit(self, job: AuditJob, fut: Future[Any]) -> None:
+        """An audit that raises (e.g. non-finite cosines) fails its future but leaves the replica usable."""
+        assert self.audit is not None
+        try:
+            if job.weights is not None and self.load is not None:
+                self.load(job.weights)
+            fut.set_result(self.audit(job))
+        except Exception as e:  # noqa: BLE001 - the caller decides (a non-finite audit keeps the window)
+            fut.set_exception(e)

@@ -27,6 +27,10 @@ class TokenLedger:
         self.completed_lengths: list[int] = []
         self.sync = self.full = 0.0
 
+    def add_completed(self, length: int) -> None:
+        """A probe continued a truncated sample to its end: ``length`` is that sample's full length."""
+        self.completed_lengths.append(int(length))
+
     def record(self, batch: Batch, window: int, probe_tokens_total: int) -> dict[str, float]:
         lens = [len(r) for r in batch.response_ids]
         truncated = [not f for f in batch.finished]

@@ -1,8 +1,8 @@
 """The synchronous prefix-window OPD trainer (DESIGN.md "The loop", ADWIN sections 4.1-4.2).
 
 ``train`` reads top to bottom as one step of the paper's algorithm; its helpers do one thing each and
-live in ``parts`` (setup), ``step`` (sampling, teacher, optimizer step), ``probing`` (offers, probe rounds,
-audits), ``accounting`` (tokens, clocks) and ``evaluate``. Versions: the student's version is the number
+live in ``parts`` (setup), ``step`` (sampling, teacher, optimizer step), ``probing`` (``ProbeSide``: offers,
+probe rounds, audits, token ledger), ``accounting`` (tokens, clocks) and ``evaluate``. Versions: the student's version is the number
 of optimizer steps applied, so the rollout of step ``t`` comes from version ``t`` and everything after the
 update (probe extension, audit) uses ``t + 1``.
 """
@@ -18,16 +18,14 @@ from typing import Any
 
 from adwin.config import TrainConfig
 from adwin.controller.api import ControllerAPI
-from adwin.loop.accounting import Clock, TokenLedger
+from adwin.loop.accounting import Clock
 from adwin.loop.evaluate import evaluate
 from adwin.loop.parts import Parts, build_optimizer, load_parts, open_loggers, run_spec, seed_everything
-from adwin.loop.probing import audit_or_keep_window, extend_probes, make_executor, offer_prefixes
+from adwin.loop.probing import open_probe_side
 from adwin.loop.step import Sampler, optimize, score_teacher, window_metrics
-from adwin.policies.registry import is_audited
 from adwin.policies.surprise import surprise_metrics
-from adwin.probes.pool import ProbePool
 from adwin.runtime.checkpoint import save_checkpoint
-from adwin.runtime.guards import FaultCounter, NumericalFault, drop_overstale_probes
+from adwin.runtime.guards import FaultCounter, NumericalFault
 from adwin.runtime.resilient_controller import controller_metrics, drain_controller
 from adwin.runtime.resume import (
     CONTROLLER_DB,
@@ -61,31 +59,30 @@ def train(cfg: TrainConfig, controller: ControllerAPI, parts: Parts | None = Non
     parts = parts or load_parts(cfg)
     seed_everything(cfg.seed)
     run_dir = Path(cfg.out_dir) / cfg.name
-    run_id = read_state(resume)["run_id"] if resume else controller.register_run(run_spec(cfg)).run_id
-    if resume:
-        truncate_metrics(run_dir, read_state(resume)["step"])
+    state = read_state(resume) if resume else None
+    run_id = state["run_id"] if state else controller.register_run(run_spec(cfg)).run_id
+    if state:
+        truncate_metrics(run_dir, state["step"])
         controller.get_run(run_id)  # the controller must know the run (and a wrapper caches it)
     sinks = open_loggers(cfg, run_dir, controller, run_id)
     optimizer, scheduler = build_optimizer(cfg, parts.student)
     gen = Sampler(parts, cfg)
-    pool = ProbePool(cfg.rollout.max_response_len)
-    ledger = TokenLedger(cfg.rollout.max_response_len)
-    probing = is_audited(cfg.window.policy) and cfg.probes.offers_per_step > 0
-    executor = make_executor(cfg, pool, parts, gen) if probing else None  # thread/Ray workers start here
+    probes = open_probe_side(cfg, controller, run_id, parts, gen, optimizer)  # thread/Ray workers start here
     faults = FaultCounter(cfg.optim.max_bad_steps)
     clock, started = Clock(), time.perf_counter()
 
     def checkpoint(step: int) -> Path:
+        probes.drain(step)  # normally a no-op (drained before logging); the fault stop comes here directly
         return save_checkpoint(run_dir, step, parts.student, parts.tokenizer, optimizer, scheduler,
                                controller.get_run(run_id).policy_state,
-                               extra=run_state(pool, ledger, parts.train_prompts, faults),
+                               extra=run_state(probes.pool, probes.ledger, parts.train_prompts, faults),
                                meta={"run_id": run_id, "initial_eval": initial},
                                write_files=lambda d: snapshot_controller(controller, d / CONTROLLER_DB))
 
     start = 0
     if resume:  # RNG states are restored last: nothing below may draw before the loop
-        initial, start = resume_from(resume, parts.student, optimizer, scheduler, pool, ledger, parts.train_prompts,
-                                     faults)
+        initial, start = resume_from(resume, parts.student, optimizer, scheduler, probes.pool, probes.ledger,
+                                     parts.train_prompts, faults)
     else:
         with clock("eval"):
             initial = evaluate(parts, cfg, gen)
@@ -102,17 +99,15 @@ def train(cfg: TrainConfig, controller: ControllerAPI, parts: Parts | None = Non
         m |= faults.record(bool(m["optim/skipped"]))
         if faults.exhausted:  # skipped steps never touched the weights: this checkpoint is the last good state
             sinks.log(t, m | controller_metrics(controller))
-            stop_after_faults(faults, t, cfg, checkpoint(t + 1), executor, sinks)
+            stop_after_faults(faults, t, cfg, checkpoint(t + 1), probes, sinks)
         version = t + 1  # optimizer steps applied: the weights every probe token from now on comes from
-        if probing:
+        save = (cfg.checkpoint_every and (t + 1) % cfg.checkpoint_every == 0) or t == cfg.steps - 1
+        if probes.enabled:
             with clock("probe"):
-                offered = offer_prefixes(controller, run_id, t, batch, behavior, pool, win.window,
-                                         cfg.probes.offer_finished)
-                m |= offered | drop_overstale_probes(controller, run_id, pool, version, cfg.probes.staleness_limit)
-                m |= extend_probes(controller, run_id, version, executor, pool, ledger, cfg.probes.staleness_limit)
-            with clock("audit"):
-                m |= audit_or_keep_window(controller, run_id, pool, parts, cfg, optimizer, version)
-        m |= window_metrics(win) | ledger.record(batch, win.window, pool.tokens_generated)
+                m |= probes.offer(t, batch, behavior, win.window) | probes.advance(version)
+            with clock("audit"):  # learner-side share: thread/Ray workers compute the audit (waited for at a save)
+                m |= probes.audit(version, wait=bool(save))
+        m |= window_metrics(win) | probes.account(batch, win.window)
         m |= surprise_metrics(teacher.logprobs, batch.rows.response_mask, cfg.window.surprise) | {
             "rollout/prompt_tokens": float(sum(map(len, batch.prompt_ids)))}  # surprise policy input; FLOPs
         if t == 0:
@@ -124,23 +119,21 @@ def train(cfg: TrainConfig, controller: ControllerAPI, parts: Parts | None = Non
         m |= controller_metrics(controller)  # controller/degraded etc. (degraded-mode wrapper only)
         m |= clock.metrics() | {"optim/lr": scheduler.get_last_lr()[0], "time/wall": time.perf_counter() - started}
         sinks.log(t, m)
-        if (cfg.checkpoint_every and (t + 1) % cfg.checkpoint_every == 0) or t == cfg.steps - 1:
+        if save:
             checkpoint(t + 1)  # after logging, so the controller snapshot holds this step's telemetry
         clock.reset()  # after logging: step 0 carries the initial evaluation's time
         if on_step is not None:
             on_step(t, m)
-    if executor is not None:
-        executor.close()
+    probes.close()
     drain_controller(controller)  # degraded mode: deliver what is still buffered (bounded wait)
     sinks.close()
-    return TrainResult(run_id, run_dir, initial, final, sinks.history, ledger.totals(pool.tokens_generated))
+    return TrainResult(run_id, run_dir, initial, final, sinks.history, probes.totals())
 
 
-def stop_after_faults(faults: FaultCounter, step: int, cfg: TrainConfig, saved: Path, executor: Any,
+def stop_after_faults(faults: FaultCounter, step: int, cfg: TrainConfig, saved: Path, probes: Any,
                       sinks: Any) -> None:
     """Close workers and loggers, then stop the run: too many consecutive non-finite steps."""
-    if executor is not None:
-        executor.close()
+    probes.close()
     sinks.close()
     raise NumericalFault(f"{faults.consecutive} consecutive non-finite steps at step {step} "
                          f"(optim.max_bad_steps={cfg.optim.max_bad_steps}): run stopped; last good "

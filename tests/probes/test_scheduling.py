@@ -8,9 +8,11 @@ import random
 import pytest
 import torch
 
+from adwin.config import ProbeConfig
 from adwin.controller import Controller
 from adwin.controller.schemas import OfferIn, PolicyIn, ProbeOfferItem, RunIn
-from adwin.loop.probing import offer_prefixes
+from adwin.loop.accounting import TokenLedger
+from adwin.loop.probing import ProbeSide
 from adwin.loop.step import Batch
 from adwin.probes.async_executor import AsyncProbeExecutor
 from adwin.probes.pool import Extension, Probe, ProbePool
@@ -103,10 +105,11 @@ def test_offers_past_the_active_bound_are_declined_and_counted() -> None:
     run_id = ctl.register_run(RunIn(policy=PolicyIn(name="adwin", candidates=[4, 8], max_len=16), probe_batch_size=2,
                                     staleness_limit=5, offers_per_step=10, max_active_probes=3)).run_id
     pool = ProbePool(16)
+    side = ProbeSide(ctl, run_id, ProbeConfig(), pool, TokenLedger(16))
     batch, behavior = _batch(6, [False] * 5 + [True])  # 5 unfinished prefixes offered, 1 finished is not
-    m = offer_prefixes(ctl, run_id, 0, batch, behavior, pool, window=8)
+    m = side.offer(0, batch, behavior, window=8)
     assert (m["probe/offered"], m["probe/accepted"]) == (5, 3) and len(pool) == 3
-    m = offer_prefixes(ctl, run_id, 1, batch, behavior, pool, window=8)
+    m = side.offer(1, batch, behavior, window=8)
     assert (m["probe/offered"], m["probe/accepted"]) == (5, 0) and len(pool) == 3  # never queued beyond the bound
     assert ctl.telemetry(run_id).probes["declined"] == 2 + 5
 
@@ -116,10 +119,11 @@ def test_finished_rollouts_are_offered_as_complete_probes_only_when_asked() -> N
     run_id = ctl.register_run(RunIn(policy=PolicyIn(name="adwin", candidates=[4, 8], max_len=16), probe_batch_size=2,
                                     staleness_limit=5, offers_per_step=10, max_active_probes=100)).run_id
     batch, behavior = _batch(4, [True, True, True, False])  # a window most rollouts fit into
+    paper = ProbeSide(ctl, run_id, ProbeConfig(offer_finished="at_horizon"), ProbePool(16), TokenLedger(16))
+    assert paper.offer(0, batch, behavior, window=8)["probe/offered"] == 1  # the paper's rule
     pool = ProbePool(16)
-    assert offer_prefixes(ctl, run_id, 0, batch, behavior, pool, window=8)["probe/offered"] == 1  # the paper's rule
-    pool = ProbePool(16)
-    m = offer_prefixes(ctl, run_id, 1, batch, behavior, pool, window=8, offer_finished="always")
+    always = ProbeSide(ctl, run_id, ProbeConfig(offer_finished="always"), pool, TokenLedger(16))
+    m = always.offer(1, batch, behavior, window=8)
     assert m["probe/offered"] == 4 and len(pool) == 4
     finished = [pool.get(f"s1-{b}").finished for b in range(4)]
     assert finished == [True, True, True, False]  # finished ones need no extension; the unfinished one does

@@ -11,7 +11,7 @@ import yaml
 from reliability_record import record
 from trainer_fixtures import tiny_overrides
 
-from adwin.audit import alignment
+from adwin.audit import job as audit_job
 from adwin.cli import main
 from adwin.config import load_config
 from adwin.controller import Controller
@@ -58,24 +58,24 @@ def test_nan_teacher_step_is_skipped_and_the_weights_stay_finite(tmp_path: Path)
 
 
 def test_audit_with_nan_cosines_is_rejected_and_the_window_stays(tmp_path: Path, monkeypatch) -> None:
-    real_audit = alignment.audit
+    real_audit = audit_job.audit  # what inline and worker audits call
 
     def nan_audit(*a, **k):
         res = real_audit(*a, **k)
         res.cosines = {c: float("nan") for c in res.cosines}
         return res
 
-    monkeypatch.setattr(alignment, "audit", nan_audit)
+    monkeypatch.setattr(audit_job, "audit", nan_audit)
     cfg = load_config(None, tiny_overrides(tmp_path, steps=4, name="nan-audit", **{"eval.every": 0}))
     controller = Controller()
     res = train(cfg, controller)
-    rejected = [h["step"] for h in res.history if h.get("audit/rejected") == 1.0]
-    assert rejected, "a 4-step run with P=2 audits at least once"
+    rejected = sum(h.get("audit/rejected", 0.0) for h in res.history)  # several may come back in one step
+    assert rejected >= 1, "a 4-step run with P=2 audits at least once"
     assert {h["window/current"] for h in res.history} == {float(max(cfg.window.candidates))}
     tel = controller.telemetry(res.run_id)
     reasons = [d["reason"] for d in tel.decisions]
-    assert reasons.count("fallback") == len(rejected) and "audit" not in reasons
-    record("nan_audit", {"faults_injected": len(rejected), "audits_rejected": reasons.count("fallback"),
+    assert reasons.count("fallback") == rejected and "audit" not in reasons
+    record("nan_audit", {"faults_injected": int(rejected), "audits_rejected": reasons.count("fallback"),
                          "window_changes": len({h["window/current"] for h in res.history}) - 1, "runs_finished": 1})
 
 

@@ -1,0 +1,116 @@
+"""One audit as a self-contained job: what the learner hands to whoever computes it.
+
+The same ``run_audit_job`` runs inline on the trainer's model (``probes.backend: inline``) and on a probe
+worker's replica (``thread``, ``ray``), so a worker's audit equals the inline audit on the same weights
+and probes. The job carries everything the computation needs and nothing that belongs to the learner:
+the probe batch (teacher logprobs already scored), the audit and importance-weight settings, the
+weights ``version`` the audit must run under, and for ``metric="adam"`` a name-keyed copy of AdamW's
+second moments (the replica has no optimizer).
+
+Why a worker may audit with weights that are a few steps old: see docs/decisions.md, "Audits off the
+learner". In short, the audit's weights are the newest the worker has when the batch completes
+(version ``v``, the same version the batch was formed at), the decision lands ``lag`` steps later, and
+the probe tokens are at most ``S`` versions older than ``v`` with or without the move.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from types import SimpleNamespace
+from typing import Any
+
+import torch
+
+from adwin.audit.alignment import AuditResult, ProbeBatch, audit
+from adwin.audit.stale import stale_token_weights
+
+
+@dataclass
+class AuditSettings:
+    """The audit's knobs (``audit.*`` and the probe IS settings of the config), as plain values."""
+
+    candidates: list[int]
+    method: str = "fast"
+    metric: str = "identity"
+    sketch_dim: int | None = None
+    seed: int = 0
+    macro: bool = True
+    is_method: str = "none"
+    is_low: float = 0.5
+    is_high: float = 2.0
+    is_level: str = "token"
+    extra: dict[str, Any] = field(default_factory=dict)  # further keyword arguments of ``audit``
+
+
+@dataclass
+class AuditJob:
+    audit_id: int
+    version: int  # the weights version the audit runs under (the worker loads it if its replica is older)
+    batch: ProbeBatch
+    settings: AuditSettings
+    adam_moments: dict[str, Any] | None = None  # ``adam_snapshot(optimizer, model)`` for metric="adam"
+    weights: Any = None  # that version's weights when the worker's replica is older, else None
+
+
+@dataclass
+class AuditOutcome:
+    """A finished job: the audit, its IS diagnostics (``audit/is_*``) and where it ran."""
+
+    audit_id: int
+    version: int
+    result: AuditResult
+    is_metrics: dict[str, float]
+
+
+def run_audit_job(model: torch.nn.Module, job: AuditJob, optimizer: Any = None) -> AuditOutcome:
+    """Stale-probe IS weights under ``model``'s current weights, then the audit (``adwin.audit.alignment``).
+
+    ``optimizer`` is the trainer's own (inline); a worker passes none and the job's ``adam_moments``
+    stand in for it.
+    """
+    s = job.settings
+    if s.metric == "adam" and optimizer is None and job.adam_moments is not None:
+        optimizer = adam_view(model, job.adam_moments)
+    weights, is_metrics = stale_token_weights(model, job.batch, s.is_method, s.is_low, s.is_high, job.version,
+                                              level=s.is_level)
+    result = audit(model, job.batch, s.candidates, method=s.method, metric=s.metric, optimizer=optimizer,
+                   sketch_dim=s.sketch_dim, seed=s.seed, macro=s.macro, token_weights=weights, **s.extra)
+    return AuditOutcome(job.audit_id, job.version, result, is_metrics)
+
+
+def adam_snapshot(optimizer: torch.optim.Optimizer, model: torch.nn.Module) -> dict[str, Any]:
+    """Name-keyed copy of what the ``adam`` metric reads: second moments, step, beta2, eps, amsgrad."""
+    name_of = {id(p): n for n, p in model.named_parameters()}
+    out: dict[str, Any] = {}
+    for group in optimizer.param_groups:
+        for p in group["params"]:
+            state = optimizer.state.get(p, {})
+            v = state.get("max_exp_avg_sq") if group.get("amsgrad") else state.get("exp_avg_sq")
+            if v is None or "step" not in state or id(p) not in name_of:
+                continue
+            out[name_of[id(p)]] = {"v": v.detach().to("cpu", copy=True), "step": float(state["step"]),
+                                   "beta2": float(group["betas"][1]), "eps": float(group["eps"])}
+    return out
+
+
+def adam_view(model: torch.nn.Module, moments: Mapping[str, Any]) -> Any:
+    """An object shaped like an AdamW optimizer over ``model``'s parameters, holding ``moments``.
+
+    It only has what ``adwin.audit.grams`` reads (``param_groups``, ``state``); one group per parameter,
+    since each may carry its own beta2/eps.
+    """
+    groups, state = [], {}
+    for name, p in model.named_parameters():
+        m = moments.get(name)
+        if m is None:
+            continue
+        groups.append({"params": [p], "betas": (0.9, m["beta2"]), "eps": m["eps"], "amsgrad": False})
+        state[p] = {"exp_avg_sq": m["v"].to(p.device), "step": torch.tensor(m["step"])}
+    return SimpleNamespace(param_groups=groups, state=state)
+
+
+def lag_metrics(outcome: AuditOutcome, version_now: int) -> dict[str, float]:
+    """``audit/weights_version``: the weights the audit ran under; ``audit/lag_steps``: steps since then."""
+    return {"audit/weights_version": float(outcome.version), "audit/lag_steps": float(version_now - outcome.version)}
+
