@@ -19,7 +19,6 @@ in padding cannot leak into the loss or its gradient).
 from __future__ import annotations
 
 import math
-from typing import Literal
 
 import torch
 
@@ -46,7 +45,6 @@ from adwin.objectives.logprobs import (  # noqa: F401  (re-exported: part of the
     window_mask,
 )
 
-Aggregation = Literal["token-mean", "seq-mean-token-mean", "seq-mean-token-sum"]
 AGGREGATIONS: tuple[str, ...] = ("token-mean", "seq-mean-token-mean", "seq-mean-token-sum")
 LOSS_NAMES: tuple[str, ...] = (
     "reverse_kl_pg", "reverse_kl_mc", "forward_kl_topk", "forward_kl", "reverse_kl", "jsd", "k2", "k3",
