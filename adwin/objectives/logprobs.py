@@ -3,7 +3,7 @@
 Math layer: imports nothing from the controller, probes or application modules. The shared base of
 ``adwin.objectives.losses`` and ``adwin.objectives.divergences``; ``adwin.objectives.losses`` re-exports its public names.
 
-Position convention (DESIGN.md): the token at ``input_ids[b, i]`` is predicted by ``logits[b, i-1]``.
+Position convention (docs/design.md): the token at ``input_ids[b, i]`` is predicted by ``logits[b, i-1]``.
 Per-token tensors are aligned with ``input_ids`` (shape ``(B, L)``); per-action tensors are ``(B, L, m)``
 with the same alignment. Raw model logits keep the model layout ``(B, L, V)`` and are shifted here.
 """

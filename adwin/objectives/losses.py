@@ -4,7 +4,7 @@ Math layer: imports nothing from the controller, probes or application modules.
 Token log-probabilities and mask primitives live in ``adwin.objectives.logprobs``, the top-k and dense-logit
 divergences in ``adwin.objectives.divergences``; both are re-exported here.
 
-Position convention (DESIGN.md): the token at ``input_ids[b, i]`` is predicted by ``logits[b, i-1]``.
+Position convention (docs/design.md): the token at ``input_ids[b, i]`` is predicted by ``logits[b, i-1]``.
 All per-token tensors here are aligned with ``input_ids`` (shape ``(B, L)``): the value at ``[b, i]``
 concerns the realized token ``input_ids[b, i]``. Position 0 has no predictor and is always masked.
 Per-action tensors (MC actions, teacher top-k) are ``(B, L, m)`` with the same alignment: ``[b, i, j]``
