@@ -46,12 +46,7 @@ def build_parser() -> argparse.ArgumentParser:
                 group_parser = subs.add_parser(name, help=f"{name} commands")
                 groups[key] = group_parser.add_subparsers(dest=f"{name}_command", metavar="SUBCOMMAND")
             subs = groups[key]
-        try:
-            mod = importlib.import_module(module)
-        except ModuleNotFoundError as e:
-            if e.name and module.startswith(e.name):
-                continue  # command not built yet
-            raise
+        mod = importlib.import_module(module)
         p = subs.add_parser(path[-1], help=help_text, description=(mod.__doc__ or help_text).strip())
         mod.add_arguments(p)
         p.set_defaults(_module=mod)

@@ -1,6 +1,7 @@
 """Typed run configuration. YAML presets in ``configs/`` map onto ``TrainConfig`` one to one.
 
-Math layer: imports nothing from the controller, probes or application modules. Every invalid value
+Its layer sits above the math (objectives, audit, policies, sampling) and below the controller
+(``LAYERS`` in tests/test_packaging.py): it imports the window policies to validate them. Every invalid value
 fails at load time with a pydantic ``ValidationError`` naming the field and its allowed range.
 """
 

@@ -9,12 +9,9 @@ from __future__ import annotations
 
 import argparse
 import json
-import logging
 import sys
 from pathlib import Path
 from typing import Any
-
-log = logging.getLogger(__name__)
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -152,11 +149,11 @@ def run(cfg: Any, profile: str = "default", resume: Path | None = None) -> int:
 
     hf_logging.disable_progress_bar()  # weight loading/saving bars would drown the training bar
     console = Console(stderr=False)
-    if cfg.model.device == "cpu" and cfg.model.student == "builtin":
-        torch.set_num_threads(1)  # the built-in models are tiny (see limit_threads), preparing them too
-    from adwin.backends import check_backends
-
-    check_backends(cfg)  # an engine that is not installed fails here, before any model loads
+    # The built-in models are known to be tiny, so their thread limit applies before loading (preparing
+    # them is compute too); any other student is measured once loaded. ``main`` checked the backends.
+    builtin_cpu = cfg.model.device == "cpu" and cfg.model.student == "builtin"
+    if builtin_cpu:
+        torch.set_num_threads(1)  # the rule of limit_threads, decided without the model
     checkpoint = None
     if resume is not None:
         from adwin.runtime.checkpoint import latest_checkpoint
@@ -167,7 +164,8 @@ def run(cfg: Any, profile: str = "default", resume: Path | None = None) -> int:
         if cfg.scheduler != "sync":
             raise ValueError(f"--resume supports the sync scheduler only, not {cfg.scheduler!r}")
     parts = load_parts(cfg, profile)  # loads and checks models, tokenizers and prompts before any training compute
-    limit_threads(parts.student, cfg.model.device)
+    if not builtin_cpu:
+        limit_threads(parts.student, cfg.model.device)
     controller, stop, url = open_controller(cfg, checkpoint)
     if url:
         console.print(f"controller + dashboard: [bold]{url}[/bold]")

@@ -1,6 +1,6 @@
 """``ControllerAPI``: the one protocol that the in-process ``Controller`` and ``RemoteController`` share.
 
-Lifecycle of one run, as the synchronous trainer drives it (DESIGN.md "The loop"):
+Lifecycle of one run, as the synchronous trainer drives it (docs/design.md "The loop"):
 
 1. ``register_run`` once.
 2. Each step ``t``: ``get_window(run, t)`` -> W (never blocks on probes).

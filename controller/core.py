@@ -12,7 +12,7 @@ Semantics (see also ``adwin.controller.api``):
   counted. Accepted probes join the submission-order queue.
 * ``next_probe_batch`` is a windowed FIFO: a complete probe may be taken only while it is among the
   first ``P + lookahead`` non-dropped, not-yet-batched probes in submission order, so short probes
-  cannot overtake long ones by more than ``lookahead`` places (``../shared/seeds/002_...``).
+  cannot overtake long ones by more than ``lookahead`` places (*Stabilizing and Scaling Async RL Training*).
 * ``cosines`` and ``gram`` audits are the whole batch's (already reduced over ranks) and decide at
   once; ``sketch`` audits arrive one per rank and decide once all ``world_size`` ranks are in (the
   sketches are linear in the gradient, so their sum is the sketch of the batch gradient).

@@ -6,7 +6,7 @@
   (round-robin over prompt ids). Accepted probes keep offer order: the submission order.
 * ``next_probe_batch`` is a windowed FIFO: a complete probe may be taken only while it is among the
   first ``P + lookahead`` non-dropped, not-yet-batched probes in submission order, so short probes
-  cannot overtake long ones by more than ``lookahead`` places (``../shared/seeds/002_...``).
+  cannot overtake long ones by more than ``lookahead`` places (*Stabilizing and Scaling Async RL Training*).
 * Staleness never exceeds ``S`` in a batch. The staleness of a probe at version ``v`` is
   ``v - oldest_version``. When the plan for version ``v`` finds an unbatched probe at staleness ``S``,
   it also force-completes the active probes among the first ``P`` unbatched ones, so that the batch

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import copy
 from collections.abc import Callable
-from typing import Any, Literal
+from typing import Any
 
 import torch
 
@@ -21,7 +21,6 @@ from adwin.probes.extender import ModelExtender, snapshot_weights
 from adwin.probes.pool import Extender, ProbePool
 from adwin.probes.workers import InlineWorker, ProbeWorker, ThreadWorker
 
-Backend = Literal["inline", "thread", "ray"]
 BACKENDS: tuple[str, ...] = ("inline", "thread", "ray")
 
 

@@ -20,7 +20,7 @@ import queue
 import threading
 from collections.abc import Callable, Mapping
 from concurrent.futures import Future
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, Protocol, runtime_checkable
 
 from adwin.audit.job import AuditJob, AuditOutcome
@@ -39,7 +39,6 @@ class RoundJob:
     version: int  # the weights version every token of this round is tagged with
     force: bool = False  # forced completion at the staleness limit (budgets run to the horizon)
     weights: Any = None  # that version's weights when the worker's replica is older, else None
-    meta: dict[str, Any] = field(default_factory=dict)
 
 
 @runtime_checkable

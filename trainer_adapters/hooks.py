@@ -2,7 +2,7 @@
 
 A streaming scheduler (prompt feeder -> rollout workers -> teacher scoring -> learner, see
 ``adwin.trainer_adapters.asyncopd``) has no synchronous "step" at which a whole batch is rolled out,
-so the synchronous trainer's loop (DESIGN.md) is split into five calls, each made at a well-defined
+so the synchronous trainer's loop (docs/design.md) is split into five calls, each made at a well-defined
 point of the pipeline. Any scheduler that makes these calls gets adaptive windows; any object that
 implements ``WindowHooks`` can serve them (``ControllerWindowHooks`` talks to a ``ControllerAPI``,
 ``StaticWindowHooks`` is a fixed window without a controller).

@@ -24,12 +24,12 @@ import numpy as np
 import torch
 
 from adwin.audit.grams import (
+    Prepared,
     TokenLoss,
-    _canonical_name,
-    _chunked_grams,
-    _metric_scaler,
-    _Prepared,
-    _reference_grams,
+    canonical_name,
+    chunked_grams,
+    metric_scaler,
+    reference_grams,
 )
 from adwin.audit.sketch import Grads, countsketch, countsketch_hashes  # noqa: F401  (countsketch_hashes: public API)
 from adwin.objectives.losses import response_positions, reverse_kl_pg, token_logprobs  # noqa: F401  (last two: kept importable here)
@@ -253,23 +253,23 @@ def audit(
     if getattr(getattr(model, "config", None), "is_encoder_decoder", False):
         raise ValueError("audit needs a decoder-only (causal) model; got an encoder-decoder")
 
-    named = [(_canonical_name(n), p) for n, p in model.named_parameters() if p.requires_grad]
+    named = [(canonical_name(n), p) for n, p in model.named_parameters() if p.requires_grad]
     if not named:
         raise ValueError("model has no parameters that require grad")
     device = named[0][1].device
     b = _prepare(batch, token_weights, cands, device)
     b.loss = loss
-    scale = _metric_scaler([p for _, p in named], metric, optimizer)
+    scale = metric_scaler([p for _, p in named], metric, optimizer)
 
     was_training = model.training
     model.eval()
     try:
         with torch.enable_grad():
             if method == "reference":
-                gram, sample_grams = _reference_grams(model, named, b, len(cands) + 1, scale, macro)
+                gram, sample_grams = reference_grams(model, named, b, len(cands) + 1, scale, macro)
                 sketch = None
             else:
-                gram, sample_grams, sketch = _chunked_grams(
+                gram, sample_grams, sketch = chunked_grams(
                     model,
                     named,
                     b,
@@ -317,7 +317,7 @@ def _check_candidates(candidates: Sequence[int]) -> list[int]:
 
 def _prepare(
     batch: ProbeBatch, token_weights: torch.Tensor | None, cands: list[int], device: torch.device
-) -> _Prepared:
+) -> Prepared:
     shape = tuple(batch.input_ids.shape)
     if token_weights is not None and tuple(token_weights.shape) != shape:
         raise ValueError(f"token_weights must have shape {shape}, got {tuple(token_weights.shape)}")
@@ -331,7 +331,7 @@ def _prepare(
     bounds = torch.tensor(cands, device=device)
     seg = torch.where(pos >= 0, torch.bucketize(pos, bounds, right=True), torch.full_like(pos, -1))
     counts = torch.bincount(seg[seg >= 0], minlength=len(cands) + 1).tolist()
-    return _Prepared(
+    return Prepared(
         input_ids=batch.input_ids.to(device),
         attention_mask=am,
         position_ids=(am.cumsum(dim=1) - 1).clamp_min(0),

@@ -1,12 +1,12 @@
 """Segment gradients and their Gram matrix: the engines behind ``adwin.audit.alignment.audit``.
 
 Math layer: imports nothing from the controller, probes or application modules. Internal to the audit:
-``adwin.audit.alignment`` validates the inputs, builds ``_Prepared`` and turns the Gram into cosines.
+``adwin.audit.alignment`` validates the inputs, builds ``Prepared`` and turns the Gram into cosines.
 
 Both engines return the (K+1, K+1) float64 Gram ``G[s, s'] = <g_s, g_s'>`` of the segment gradients
-(batch level) and, with ``macro``, one Gram per sample: ``_reference_grams`` from flattened float64
-gradients (tests), ``_chunked_grams`` through the causal chunked forward (methods ``fast`` and
-``sketch``). Gradients are scaled by the square root of the metric weight (``_metric_scaler``) first.
+(batch level) and, with ``macro``, one Gram per sample: ``reference_grams`` from flattened float64
+gradients (tests), ``chunked_grams`` through the causal chunked forward (methods ``fast`` and
+``sketch``). Gradients are scaled by the square root of the metric weight (``metric_scaler``) first.
 """
 
 from __future__ import annotations
@@ -26,7 +26,7 @@ TokenLoss = Callable[[torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor]
 
 
 @dataclass
-class _Prepared:
+class Prepared:
     input_ids: torch.Tensor  # (B, L)
     attention_mask: torch.Tensor  # (B, L) long
     position_ids: torch.Tensor  # (B, L)
@@ -38,7 +38,7 @@ class _Prepared:
     loss: str | TokenLoss = "reverse_kl_pg"
 
 
-def _canonical_name(name: str) -> str:
+def canonical_name(name: str) -> str:
     # Wrappers (DDP, torch.compile) prefix names; the sketch hash must not depend on them.
     for prefix in ("module.", "_orig_mod."):
         while name.startswith(prefix):
@@ -46,7 +46,7 @@ def _canonical_name(name: str) -> str:
     return name
 
 
-def _metric_scaler(
+def metric_scaler(
     params: list[torch.nn.Parameter], metric: str, optimizer: torch.optim.Optimizer | None
 ) -> Callable[[int, torch.Tensor], torch.Tensor]:
     """``scale(i, g)``: gradient of parameter ``i`` times the square root of its metric weight.
@@ -89,10 +89,10 @@ def _per_token_loss(
     return per if weights is None else per * weights
 
 
-def _reference_grams(
+def reference_grams(
     model: torch.nn.Module,
     named: list[tuple[str, torch.nn.Parameter]],
-    b: _Prepared,
+    b: Prepared,
     n_seg: int,
     scale: Callable[[int, torch.Tensor], torch.Tensor],
     macro: bool,
@@ -122,10 +122,10 @@ def _reference_grams(
     return gram, sample_grams
 
 
-def _chunked_grams(
+def chunked_grams(
     model: torch.nn.Module,
     named: list[tuple[str, torch.nn.Parameter]],
-    b: _Prepared,
+    b: Prepared,
     n_seg: int,
     scale: Callable[[int, torch.Tensor], torch.Tensor],
     macro: bool,
@@ -179,7 +179,7 @@ def _chunked_grams(
 def _segment_grads(
     model: torch.nn.Module,
     named: list[tuple[str, torch.nn.Parameter]],
-    b: _Prepared,
+    b: Prepared,
     rows: slice,
     n_seg: int,
     scale: Callable[[int, torch.Tensor], torch.Tensor],

@@ -2,7 +2,7 @@
 
 The rollout engine (vLLM) and the training engine (transformers) compute the same policy with different
 kernels; under asynchrony the rollout weights are also older. The per-token absolute gap catches both
-(``../shared/seeds/002``: flat around its baseline when healthy, diverging when an IS correction or the
+(*Stabilizing and Scaling Async RL Training*: flat around its baseline when healthy, diverging when an IS correction or the
 weight sync is broken). Report its tails, not only the mean: heavy-tailed gaps hide behind a benign mean.
 
 Metrics (``rollout/`` namespace): ``logprob_gap_mean``, ``logprob_gap_p50``, ``logprob_gap_p90``,

@@ -20,7 +20,6 @@ The AsyncOPD ``RolloutEngine`` on top of it is ``adwin.trainer_adapters.asyncopd
 
 from __future__ import annotations
 
-import logging
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -28,8 +27,6 @@ from typing import Any
 import torch
 
 from adwin.backends import require_vllm
-
-log = logging.getLogger(__name__)
 
 
 @dataclass

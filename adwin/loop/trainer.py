@@ -1,4 +1,4 @@
-"""The synchronous prefix-window OPD trainer (DESIGN.md "The loop", ADWIN sections 4.1-4.2).
+"""The synchronous prefix-window OPD trainer (docs/design.md "The loop", ADWIN sections 4.1-4.2).
 
 ``train`` reads top to bottom as one step of the paper's algorithm; its helpers do one thing each and
 live in ``parts`` (setup), ``step`` (sampling, teacher, optimizer step), ``probing`` (``ProbeSide``: offers,

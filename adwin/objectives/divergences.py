@@ -15,7 +15,7 @@ import math
 import torch
 import torch.nn.functional as F
 
-from adwin.objectives.logprobs import _fill_off, _keep, _upcast, action_logprobs
+from adwin.objectives.logprobs import action_logprobs, fill_off, keep_mask, upcast
 
 
 def forward_kl_topk(
@@ -33,18 +33,18 @@ def forward_kl_topk(
     if teacher_topk_logprobs.shape != teacher_topk_ids.shape:
         raise ValueError("teacher_topk_ids and teacher_topk_logprobs must have the same (B, L, k) shape")
     logp = action_logprobs(student_logits, teacher_topk_ids)  # (B, L, k)
-    return _forward_kl_topk_terms(logp, teacher_topk_logprobs, mask)
+    return forward_kl_topk_terms(logp, teacher_topk_logprobs, mask)
 
 
-def _forward_kl_topk_terms(logp: torch.Tensor, teacher_topk_logprobs: torch.Tensor,
+def forward_kl_topk_terms(logp: torch.Tensor, teacher_topk_logprobs: torch.Tensor,
                            mask: torch.Tensor) -> torch.Tensor:
     """forward_kl_topk from the student's top-k logprobs (B, L, k) -> (B, L)."""
-    lq = _upcast(teacher_topk_logprobs).detach()
-    present = torch.isfinite(lq) & _keep(mask, lq)
+    lq = upcast(teacher_topk_logprobs).detach()
+    present = torch.isfinite(lq) & keep_mask(mask, lq)
     lq = torch.where(present, lq, torch.zeros_like(lq))
     q = torch.where(present, lq.exp(), torch.zeros_like(lq))
     per_token = (q * (lq - logp)).sum(dim=-1).clamp_min(0.0)  # (B, L)
-    return _fill_off(per_token, mask)
+    return fill_off(per_token, mask)
 
 
 def _dense_logps(
@@ -54,11 +54,11 @@ def _dense_logps(
     if student_logits.shape != teacher_logits.shape:
         raise ValueError(f"teacher_logits {tuple(teacher_logits.shape)} must match student_logits "
                          f"{tuple(student_logits.shape)} (same vocabulary, same layout)")
-    t_raw = _upcast(teacher_logits[:, :-1]).detach()  # (B, L-1, V)
+    t_raw = upcast(teacher_logits[:, :-1]).detach()  # (B, L-1, V)
     if mask is not None:
         # a NaN teacher row off the mask would still poison the gradient through 0 * NaN
         t_raw = torch.where((mask[:, 1:] > 0).unsqueeze(-1), t_raw, torch.zeros_like(t_raw))
-    s = torch.log_softmax(_upcast(student_logits[:, :-1]), dim=-1)
+    s = torch.log_softmax(upcast(student_logits[:, :-1]), dim=-1)
     return s, torch.log_softmax(t_raw, dim=-1)
 
 
@@ -70,7 +70,7 @@ def _kl_rows(log_a: torch.Tensor, log_b: torch.Tensor) -> torch.Tensor:
 
 def _finish(per_pos: torch.Tensor, mask: torch.Tensor | None) -> torch.Tensor:
     per_token = F.pad(per_pos, (1, 0), value=0.0)  # (B, L): position 0 has no predictor
-    return per_token if mask is None else _fill_off(per_token, mask)
+    return per_token if mask is None else fill_off(per_token, mask)
 
 
 def forward_kl(student_logits: torch.Tensor, teacher_logits: torch.Tensor,

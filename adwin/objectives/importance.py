@@ -1,7 +1,8 @@
 """Importance-ratio treatment for stale or off-policy tokens: weights and ratio diagnostics.
 
 Math layer. Methods follow the async-RL corrections (``none``, ``clip``, ``cap``, ``icepop``) described in
-``shared/seeds/002``; ``ratio_percentiles`` gives the train-rollout gap diagnostics (p50/p90/p99/max).
+*Stabilizing and Scaling Async RL Training* (docs/design.md, references); ``ratio_percentiles`` gives the
+train-rollout gap diagnostics (p50/p90/p99/max).
 """
 
 from __future__ import annotations

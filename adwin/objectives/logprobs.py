@@ -3,7 +3,7 @@
 Math layer: imports nothing from the controller, probes or application modules. The shared base of
 ``adwin.objectives.losses`` and ``adwin.objectives.divergences``; ``adwin.objectives.losses`` re-exports its public names.
 
-Position convention (DESIGN.md): the token at ``input_ids[b, i]`` is predicted by ``logits[b, i-1]``.
+Position convention (docs/design.md): the token at ``input_ids[b, i]`` is predicted by ``logits[b, i-1]``.
 Per-token tensors are aligned with ``input_ids`` (shape ``(B, L)``); per-action tensors are ``(B, L, m)``
 with the same alignment. Raw model logits keep the model layout ``(B, L, V)`` and are shifted here.
 """
@@ -19,7 +19,7 @@ def token_logprobs(logits: torch.Tensor, input_ids: torch.Tensor) -> torch.Tenso
 
     logits: (B, L, V); input_ids: (B, L) -> (B, L), with 0 at position 0 (no predictor).
     """
-    logp = torch.log_softmax(_upcast(logits[:, :-1]), dim=-1)  # (B, L-1, V)
+    logp = torch.log_softmax(upcast(logits[:, :-1]), dim=-1)  # (B, L-1, V)
     picked = logp.gather(-1, input_ids[:, 1:, None]).squeeze(-1)  # (B, L-1)
     return torch.nn.functional.pad(picked, (1, 0), value=0.0)  # (B, L)
 
@@ -33,7 +33,7 @@ def action_logprobs(logits: torch.Tensor, action_ids: torch.Tensor) -> torch.Ten
     if action_ids.dim() != 3 or action_ids.shape[:2] != logits.shape[:2]:
         raise ValueError(f"action_ids must be (B, L, m) matching logits {tuple(logits.shape[:2])}, "
                          f"got {tuple(action_ids.shape)}")
-    logp = torch.log_softmax(_upcast(logits[:, :-1]), dim=-1)  # (B, L-1, V)
+    logp = torch.log_softmax(upcast(logits[:, :-1]), dim=-1)  # (B, L-1, V)
     picked = logp.gather(-1, action_ids[:, 1:].long().clamp_min(0))  # (B, L-1, m)
     return F.pad(picked, (0, 0, 1, 0), value=0.0)  # (B, L, m)
 
@@ -55,17 +55,17 @@ def window_mask(response_mask: torch.Tensor, window: int | None) -> torch.Tensor
     return ((pos >= 0) & (pos < window)).float()
 
 
-def _upcast(x: torch.Tensor) -> torch.Tensor:
+def upcast(x: torch.Tensor) -> torch.Tensor:
     """Half precision to float32 for the math; float64 stays float64 (reference tests use it)."""
     return x if x.dtype == torch.float64 else x.float()
 
 
-def _keep(mask: torch.Tensor, like: torch.Tensor) -> torch.Tensor:
+def keep_mask(mask: torch.Tensor, like: torch.Tensor) -> torch.Tensor:
     """Boolean mask broadcastable to ``like`` ((B, L) -> (B, L, 1) for per-action tensors)."""
     keep = mask > 0
     return keep.unsqueeze(-1) if like.dim() == keep.dim() + 1 else keep
 
 
-def _fill_off(x: torch.Tensor, mask: torch.Tensor, value: float | torch.Tensor = 0.0) -> torch.Tensor:
+def fill_off(x: torch.Tensor, mask: torch.Tensor, value: float | torch.Tensor = 0.0) -> torch.Tensor:
     """``x`` on the mask, ``value`` elsewhere: sanitizes padding before it enters any arithmetic."""
-    return torch.where(_keep(mask, x), x, value)
+    return torch.where(keep_mask(mask, x), x, value)

@@ -4,7 +4,7 @@ Math layer: imports nothing from the controller, probes or application modules.
 Token log-probabilities and mask primitives live in ``adwin.objectives.logprobs``, the top-k and dense-logit
 divergences in ``adwin.objectives.divergences``; both are re-exported here.
 
-Position convention (DESIGN.md): the token at ``input_ids[b, i]`` is predicted by ``logits[b, i-1]``.
+Position convention (docs/design.md): the token at ``input_ids[b, i]`` is predicted by ``logits[b, i-1]``.
 All per-token tensors here are aligned with ``input_ids`` (shape ``(B, L)``): the value at ``[b, i]``
 concerns the realized token ``input_ids[b, i]``. Position 0 has no predictor and is always masked.
 Per-action tensors (MC actions, teacher top-k) are ``(B, L, m)`` with the same alignment: ``[b, i, j]``
@@ -19,14 +19,13 @@ in padding cannot leak into the loss or its gradient).
 from __future__ import annotations
 
 import math
-from typing import Literal
 
 import torch
 
 from adwin.objectives.divergences import (  # noqa: F401  (re-exported: part of the losses API)
-    _forward_kl_topk_terms,
     forward_kl,
     forward_kl_topk,
+    forward_kl_topk_terms,
     generalized_jsd,
     reverse_kl,
 )
@@ -37,16 +36,15 @@ from adwin.objectives.importance import (  # noqa: F401  (re-exported: part of t
     ratio_percentiles,
 )
 from adwin.objectives.logprobs import (  # noqa: F401  (re-exported: part of the losses API)
-    _fill_off,
-    _keep,
-    _upcast,
     action_logprobs,
+    fill_off,
+    keep_mask,
     response_positions,
     token_logprobs,
+    upcast,
     window_mask,
 )
 
-Aggregation = Literal["token-mean", "seq-mean-token-mean", "seq-mean-token-sum"]
 AGGREGATIONS: tuple[str, ...] = ("token-mean", "seq-mean-token-mean", "seq-mean-token-sum")
 LOSS_NAMES: tuple[str, ...] = (
     "reverse_kl_pg", "reverse_kl_mc", "forward_kl_topk", "forward_kl", "reverse_kl", "jsd", "k2", "k3",
@@ -108,16 +106,16 @@ def reverse_kl_pg(
     clip. ``is_method`` (see ``importance_weights``) instead replaces ``rho`` by a constant weight
     ``w(rho)``: value ``-w * A``, gradient ``-w * A * grad log p_theta``.
     """
-    student_logprobs = _upcast(student_logprobs)
+    student_logprobs = upcast(student_logprobs)
     # padding may hold anything (-inf, NaN): neutralize it so A = 0 and rho = 1 off the mask
-    teacher = _fill_off(_upcast(teacher_logprobs), mask, student_logprobs.detach())
+    teacher = fill_off(upcast(teacher_logprobs), mask, student_logprobs.detach())
     if behavior_logprobs is None:
         per_token = -(teacher - student_logprobs).detach() * student_logprobs
     else:
-        behavior = _fill_off(_upcast(behavior_logprobs), mask, student_logprobs.detach())
+        behavior = fill_off(upcast(behavior_logprobs), mask, student_logprobs.detach())
         per_token = _pg_surrogate(student_logprobs, teacher, behavior, clip=clip,
                                   is_method=is_method, is_low=is_low, is_high=is_high)
-    return _fill_off(per_token, mask)
+    return fill_off(per_token, mask)
 
 
 def reverse_kl_mc(
@@ -146,13 +144,13 @@ def reverse_kl_mc(
         if t is not None and t.shape != student_logprobs.shape:
             raise ValueError(f"{name} must match student_logprobs {tuple(student_logprobs.shape)}, "
                              f"got {tuple(t.shape)}")
-    logp = _upcast(student_logprobs)  # (B, L, m)
-    teacher = _fill_off(_upcast(teacher_logprobs), mask, logp.detach())
-    behavior = logp.detach() if behavior_logprobs is None else _fill_off(
-        _upcast(behavior_logprobs), mask, logp.detach())
+    logp = upcast(student_logprobs)  # (B, L, m)
+    teacher = fill_off(upcast(teacher_logprobs), mask, logp.detach())
+    behavior = logp.detach() if behavior_logprobs is None else fill_off(
+        upcast(behavior_logprobs), mask, logp.detach())
     per_action = _pg_surrogate(logp, teacher, behavior, clip=clip,
                                is_method=is_method, is_low=is_low, is_high=is_high)  # (B, L, m)
-    return _fill_off(per_action.mean(dim=-1), mask)
+    return fill_off(per_action.mean(dim=-1), mask)
 
 
 def k1(student_logprobs: torch.Tensor, teacher_logprobs: torch.Tensor) -> torch.Tensor:
@@ -194,7 +192,7 @@ def iw_opd_weights(advantage: torch.Tensor, mask: torch.Tensor, gamma: float) ->
     if not math.isfinite(gamma) or gamma < 0:
         raise ValueError(f"iw_gamma must be finite and >= 0, got {gamma}")
     keep = mask > 0
-    a = torch.where(keep, _upcast(advantage.detach()).abs(), torch.zeros((), dtype=_upcast(advantage).dtype))
+    a = torch.where(keep, upcast(advantage.detach()).abs(), torch.zeros((), dtype=upcast(advantage).dtype))
     a = torch.nan_to_num(a, nan=0.0, posinf=0.0, neginf=0.0)  # (B, L)
     before = a.cumsum(dim=1) - a  # (B, L) exclusive cumulative |A|
     total = a.sum(dim=1, keepdim=True)  # (B, 1)
@@ -213,7 +211,7 @@ def aggregate(per_token: torch.Tensor, mask: torch.Tensor, mode: str = "token-me
     those samples.
     """
     mask = mask.float()
-    per_token = _fill_off(per_token, mask)
+    per_token = fill_off(per_token, mask)
     if mode == "token-mean":
         return per_token.sum() / mask.sum().clamp_min(1.0)
     per_seq_tokens = mask.sum(dim=1)  # (B,)
@@ -234,7 +232,7 @@ def _require(name: str, **inputs: torch.Tensor | None) -> None:
 
 
 def _masked_mean(x: torch.Tensor, mask: torch.Tensor) -> float:
-    return float(_fill_off(x.detach(), mask).sum() / mask.sum().clamp_min(1.0))
+    return float(fill_off(x.detach(), mask).sum() / mask.sum().clamp_min(1.0))
 
 
 def opd_loss(
@@ -302,14 +300,14 @@ def opd_loss(
                                       clip=clip, is_method=is_method, is_low=is_low, is_high=is_high)
         else:
             fn = k2 if name == "k2" else k3
-            safe_teacher = _fill_off(_upcast(teacher_realized), mask, realized.detach())
-            per_token = _fill_off(fn(realized, safe_teacher), mask)
+            safe_teacher = fill_off(upcast(teacher_realized), mask, realized.detach())
+            per_token = fill_off(fn(realized, safe_teacher), mask)
     elif name == "reverse_kl_mc":
         _require(name, student_logits=student_logits, action_ids=action_ids, teacher_logprobs=teacher_logprobs)
         logp = action_logprobs(student_logits, action_ids)  # (B, L, m)
         per_token = reverse_kl_mc(logp, teacher_logprobs, mask, behavior_logprobs=behavior_logprobs,
                                   clip=clip, is_method=is_method, is_low=is_low, is_high=is_high)
-        k1_mc = k1(logp.detach(), _fill_off(_upcast(teacher_logprobs), mask, logp.detach())).mean(-1)
+        k1_mc = k1(logp.detach(), fill_off(upcast(teacher_logprobs), mask, logp.detach())).mean(-1)
         metrics["loss/teacher_kl"] = _masked_mean(k1_mc, mask)
         realized = logp  # for the ratio metrics below
     elif name == "forward_kl_topk":
@@ -318,8 +316,8 @@ def opd_loss(
         if teacher_topk_logprobs.shape != teacher_topk_ids.shape:
             raise ValueError("teacher_topk_ids and teacher_topk_logprobs must have the same (B, L, k) shape")
         logp_top = action_logprobs(student_logits, teacher_topk_ids)  # (B, L, k)
-        per_token = _forward_kl_topk_terms(logp_top, teacher_topk_logprobs, mask)
-        lq = _upcast(teacher_topk_logprobs).detach()
+        per_token = forward_kl_topk_terms(logp_top, teacher_topk_logprobs, mask)
+        lq = upcast(teacher_topk_logprobs).detach()
         q_mass = torch.where(torch.isfinite(lq), lq.exp(), torch.zeros_like(lq)).sum(-1)  # (B, L)
         p_mass = logp_top.detach().exp().sum(-1)  # (B, L)
         metrics["loss/topk_teacher_mass"] = _masked_mean(q_mass, mask)
@@ -336,16 +334,16 @@ def opd_loss(
     if iw_gamma:
         if name not in ("reverse_kl_pg", "k2", "k3"):
             raise ValueError(f"iw_gamma needs a sampled-token loss (reverse_kl_pg, k2, k3), got {name!r}")
-        lp = _upcast(realized.detach())
-        weights = iw_opd_weights(_fill_off(_upcast(teacher_realized), mask, lp) - lp, mask, iw_gamma)  # (B, L)
+        lp = upcast(realized.detach())
+        weights = iw_opd_weights(fill_off(upcast(teacher_realized), mask, lp) - lp, mask, iw_gamma)  # (B, L)
         per_token = per_token * weights
         metrics["loss/iw_weight_mean"] = _masked_mean(weights, mask)
 
     loss = aggregate(per_token, mask, aggregation)
     metrics["loss/value"] = float(loss.detach())
     if name != "reverse_kl_mc" and realized is not None and teacher_realized is not None:
-        lp = _upcast(realized.detach())
-        lq = _fill_off(_upcast(teacher_realized), mask, lp)
+        lp = upcast(realized.detach())
+        lq = fill_off(upcast(teacher_realized), mask, lp)
         metrics["loss/teacher_kl"] = _masked_mean(k1(lp, lq), mask)
         metrics["loss/teacher_kl_k3"] = _masked_mean(k3(lp, lq), mask)
     if behavior_logprobs is not None and realized is not None and name in ("reverse_kl_pg", "reverse_kl_mc"):
@@ -367,14 +365,14 @@ def _ratio_metrics(
     is_high: float,
 ) -> dict[str, float]:
     """Old-to-current ratio diagnostics over the mask; logp etc. (B, L) or (B, L, m)."""
-    lp = _upcast(logp.detach())
-    log_ratio = lp - _fill_off(_upcast(behavior_logp), mask, lp)
-    adv = _fill_off(_upcast(teacher_logp), mask, lp) - lp
-    keep = torch.broadcast_to(_keep(mask, log_ratio), log_ratio.shape)
+    lp = upcast(logp.detach())
+    log_ratio = lp - fill_off(upcast(behavior_logp), mask, lp)
+    adv = fill_off(upcast(teacher_logp), mask, lp) - lp
+    keep = torch.broadcast_to(keep_mask(mask, log_ratio), log_ratio.shape)
     n = keep.float().sum().clamp_min(1.0)
     ratio = log_ratio.exp()
     out = {f"loss/is_ratio_{k}": v for k, v in ratio_percentiles(ratio, keep).items()}
-    out["loss/logprob_abs_diff"] = float(_fill_off(log_ratio.abs(), keep).sum() / n)
+    out["loss/logprob_abs_diff"] = float(fill_off(log_ratio.abs(), keep).sum() / n)
     if is_method != "none":
         out["loss/is_frac_affected"] = importance_weights(log_ratio, is_method, is_low, is_high, mask=keep)[1]
     if clip is not None:

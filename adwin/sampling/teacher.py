@@ -8,15 +8,12 @@ start-up instead of producing silently wrong losses.
 
 from __future__ import annotations
 
-import logging
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 
 import torch
 
 from adwin.objectives.losses import token_logprobs
-
-log = logging.getLogger(__name__)
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 

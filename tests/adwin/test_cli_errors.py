@@ -78,3 +78,11 @@ def test_bad_paths_and_inputs_exit_non_zero_with_one_line(tmp_path: Path, capsys
         lines = _errors(capsys.readouterr().err)
         assert code == 2, (argv, code)
         assert len(lines) == 1 and needle in lines[0], (argv, lines)
+
+
+def test_a_command_whose_module_is_missing_fails_loudly_instead_of_vanishing_from_help(monkeypatch) -> None:
+    from adwin import cli
+
+    monkeypatch.setattr(cli, "COMMANDS", [*cli.COMMANDS, (("ghost",), "adwin.ghost_command", "not there")])
+    with pytest.raises(ModuleNotFoundError, match="adwin.ghost_command"):
+        cli.build_parser()

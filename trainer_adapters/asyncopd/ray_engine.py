@@ -14,15 +14,12 @@ Ray is imported lazily: the CPU install never needs it. ``address=None`` starts 
 from __future__ import annotations
 
 import dataclasses
-import logging
 from collections.abc import Callable, Sequence
 from typing import Any
 
 import torch
 
 from adwin.trainer_adapters.asyncopd.items import StreamItem, TokenOut
-
-log = logging.getLogger(__name__)
 
 
 def _import_ray() -> Any:

@@ -1,0 +1,101 @@
+"""README and docs: every import and dotted name they show resolves; nothing cites a file outside the repo."""
+
+from __future__ import annotations
+
+import importlib
+import re
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+DOCS = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
+SOURCES = [p for d in ("adwin", "controller", "probes", "trainer_adapters", "tests", "configs", "docs")
+           for p in sorted((ROOT / d).rglob("*")) if p.suffix in (".py", ".md", ".yaml", ".html")]
+
+FROM_IMPORT = re.compile(r"^\s*from (adwin[\w.]*) import ([\w, ]+?)\s*(?:#.*)?$", re.M)
+DOTTED = re.compile(r"`(adwin(?:\.\w+)+)")  # a backticked dotted name, up to any call or space
+
+
+def _rel(p: Path) -> str:
+    return str(p.relative_to(ROOT))
+
+
+def _current_text(doc: Path) -> str:
+    """The doc without the "old path" column of move tables (decisions.md, "Layout"): those name what was."""
+    out, in_moves = [], False
+    for line in doc.read_text().splitlines():
+        if line.startswith("| old path |"):
+            in_moves = True
+        elif not line.startswith("|"):
+            in_moves = False
+        out.append("|" + line.split("|", 2)[2] if in_moves and line.count("|") >= 3 else line)
+    return "\n".join(out)
+
+
+def _resolve(dotted: str) -> object:
+    """The module or attribute ``dotted`` names: the longest importable prefix, then attributes."""
+    parts = dotted.split(".")
+    for cut in range(len(parts), 0, -1):
+        try:
+            obj: object = importlib.import_module(".".join(parts[:cut]))
+        except ModuleNotFoundError:
+            continue
+        for name in parts[cut:]:
+            obj = getattr(obj, name)
+        return obj
+    raise ModuleNotFoundError(dotted)
+
+
+def _shown_imports() -> list[tuple[str, str, str]]:
+    return [(_rel(doc), m.group(1), name.strip()) for doc in DOCS for m in FROM_IMPORT.finditer(_current_text(doc))
+            for name in m.group(2).split(",") if name.strip()]
+
+
+def _shown_names() -> list[tuple[str, str]]:
+    return sorted({(_rel(doc), m.group(1)) for doc in DOCS for m in DOTTED.finditer(_current_text(doc))})
+
+
+@pytest.mark.parametrize(("doc", "module", "name"), _shown_imports())
+def test_every_import_shown_in_the_docs_works(doc: str, module: str, name: str) -> None:
+    assert hasattr(importlib.import_module(module), name), f"{doc}: from {module} import {name} fails"
+
+
+@pytest.mark.parametrize(("doc", "dotted"), _shown_names())
+def test_every_dotted_adwin_name_in_the_docs_resolves(doc: str, dotted: str) -> None:
+    try:
+        _resolve(dotted)
+    except (ImportError, AttributeError) as e:
+        pytest.fail(f"{doc}: `{dotted}` does not resolve ({e})")
+
+
+def test_nothing_cites_a_design_file_or_papers_outside_the_repository() -> None:
+    outside = re.compile(r"DESIGN\.md|shared/seeds|\.\./shared/")
+    here = Path(__file__).resolve()
+    bad = [f"{_rel(p)}:{i}" for p in SOURCES if p.resolve() != here
+           for i, line in enumerate(p.read_text(errors="replace").splitlines(), 1) if outside.search(line)]
+    assert not bad, f"cite docs/design.md or the paper by title instead: {bad}"
+
+
+def test_the_design_doc_exists_and_the_readme_links_it() -> None:
+    assert (ROOT / "docs" / "design.md").is_file()
+    assert "(docs/design.md)" in (ROOT / "README.md").read_text()
+
+
+PATH_SHOWN = re.compile(r"\b((?:adwin|controller|probes|trainer_adapters|configs|tests)/[\w/.-]*\w\.(?:py|yaml))")
+
+
+def test_every_repository_file_the_docs_name_exists() -> None:
+    missing = sorted({f"{_rel(doc)}: {m.group(1)}" for doc in DOCS for m in PATH_SHOWN.finditer(_current_text(doc))
+                      if not (ROOT / m.group(1)).is_file()})
+    assert not missing, f"the docs name files that are not in the repository: {missing}"
+
+
+TEST_SHOWN = re.compile(r"(tests/[\w/]+\.py)::(\w+)")
+
+
+def test_every_test_the_docs_name_exists() -> None:
+    missing = sorted({f"{_rel(doc)}: {m.group(0)}" for doc in DOCS for m in TEST_SHOWN.finditer(_current_text(doc))
+                      if not (ROOT / m.group(1)).is_file()
+                      or f"def {m.group(2)}(" not in (ROOT / m.group(1)).read_text()})
+    assert not missing, f"the docs name tests that do not exist: {missing}"
