@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import logging
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -11,7 +10,6 @@ import numpy as np
 
 from adwin.loop.step import Batch
 
-log = logging.getLogger(__name__)
 
 class TokenLedger:
     """Rollout token accounting: sync tokens vs. what a full-rollout run of the same steps would generate.

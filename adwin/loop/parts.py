@@ -3,7 +3,6 @@ loggers and the controller run spec."""
 
 from __future__ import annotations
 
-import logging
 import math
 import random
 from collections.abc import Callable
@@ -30,7 +29,6 @@ from adwin.sampling.data import (
 )
 from adwin.sampling.teacher import Teachers, load_model, load_tokenizer
 
-log = logging.getLogger(__name__)
 
 @dataclass
 class Parts:

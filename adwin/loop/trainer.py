@@ -9,7 +9,6 @@ update (probe extension, audit) uses ``t + 1``.
 
 from __future__ import annotations
 
-import logging
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -35,8 +34,6 @@ from adwin.runtime.resume import (
     snapshot_controller,
     truncate_metrics,
 )
-
-log = logging.getLogger(__name__)
 
 
 @dataclass
