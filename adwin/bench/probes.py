@@ -1,10 +1,14 @@
 """Wall time of probe workers (``adwin bench probes``): the same short run four ways.
 
-(a) a fixed window at ADWIN's initial window and no probes, (b) ADWIN with inline probes, (c) ADWIN
-with a thread worker, (d) ADWIN with a Ray actor. Each run starts from the same checkpoints, seed and
-prompts; its wall time excludes evaluation (equal for all). Reported: wall time as a ratio to (a), the
-time the step spent blocked on probes (``probe/blocked_s``: inline rounds, forced completions), probe
-tokens and audits. Ray's cluster start-up is timed apart (once per process), not in (d).
+(a) ADWIN with inline probes and audits, (b) ADWIN with a thread worker, (c) ADWIN with a Ray actor (workers
+also compute the audits), then (d) a fixed window, no probes, at the mean window of the first ADWIN run
+measured (rounded): the run ADWIN's extra work is compared with. Each run starts from the same checkpoints,
+seed and prompts; its wall time excludes evaluation (equal for all). Reported: wall time as a ratio to
+(d), the learner-side share of probe and audit time (``time/probe`` + ``time/audit`` over the wall: what
+the learner itself spends on probes, offers, teacher scoring of probe batches and waits), the time the
+step spent blocked on probes (``probe/blocked_s``: inline rounds, forced completions), probe tokens,
+audits, the mean window and window changes per audit. Ray's cluster start-up is timed apart (once per
+process), not in (c).
 
 The runs share the machine with everything else on it; on 2 cores a worker competes with the trainer
 for the same cores, so the ratios say more about a larger machine's lower bound than its speed.
@@ -22,7 +26,7 @@ from typing import Any
 
 log = logging.getLogger(__name__)
 
-VARIANTS = ("fixed", "inline", "thread", "ray")
+VARIANTS = ("inline", "thread", "ray", "fixed")
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -35,28 +39,26 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--json", dest="json_path", default=None, help="also write the results here as JSON")
 
 
-def _config(args: argparse.Namespace, variant: str, out: Path) -> Any:
-    from adwin.config import default_config_path
-    from adwin.config import load_config, parse_set
+def _config(args: argparse.Namespace, variant: str, out: Path, fixed_window: int | None = None) -> Any:
+    from adwin.config import default_config_path, load_config, parse_set
 
     ov = parse_set(args.set)
     ov |= {"steps": args.steps, "name": f"bench-{variant}", "out_dir": str(out), "eval.every": 0,
            "controller.serve": False, "logging.progress": False, "checkpoint_every": 0}
     base = load_config(args.config or default_config_path(), ov)
     if variant == "fixed":
-        initial = base.window.initial or max(base.window.candidates)
-        ov |= {"window.policy": "fixed", "window.window": initial}
+        ov |= {"window.policy": "fixed", "window.window": fixed_window or base.window.initial or max(base.window.candidates)}
     else:
         ov |= {"probes.backend": variant}
     return load_config(args.config or default_config_path(), ov)
 
 
-def run_variant(args: argparse.Namespace, variant: str, out: Path) -> dict[str, float]:
-    from adwin.loop.parts import limit_threads
+def run_variant(args: argparse.Namespace, variant: str, out: Path, fixed_window: int | None = None) -> dict[str, float]:
     from adwin.controller import Controller
+    from adwin.loop.parts import limit_threads
     from adwin.loop.trainer import load_parts, train
 
-    cfg = _config(args, variant, out)
+    cfg = _config(args, variant, out, fixed_window)
     parts = load_parts(cfg, args.profile)
     limit_threads(parts.student, cfg.model.device)
     res = train(cfg, Controller(), parts)
@@ -66,10 +68,15 @@ def run_variant(args: argparse.Namespace, variant: str, out: Path) -> dict[str, 
         return float(sum(float(r.get(key, 0.0)) for r in h))
 
     wall = float(h[-1]["time/wall"]) - total("time/eval")
+    windows = [int(r["window/current"]) for r in h]
+    audits = total("audit/submitted")
+    changes = sum(1 for a, b in zip(windows, windows[1:], strict=False) if a != b)
     return {"wall_s": wall, "blocked_s": total("probe/blocked_s"), "probe_s": total("time/probe"),
-            "audit_s": total("time/audit"), "probe_tokens": total("probe/tokens"),
-            "audits": float(sum(1 for r in h if "audit/id" in r)), "sync_tokens": total("rollout/sync_tokens"),
-            "lost": total("probe/lost")}
+            "audit_s": total("time/audit"), "learner_share": (total("time/probe") + total("time/audit")) / wall,
+            "probe_tokens": total("probe/tokens"), "audits": audits, "sync_tokens": total("rollout/sync_tokens"),
+            "lost": total("probe/lost"), "mean_window": sum(windows) / len(windows),
+            "changes_per_audit": changes / audits if audits else 0.0,
+            "lag_max": max((float(r.get("audit/lag_steps", 0.0)) for r in h), default=0.0)}
 
 
 def main(args: argparse.Namespace) -> int:
@@ -86,6 +93,7 @@ def main(args: argparse.Namespace) -> int:
     bad = [v for v in variants if v not in VARIANTS]
     if bad or "fixed" not in variants:
         raise ValueError(f"--variants must include 'fixed' and only name {VARIANTS}, got {args.variants!r}")
+    variants = [v for v in VARIANTS if v in variants]  # ADWIN first: the fixed run uses their mean window
     out = Path(args.out) if args.out else Path(tempfile.mkdtemp(prefix="adwin-bench-probes-"))
     results: dict[str, dict[str, float]] = {}
     extra: dict[str, float] = {}
@@ -97,17 +105,23 @@ def main(args: argparse.Namespace) -> int:
             ensure_ray(None, 2)
             extra["ray_init_s"] = time.perf_counter() - t0
         log.info("bench probes: running %s", v)
-        results[v] = run_variant(args, v, out)
+        adwin_runs = [r for k, r in results.items() if k != "fixed"]
+        fixed_window = round(adwin_runs[0]["mean_window"]) if adwin_runs else None
+        results[v] = run_variant(args, v, out, fixed_window)
     base = results["fixed"]["wall_s"]
     for r in results.values():
         r["ratio"] = r["wall_s"] / base if base > 0 else float("nan")
     table = Table(title=f"adwin bench probes: profile {args.profile}, {args.steps} steps")
-    for col in ("variant", "wall s", "x fixed", "blocked s", "probe s", "audit s", "probe tokens", "audits"):
+    cols = ("variant", "wall s", "x fixed", "learner probe+audit", "blocked s", "probe s", "audit s", "probe tokens",
+            "audits", "mean W", "changes/audit", "max lag")
+    for col in cols:
         table.add_column(col, justify="right")
     for v, r in results.items():
-        table.add_row(v, f"{r['wall_s']:.2f}", f"{r['ratio']:.2f}", f"{r['blocked_s']:.2f}", f"{r['probe_s']:.2f}",
-                      f"{r['audit_s']:.2f}", f"{r['probe_tokens']:.0f}", f"{r['audits']:.0f}")
-    Console().print(table)
+        table.add_row(v, f"{r['wall_s']:.2f}", f"{r['ratio']:.2f}", f"{100 * r['learner_share']:.1f} %",
+                      f"{r['blocked_s']:.2f}", f"{r['probe_s']:.2f}", f"{r['audit_s']:.2f}", f"{r['probe_tokens']:.0f}",
+                      f"{r['audits']:.0f}", f"{r['mean_window']:.1f}", f"{r['changes_per_audit']:.2f}",
+                      f"{r['lag_max']:.0f}")
+    Console(width=200).print(table)  # wide: a bench table read in logs must not wrap
     load = os.getloadavg()
     meta = {"profile": args.profile, "steps": args.steps, "cpus": os.cpu_count(), "loadavg": list(load), **extra}
     Console().print(f"load average {load[0]:.2f} {load[1]:.2f} {load[2]:.2f} on {os.cpu_count()} CPUs; {extra}")
