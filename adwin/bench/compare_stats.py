@@ -86,7 +86,7 @@ def measure_run(history: Sequence[Mapping[str, Any]], initial: Mapping[str, floa
         "train_wall_s": wall - eval_s,
         "audit_overhead_s": overhead,
         "audit_overhead_frac": overhead / (wall - eval_s) if wall - eval_s > 0 else math.nan,
-        "audits": sum(1 for h in history if "audit/id" in h),
+        "audits": int(sum(h.get("audit/submitted", 0.0) for h in history)),
         "mean_window": statistics.fmean(windows) if windows else math.nan,
         "windows": windows,
         "accuracy_per_mtoken": acc / mtokens if mtokens else math.nan,

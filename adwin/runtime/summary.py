@@ -14,7 +14,7 @@ def summarize(history: Sequence[Mapping[str, Any]], initial: Mapping[str, float]
               totals: Mapping[str, float]) -> dict[str, Any]:
     """Plain-dict summary (what ``summary.json`` holds and the table shows)."""
     windows = [int(h["window/current"]) for h in history if "window/current" in h]
-    audits = [h for h in history if "audit/id" in h]
+    audits = int(sum(h.get("audit/submitted", 0.0) for h in history))  # a step may collect several
     changes = sum(1 for a, b in zip(windows, windows[1:], strict=False) if a != b)
     changed_by_audit = sum(
         1 for h, nxt in zip(history, history[1:], strict=False)
@@ -35,7 +35,7 @@ def summarize(history: Sequence[Mapping[str, Any]], initial: Mapping[str, float]
         "full_equiv_tokens": float(totals.get("full_equiv_tokens", 0.0)),
         "windows": windows,
         "window_changes": changes,
-        "audits": len(audits),
+        "audits": audits,
         "audits_changing_window": changed_by_audit,
         "staleness_max": float(max(staleness, default=0.0)),  # probes being extended: bounded by S
         "audit_staleness_max": float(max(consumed, default=0.0)),  # probes when audited (may wait complete)

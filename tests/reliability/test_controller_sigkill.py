@@ -93,9 +93,11 @@ def test_run_survives_controller_sigkill_and_replays_everything_once(tmp_path: P
             assert s["metrics"]["loss/total"] == pytest.approx(h["loss/total"])
         # probe reports counted once: the controller's token sum equals what the pool generated
         assert tel.probes["tokens_added"] == res.totals["probe_tokens"]
-        submitted = {int(h["audit/id"]) for h in hist if "audit/id" in h}
+        # several audits may come back in one step (thread backend): the step reports their count and the last id
+        n_submitted = int(sum(h.get("audit/submitted", 0.0) for h in hist))
+        last_ids = {int(h["audit/id"]) for h in hist if "audit/id" in h}
         decided = {a["audit_id"] for a in tel.audits if a["state"] == "decided"}
-        assert submitted and submitted == decided, (submitted, decided)  # no audit lost
+        assert n_submitted and n_submitted == len(decided) and last_ids <= decided, (n_submitted, last_ids, decided)
         assert not [a for a in tel.audits if a["state"] == "pending"]
         with sqlite3.connect(db) as conn:  # one idempotency record per step report
             n_step_keys = conn.execute("SELECT COUNT(*) FROM idempotency WHERE key LIKE ?",
@@ -104,7 +106,7 @@ def test_run_survives_controller_sigkill_and_replays_everything_once(tmp_path: P
         record("controller_sigkill", {
             "steps": STEPS, "sigkills_injected": 1, "runs_finished": 1, "degraded_steps": len(degraded),
             "writes_replayed": controller.replayed, "step_reports_lost": STEPS - len(tel.steps),
-            "audits_submitted": len(submitted), "audits_lost": len(submitted - decided),
+            "audits_submitted": n_submitted, "audits_lost": n_submitted - len(decided),
             "probe_tokens_trainer": res.totals["probe_tokens"], "probe_tokens_controller": tel.probes["tokens_added"],
             "probes_dropped_stale": sum(h.get("probe/dropped_stale", 0.0) for h in hist),
         })

@@ -135,12 +135,15 @@ def test_summary_counts_audits_that_changed_the_window() -> None:
     from adwin.runtime.summary import summarize
 
     hist = [
-        {"window/current": 256.0, "audit/id": 1.0, "audit/next_window": 256.0, "probe/staleness_max": 1.0},
-        {"window/current": 256.0, "audit/id": 2.0, "audit/next_window": 64.0, "probe/staleness_max": 3.0},
+        {"window/current": 256.0, "audit/submitted": 1.0, "audit/id": 1.0, "audit/next_window": 256.0,
+         "probe/staleness_max": 1.0},
+        # two audits came back in one step: the step reports both in the count, the last one's id and decision
+        {"window/current": 256.0, "audit/submitted": 2.0, "audit/id": 3.0, "audit/next_window": 64.0,
+         "probe/staleness_max": 3.0},
         {"window/current": 64.0, "time/rollout": 2.0, "time/wall": 9.0},
     ]
     s = summarize(hist, {"eval/accuracy": 0.1}, {"eval/accuracy": 0.3}, {"sync_tokens": 5.0})
-    assert (s["audits"], s["audits_changing_window"], s["window_changes"]) == (2, 1, 1)
+    assert (s["audits"], s["audits_changing_window"], s["window_changes"]) == (3, 1, 1)
     assert s["staleness_max"] == 3.0 and s["time"]["rollout"] == 2.0 and s["wall_s"] == 9.0
     assert s["accuracy_final"] > s["accuracy_initial"]
 
