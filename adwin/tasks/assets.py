@@ -119,7 +119,10 @@ def ensure_prepared(
     root.parent.mkdir(parents=True, exist_ok=True)
     staging = Path(tempfile.mkdtemp(prefix=f".{root.name}-", dir=root.parent))
     try:
-        build_assets(staging, profile=profile, seed=seed)
+        meta = build_assets(staging, profile=profile, seed=seed)
+        meta |= {"root": str(root), "fingerprint": profile_fingerprint(profile)}
+        # meta.json last: a folder without it is incomplete (is_prepared), and it is complete before the rename
+        (staging / META_FILE).write_text(json.dumps(meta, indent=2, sort_keys=True) + "\n")
         if root.exists():
             if is_prepared(root, profile) and not force:
                 logger.info("another process prepared %s meanwhile; keeping it", root)
@@ -129,9 +132,4 @@ def ensure_prepared(
     finally:
         if staging.exists():
             shutil.rmtree(staging, ignore_errors=True)
-    meta_path = root / META_FILE
-    meta = json.loads(meta_path.read_text())
-    meta["root"] = str(root)
-    meta["fingerprint"] = profile_fingerprint(profile)
-    meta_path.write_text(json.dumps(meta, indent=2, sort_keys=True) + "\n")
     return load_assets(root)

@@ -3,7 +3,6 @@ student initialisation, and measurements (accuracy greedy and at T=1, response l
 
 from __future__ import annotations
 
-import json
 import logging
 import os
 import platform
@@ -15,7 +14,6 @@ from typing import Any
 
 import torch
 
-from adwin.tasks.assets import META_FILE
 from adwin.tasks.chain import (
     ANSWER_PREFIX,
     DEFAULT_CANDIDATES,
@@ -55,7 +53,8 @@ def reference_length_stats(tokenizer: Any, n: int = 2000, seed: int = 0) -> dict
 
 
 def build_assets(root: Path, profile: str = "default", seed: int = 0) -> dict[str, Any]:
-    """Writes tokenizer/, student/, teacher/ and meta.json into ``root``; returns the meta."""
+    """Writes tokenizer/, student/ and teacher/ into ``root``; returns the meta (``assets`` writes it, so this
+    module needs nothing from ``assets`` and the two do not import each other)."""
     spec = PROFILE_SPECS[profile]
     start = time.perf_counter()
     load_start = _load()
@@ -182,5 +181,4 @@ def build_assets(root: Path, profile: str = "default", seed: int = 0) -> dict[st
         },
         "created_unix": time.time(),
     }
-    (root / META_FILE).write_text(json.dumps(meta, indent=2, sort_keys=True) + "\n")
     return meta
