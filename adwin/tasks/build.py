@@ -24,7 +24,7 @@ from adwin.tasks.chain import (
     ROUTES,
     generate_problems,
 )
-from adwin.tasks.profiles import PROFILE_SPECS, TARGETS
+from adwin.tasks.profiles import PREPARE_THREADS, PROFILE_SPECS, TARGETS
 from adwin.tasks.sft import evaluate_accuracy, train_sft
 from adwin.tasks.tokenizer import save_tokenizer
 
@@ -52,9 +52,24 @@ def reference_length_stats(tokenizer: Any, n: int = 2000, seed: int = 0) -> dict
     }
 
 
-def build_assets(root: Path, profile: str = "default", seed: int = 0) -> dict[str, Any]:
+def build_assets(root: Path, profile: str = "default", seed: int = 0, threads: int = PREPARE_THREADS) -> dict[str, Any]:
     """Writes tokenizer/, student/ and teacher/ into ``root``; returns the meta (``assets`` writes it, so this
-    module needs nothing from ``assets`` and the two do not import each other)."""
+    module needs nothing from ``assets`` and the two do not import each other).
+
+    Runs on exactly ``threads`` intra-op threads, whatever the caller had set, and restores them after: the
+    SFT weights depend on the thread count and on the CPU's instruction set (the kernels' float summation
+    order; measured in docs/reliability.md), so ``adwin prepare`` and the lazy prepare inside ``adwin train``
+    (which runs on 1 thread) must not differ in it.
+    """
+    previous = torch.get_num_threads()
+    torch.set_num_threads(threads)
+    try:
+        return _build(root, profile, seed)
+    finally:
+        torch.set_num_threads(previous)
+
+
+def _build(root: Path, profile: str, seed: int) -> dict[str, Any]:
     spec = PROFILE_SPECS[profile]
     start = time.perf_counter()
     load_start = _load()
@@ -173,6 +188,7 @@ def build_assets(root: Path, profile: str = "default", seed: int = 0) -> dict[st
         "timings_seconds": timings,
         "environment": {
             "torch_threads": torch.get_num_threads(),
+            "cpu_capability": torch.backends.cpu.get_cpu_capability(),  # AVX2 / AVX512: the weights depend on it
             "cpu_count": os.cpu_count(),
             "loadavg_start": load_start,
             "loadavg_end": _load(),
