@@ -157,12 +157,14 @@ def run(cfg: Any, profile: str = "default", resume: Path | None = None) -> int:
     checkpoint = None
     if resume is not None:
         from adwin.runtime.checkpoint import latest_checkpoint
+        from adwin.runtime.resume import check_extension
 
         checkpoint = latest_checkpoint(resume)
         if checkpoint is None:
             raise ValueError(f"--resume {resume}: no complete checkpoint-<step> folder to resume from")
         if cfg.scheduler != "sync":
             raise ValueError(f"--resume supports the sync scheduler only, not {cfg.scheduler!r}")
+        check_extension(checkpoint, cfg.steps, cfg.optim.schedule)
     parts = load_parts(cfg, profile)  # loads and checks models, tokenizers and prompts before any training compute
     if not builtin_cpu:
         limit_threads(parts.student, cfg.model.device)

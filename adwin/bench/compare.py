@@ -253,7 +253,6 @@ def run_one(base: Any, method: Method, seed: int, profile: str, assets_seed: int
     from adwin.bench.compare_stats import measure_run
     from adwin.config import TrainConfig
     from adwin.controller import Controller
-    from adwin.sampling.data import PromptStream
     from adwin.loop.parts import load_parts, load_prompts
     from adwin.loop.trainer import train
 
@@ -271,7 +270,7 @@ def run_one(base: Any, method: Method, seed: int, profile: str, assets_seed: int
     torch.set_num_threads(1)  # the built-in models are tiny; see adwin.loop.parts.limit_threads
     # models (and the fixed evaluation problems) from one prepared asset folder; training data from the seed
     parts = load_parts(cfg.model_copy(update={"seed": assets_seed}), profile)
-    parts.train_prompts = PromptStream(load_prompts(cfg)[0], cfg.seed)
+    parts.train_prompts = load_prompts(cfg)[0]
     controller = Controller()
     t0 = time.perf_counter()
     try:

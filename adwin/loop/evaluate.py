@@ -17,7 +17,19 @@ log = logging.getLogger(__name__)
 
 @torch.no_grad()
 def evaluate(parts: Parts, cfg: TrainConfig, gen: Sampler, chunk: int = 64) -> dict[str, float]:
-    """Accuracy mean@k on held-out problems and the teacher KL (k1 of KL(p || q)) on those rollouts."""
+    """Accuracy mean@k on held-out problems and the teacher KL (k1 of KL(p || q)) on those rollouts.
+
+    Samples from its own seeded RNG (``cfg.seed``), restoring the training RNG after: every evaluation of a
+    run draws the same noise (initial and final are paired), and training draws the same numbers whatever
+    the evaluation schedule, so a run extended with ``--resume --steps`` (whose shorter first run evaluated
+    at its last step) continues exactly as a straight run.
+    """
+    with torch.random.fork_rng():
+        torch.manual_seed(cfg.seed)
+        return _evaluate(parts, cfg, gen, chunk)
+
+
+def _evaluate(parts: Parts, cfg: TrainConfig, gen: Sampler, chunk: int) -> dict[str, float]:
     e = cfg.eval
     problems = [p for p in parts.eval_prompts[: e.n_problems] for _ in range(e.k)]
     correct, kl_sum, kl_tokens, lengths = [], 0.0, 0.0, []

@@ -18,8 +18,10 @@ from adwin.controller.api import ControllerAPI
 from adwin.controller.schemas import PolicyIn, RunIn
 from adwin.runtime.metrics_log import ControllerLogger, JsonlLogger, MultiLogger, StdoutLogger, WandbLogger
 from adwin.sampling.data import (
+    BuiltinPrompts,
     Prompt,
     PromptStream,
+    TrainPrompts,
     builtin_checker,
     builtin_prompts,
     check_context,
@@ -37,7 +39,7 @@ class Parts:
     student: torch.nn.Module
     tokenizer: Any
     teachers: Teachers
-    train_prompts: PromptStream
+    train_prompts: TrainPrompts
     eval_prompts: list[Prompt]
     checker: Callable[[str, str], bool]
 
@@ -68,10 +70,10 @@ def load_parts(cfg: TrainConfig, profile: str = "default") -> Parts:
                   getattr(student.config, "max_position_embeddings", None))
     teacher_paths = resolve_teachers(cfg.model.teachers, assets)
     teachers = Teachers.load(teacher_paths, tokenizer, int(student.config.vocab_size), cfg.model.dtype, cfg.model.device)
-    train_p, eval_p = load_prompts(cfg)
-    check_routes(train_p + eval_p, list(teachers.models))
+    train, eval_p = load_prompts(cfg)
+    check_routes(train.route_examples() + eval_p, list(teachers.models))
     checker = builtin_checker() if cfg.data.task == "builtin" else match_answer
-    return Parts(student, tokenizer, teachers, PromptStream(train_p, cfg.seed), eval_p, checker)
+    return Parts(student, tokenizer, teachers, train, eval_p, checker)
 
 
 def resolve_teachers(spec: dict[str, str], assets: Any) -> dict[str, str]:
@@ -88,20 +90,21 @@ def resolve_teachers(spec: dict[str, str], assets: Any) -> dict[str, str]:
     return out
 
 
-def load_prompts(cfg: TrainConfig) -> tuple[list[Prompt], list[Prompt]]:
+def load_prompts(cfg: TrainConfig) -> tuple[TrainPrompts, list[Prompt]]:
+    """The training prompt stream and the evaluation problems. Nothing here depends on ``cfg.steps``, so
+    ``--resume --steps`` extends a run with the prompts a straight run of the new length gets."""
     d = cfg.data
     if d.task == "builtin":
-        n_train = min(cfg.steps * cfg.rollout.prompts_per_step, 100_000)
-        return builtin_prompts(n_train, cfg.seed, "train"), builtin_prompts(cfg.eval.n_problems, cfg.seed, "eval")
+        return BuiltinPrompts(cfg.seed), builtin_prompts(cfg.eval.n_problems, cfg.seed, "eval")
     assert d.path is not None  # the config validator guarantees it
     train_p = load_jsonl(d.path, d.route_key)
     if d.eval_path:
-        return train_p, load_jsonl(d.eval_path, d.route_key)[: cfg.eval.n_problems]
+        return PromptStream(train_p, cfg.seed), load_jsonl(d.eval_path, d.route_key)[: cfg.eval.n_problems]
     # No eval file: hold out the tail (at most a fifth of the file) so eval prompts are never trained on.
     n_hold = max(1, min(cfg.eval.n_problems, d.n_eval, len(train_p) // 5))
     if len(train_p) <= n_hold:
         raise ValueError(f"data.path has {len(train_p)} prompts: too few to hold out evaluation problems")
-    return train_p[:-n_hold], train_p[-n_hold:]
+    return PromptStream(train_p[:-n_hold], cfg.seed), train_p[-n_hold:]
 
 
 def run_spec(cfg: TrainConfig) -> RunIn:

@@ -112,6 +112,26 @@ def read_state(checkpoint: Path) -> dict[str, Any]:
     return state
 
 
+def check_extension(checkpoint: Path, steps: int, schedule: str) -> None:
+    """Before any compute: ``steps`` must run past the checkpoint (else the resumed run would do nothing).
+
+    A run may be extended (``--resume RUN --steps N``): the prompts, the window policy and the RNG streams
+    do not depend on the run's length, so the extended run equals a straight N-step run at every step with
+    a constant learning-rate schedule. A decaying schedule (cosine, linear) is stretched to the new length
+    from the resumed step on, so it warns: the steps before followed the old length's decay.
+    """
+    done = int(read_state(checkpoint)["step"])
+    if steps <= done:
+        raise ValueError(f"--resume: {checkpoint.name} is at step {done} and the run is set to {steps} steps, so "
+                         f"there is nothing to run; pass --steps above {done} to extend it")
+    config = checkpoint.parent / "config.json"
+    before = json.loads(config.read_text()).get("steps") if config.is_file() else None
+    if schedule != "constant" and before is not None and before != steps:
+        log.warning("optim.schedule=%s decays to zero at the run's last step: extending from %s to %d steps "
+                    "stretches the decay from step %d on, so the run is not the straight %d-step run's "
+                    "(schedule=constant extends exactly)", schedule, before, steps, done, steps)
+
+
 def resume_from(checkpoint: Path, model: Any, optimizer: Any, scheduler: Any, pool: Any, ledger: Any,
                 prompts: Any, faults: Any) -> tuple[dict[str, float], int]:
     """Load everything back in place; RNG states last. Returns the run's initial evaluation and the next step."""

@@ -16,12 +16,14 @@ Bad input, each with one defined behaviour (docs/reliability.md), all before any
 
 from __future__ import annotations
 
+import itertools
 import json
 import random
 import re
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any, Protocol
 
 DEFAULT_ROUTE = "default"
 
@@ -87,8 +89,32 @@ def builtin_prompts(n: int, seed: int, split: str) -> list[Prompt]:
     ]
 
 
+class TrainPrompts(Protocol):
+    """Where a run's training prompts come from. Its contents must not depend on the run's length, so
+    ``adwin train --resume RUN --steps N`` extends a run with the prompts a straight N-step run gets."""
+
+    def next_batch(self, n: int) -> list[Prompt]: ...
+
+    def route_examples(self) -> list[Prompt]:
+        """Prompts that cover every route the stream can serve (``check_routes`` checks them)."""
+        ...
+
+    def state_dict(self) -> dict[str, Any]: ...
+
+    def load_state_dict(self, state: dict[str, Any]) -> None: ...
+
+
+def _check_kind(state: dict[str, Any], kind: str) -> None:
+    got = state.get("kind", "shuffled")  # checkpoints written before the built-in stream existed
+    if got != kind:
+        raise DataError(f"prompt stream state is of a {got!r} stream, this run's prompts are a {kind!r} stream "
+                        "(data.task differs from the checkpointed run's, or the checkpoint predates the built-in "
+                        "task's endless stream: start a new run)")
+
+
 class PromptStream:
-    """Endless, seeded stream of training prompts: shuffles, serves in order, reshuffles each epoch."""
+    """Endless, seeded stream over a fixed prompt list (a JSONL file): shuffles, serves in order,
+    reshuffles each epoch."""
 
     def __init__(self, prompts: Sequence[Prompt], seed: int = 0) -> None:
         if not prompts:
@@ -108,16 +134,58 @@ class PromptStream:
             out.append(self._prompts[self._order.pop()])
         return out
 
-    def state_dict(self) -> dict:
-        return {"order": list(self._order), "epoch": self.epoch, "rng": self._rng.getstate(), "size": len(self._prompts)}
+    def route_examples(self) -> list[Prompt]:
+        return list(self._prompts)
 
-    def load_state_dict(self, state: dict) -> None:
+    def state_dict(self) -> dict[str, Any]:
+        return {"kind": "shuffled", "order": list(self._order), "epoch": self.epoch, "rng": self._rng.getstate(),
+                "size": len(self._prompts)}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
         """Continue where ``state_dict`` left off (same prompts: the size must match)."""
+        _check_kind(state, "shuffled")
         if state.get("size", len(self._prompts)) != len(self._prompts):
             raise DataError(f"prompt stream state is for {state['size']} prompts, this source has {len(self._prompts)}")
         self._order = list(state["order"])
         self.epoch = int(state["epoch"])
         self._rng.setstate(state["rng"])
+
+
+class BuiltinPrompts:
+    """The built-in task's training prompts: the seed's endless sequence of i.i.d. problems
+    (``adwin.tasks.iter_samples``), served in order. No pool sized by the run's steps, so a run extended
+    with ``--resume --steps`` sees exactly the problems a straight run of the new length sees; the state is
+    how many were served."""
+
+    def __init__(self, seed: int) -> None:
+        self.seed = seed
+        self.served = 0
+        self._it = self._samples()
+
+    def _samples(self) -> Iterator[Prompt]:
+        from adwin import tasks
+
+        return (Prompt(id=s.id, prompt=s.prompt, answer=s.answer, route=s.route)
+                for s in tasks.iter_samples(self.seed, "train"))
+
+    def next_batch(self, n: int) -> list[Prompt]:
+        self.served += n
+        return list(itertools.islice(self._it, n))
+
+    def route_examples(self) -> list[Prompt]:
+        from adwin import tasks
+
+        return list(itertools.islice(self._samples(), len(tasks.ROUTES)))  # routes alternate
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"kind": "builtin", "seed": self.seed, "served": self.served}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        _check_kind(state, "builtin")
+        if int(state["seed"]) != self.seed:
+            raise DataError(f"prompt stream state is for seed {state['seed']}, this run's seed is {self.seed}")
+        self.served = int(state["served"])
+        self._it = itertools.islice(self._samples(), self.served, None)
 
 
 def builtin_checker() -> Callable[[str, str], bool]:

@@ -104,9 +104,12 @@ def is_prepared(root: Path, profile: str | None = None) -> bool:
 
 
 def ensure_prepared(
-    home: str | Path | None = None, profile: str = "default", seed: int = 0, force: bool = False
+    home: str | Path | None = None, profile: str = "default", seed: int = 0, force: bool = False,
+    threads: int | None = None,
 ) -> BuiltinAssets:
-    """The prepared assets of ``profile``; prepares them first when missing (or when ``force``).
+    """The prepared assets of ``profile``; prepares them first when missing (or when ``force``), on
+    ``threads`` intra-op threads (default ``profiles.PREPARE_THREADS``, whatever the caller set: the weights
+    depend on it).
 
     Preparation writes into a temporary sibling folder and renames it into place, so an interrupted
     run never leaves a half-written cache and two concurrent callers both end with a complete one.
@@ -115,11 +118,15 @@ def ensure_prepared(
     if is_prepared(root, profile) and not force:
         return load_assets(root)
     from adwin.tasks.build import build_assets  # heavy: torch, transformers
+    from adwin.tasks.profiles import PREPARE_THREADS
 
     root.parent.mkdir(parents=True, exist_ok=True)
     staging = Path(tempfile.mkdtemp(prefix=f".{root.name}-", dir=root.parent))
     try:
-        build_assets(staging, profile=profile, seed=seed)
+        meta = build_assets(staging, profile=profile, seed=seed, threads=threads or PREPARE_THREADS)
+        meta |= {"root": str(root), "fingerprint": profile_fingerprint(profile)}
+        # meta.json last: a folder without it is incomplete (is_prepared), and it is complete before the rename
+        (staging / META_FILE).write_text(json.dumps(meta, indent=2, sort_keys=True) + "\n")
         if root.exists():
             if is_prepared(root, profile) and not force:
                 logger.info("another process prepared %s meanwhile; keeping it", root)
@@ -129,9 +136,4 @@ def ensure_prepared(
     finally:
         if staging.exists():
             shutil.rmtree(staging, ignore_errors=True)
-    meta_path = root / META_FILE
-    meta = json.loads(meta_path.read_text())
-    meta["root"] = str(root)
-    meta["fingerprint"] = profile_fingerprint(profile)
-    meta_path.write_text(json.dumps(meta, indent=2, sort_keys=True) + "\n")
     return load_assets(root)

@@ -3,7 +3,6 @@ student initialisation, and measurements (accuracy greedy and at T=1, response l
 
 from __future__ import annotations
 
-import json
 import logging
 import os
 import platform
@@ -15,7 +14,6 @@ from typing import Any
 
 import torch
 
-from adwin.tasks.assets import META_FILE
 from adwin.tasks.chain import (
     ANSWER_PREFIX,
     DEFAULT_CANDIDATES,
@@ -26,7 +24,7 @@ from adwin.tasks.chain import (
     ROUTES,
     generate_problems,
 )
-from adwin.tasks.profiles import PROFILE_SPECS, TARGETS
+from adwin.tasks.profiles import PREPARE_THREADS, PROFILE_SPECS, TARGETS
 from adwin.tasks.sft import evaluate_accuracy, train_sft
 from adwin.tasks.tokenizer import save_tokenizer
 
@@ -54,8 +52,24 @@ def reference_length_stats(tokenizer: Any, n: int = 2000, seed: int = 0) -> dict
     }
 
 
-def build_assets(root: Path, profile: str = "default", seed: int = 0) -> dict[str, Any]:
-    """Writes tokenizer/, student/, teacher/ and meta.json into ``root``; returns the meta."""
+def build_assets(root: Path, profile: str = "default", seed: int = 0, threads: int = PREPARE_THREADS) -> dict[str, Any]:
+    """Writes tokenizer/, student/ and teacher/ into ``root``; returns the meta (``assets`` writes it, so this
+    module needs nothing from ``assets`` and the two do not import each other).
+
+    Runs on exactly ``threads`` intra-op threads, whatever the caller had set, and restores them after: the
+    SFT weights depend on the thread count and on the CPU's instruction set (the kernels' float summation
+    order; measured in docs/reliability.md), so ``adwin prepare`` and the lazy prepare inside ``adwin train``
+    (which runs on 1 thread) must not differ in it.
+    """
+    previous = torch.get_num_threads()
+    torch.set_num_threads(threads)
+    try:
+        return _build(root, profile, seed)
+    finally:
+        torch.set_num_threads(previous)
+
+
+def _build(root: Path, profile: str, seed: int) -> dict[str, Any]:
     spec = PROFILE_SPECS[profile]
     start = time.perf_counter()
     load_start = _load()
@@ -174,6 +188,7 @@ def build_assets(root: Path, profile: str = "default", seed: int = 0) -> dict[st
         "timings_seconds": timings,
         "environment": {
             "torch_threads": torch.get_num_threads(),
+            "cpu_capability": torch.backends.cpu.get_cpu_capability(),  # AVX2 / AVX512: the weights depend on it
             "cpu_count": os.cpu_count(),
             "loadavg_start": load_start,
             "loadavg_end": _load(),
@@ -182,5 +197,4 @@ def build_assets(root: Path, profile: str = "default", seed: int = 0) -> dict[st
         },
         "created_unix": time.time(),
     }
-    (root / META_FILE).write_text(json.dumps(meta, indent=2, sort_keys=True) + "\n")
     return meta

@@ -28,8 +28,10 @@ stable hash of its parameters falls in the eval bucket (about one problem in :da
 from __future__ import annotations
 
 import hashlib
+import itertools
 import random
 import re
+from collections.abc import Iterator
 from dataclasses import dataclass
 
 ROUTES: tuple[str, ...] = ("muladd", "submul")
@@ -179,10 +181,11 @@ def step_count_weights() -> dict[int, int]:
 _POOL_CACHE: dict[str, dict[tuple[str, int], list[Problem]]] = {}
 
 
-def generate_problems(n: int, seed: int, split: str = "train") -> list[Problem]:
-    """``n`` problems drawn with replacement from ``split``: routes alternate (balanced batches), the
-    step count follows :func:`step_count_weights`, the rest is uniform. Deterministic in
-    (n, seed, split)."""
+def iter_problems(seed: int, split: str = "train") -> Iterator[Problem]:
+    """The endless sequence of problems drawn with replacement from ``split``: routes alternate (balanced
+    batches), the step count follows :func:`step_count_weights`, the rest is uniform. Deterministic in
+    (seed, split); every prefix is the same whatever length is read, so a longer run sees the shorter
+    run's problems first."""
     if split not in _POOL_CACHE:
         pools: dict[tuple[str, int], list[Problem]] = {}
         for p in split_problems(split):
@@ -192,17 +195,25 @@ def generate_problems(n: int, seed: int, split: str = "train") -> list[Problem]:
     weights = step_count_weights()
     counts, freq = list(weights), list(weights.values())
     rng = random.Random(f"adwin-chain:{split}:{seed}")
-    out = []
-    for i in range(n):
+    for i in itertools.count():
         route = ROUTES[i % len(ROUTES)]
         steps = rng.choices(counts, weights=freq)[0]
-        out.append(rng.choice(pools[(route, steps)]))
-    return out
+        yield rng.choice(pools[(route, steps)])
+
+
+def generate_problems(n: int, seed: int, split: str = "train") -> list[Problem]:
+    """The first ``n`` problems of :func:`iter_problems`."""
+    return list(itertools.islice(iter_problems(seed, split), n))
+
+
+def iter_samples(seed: int, split: str = "train") -> Iterator[TaskSample]:
+    """:func:`iter_problems` as task samples; sample ``i`` has id ``{split}-{seed}-{i}``."""
+    return (p.sample(f"{split}-{seed}-{i}") for i, p in enumerate(iter_problems(seed, split)))
 
 
 def generate_samples(n: int, seed: int, split: str = "train") -> list[TaskSample]:
     """``n`` task samples from ``split`` ("train" or "eval", disjoint), deterministic in the seed."""
-    return [p.sample(f"{split}-{seed}-{i}") for i, p in enumerate(generate_problems(n, seed, split))]
+    return list(itertools.islice(iter_samples(seed, split), n))
 
 
 def parse_prompt(prompt: str) -> Problem:

@@ -11,6 +11,8 @@ import logging
 import sys
 import time
 
+from adwin.tasks.profiles import PREPARE_THREADS
+
 logger = logging.getLogger(__name__)
 
 
@@ -25,7 +27,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--home", default=None, help="cache root (default: $ADWIN_HOME or ~/.cache/adwin)")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--force", action="store_true", help="rebuild even when cached")
-    parser.add_argument("--threads", type=int, default=2, help="torch intra-op threads (default 2)")
+    parser.add_argument("--threads", type=int, default=PREPARE_THREADS,
+                        help=f"torch intra-op threads (default {PREPARE_THREADS}); the weights depend on it and on the "
+                             "CPU's instruction set, so keep the default to get the models `adwin train` prepares")
     parser.add_argument("--json", action="store_true", help="print the full meta.json to stdout")
 
 
@@ -48,15 +52,15 @@ def _summary(meta: dict) -> str:
 
 
 def main(args: argparse.Namespace) -> int:
-    import torch
-
     from adwin.tasks.assets import assets_root, ensure_prepared, is_prepared
 
     profile = "tiny" if args.tiny else args.profile
-    torch.set_num_threads(max(1, args.threads))
+    if args.threads < 1:
+        sys.stderr.write(f"adwin prepare: --threads must be >= 1 (got {args.threads})\n")
+        return 2
     cached = is_prepared(assets_root(args.home, profile, args.seed), profile) and not args.force
     start = time.perf_counter()
-    assets = ensure_prepared(home=args.home, profile=profile, seed=args.seed, force=args.force)
+    assets = ensure_prepared(home=args.home, profile=profile, seed=args.seed, force=args.force, threads=args.threads)
     if cached:
         logger.info("using cached assets at %s (--force rebuilds)", assets.root)
     else:

@@ -76,6 +76,10 @@ class Profile:
     eval_max_new_tokens: int = MAX_RESPONSE_TOKENS  # tiny: short, an untrained model never stops
 
 
+# Intra-op threads of every prepare: the SFT weights depend on the thread count (and the CPU's instruction
+# set), so it is fixed rather than taken from the caller (adwin.tasks.build.build_assets).
+PREPARE_THREADS = 2
+
 # Targets of the default profile (issue 4): measured, recorded in meta.json, not asserted at runtime.
 TARGETS: dict[str, float] = {
     "wall_seconds_max": 300.0,

@@ -72,3 +72,30 @@ def test_stale_cache_of_an_older_profile_version_is_rebuilt(prepared_home: Path,
 def test_unknown_profile_is_an_error(tmp_path: Path) -> None:
     with pytest.raises(ValueError):
         ensure_prepared(home=tmp_path, profile="huge")
+
+
+def test_two_prepares_with_one_seed_give_identical_weights_whatever_threads_the_caller_set(tmp_path: Path) -> None:
+    import torch
+    from safetensors.torch import load_file
+
+    from adwin.tasks.profiles import PREPARE_THREADS
+
+    before = torch.get_num_threads()
+    roots = []
+    try:
+        for i, caller_threads in enumerate((1, PREPARE_THREADS + 1)):  # adwin train prepares on 1 thread
+            torch.set_num_threads(caller_threads)
+            roots.append(ensure_prepared(home=tmp_path / f"h{i}", profile="tiny", seed=0).root)
+            assert torch.get_num_threads() == caller_threads  # restored after the prepare
+    finally:
+        torch.set_num_threads(before)
+    metas = [json.loads((r / "meta.json").read_text()) for r in roots]
+    assert [m["environment"]["torch_threads"] for m in metas] == [PREPARE_THREADS] * 2
+    for sub in ("student", "teacher"):
+        a, b = (load_file(r / sub / "model.safetensors") for r in roots)
+        assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a), sub
+
+
+def test_prepare_rejects_a_thread_count_below_one(tmp_path: Path, capsys) -> None:
+    assert cli_main(["prepare", "--tiny", "--home", str(tmp_path), "--threads", "0"]) == 2
+    assert "--threads must be >= 1" in capsys.readouterr().err
