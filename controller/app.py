@@ -17,15 +17,19 @@ import re
 import threading
 import time
 from collections.abc import Callable
+from http import HTTPStatus
 from typing import Any
 
 from fastapi import FastAPI, HTTPException, Request
+from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, PlainTextResponse
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Histogram, generate_latest
 from prometheus_client.core import GaugeMetricFamily
+from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from adwin.controller.api import ControllerError
 from adwin.controller.core import Controller
+from adwin.controller.json_guard import safe_text
 from adwin.controller.routers import audits, dashboard, probes, runs, telemetry, windows
 from adwin.controller.schemas import ERROR_RESPONSES, MAX_INT
 
@@ -36,6 +40,7 @@ logger = logging.getLogger(__name__)
 _SKETCH_B64_BYTES = math.ceil(8 * 6 * 16384 * 4 / 3) * 4  # = 4_194_304
 DEFAULT_MAX_BODY_BYTES = _SKETCH_B64_BYTES + (1 << 20)  # = 5_242_880
 
+_HTTP_ERRORS = {400: "BadRequest", 413: "PayloadTooLarge"}
 _WRITE_METHODS = frozenset({"POST", "PUT", "PATCH", "DELETE"})
 
 
@@ -200,7 +205,23 @@ def create_app(
 
     @app.exception_handler(ControllerError)
     async def _controller_error(request: Request, exc: ControllerError) -> JSONResponse:
-        return JSONResponse({"detail": str(exc), "error": type(exc).__name__}, status_code=exc.status)
+        return JSONResponse({"detail": safe_text(str(exc)), "error": type(exc).__name__}, status_code=exc.status)
+
+    @app.exception_handler(RequestValidationError)
+    async def _validation_error(request: Request, exc: RequestValidationError) -> JSONResponse:
+        # FastAPI's default echoes the offending input, which may be NaN or a lone surrogate and then
+        # cannot be encoded (a 500 that drops the connection): answer where and why, never the input.
+        detail = [{"loc": [safe_text(str(p)) if isinstance(p, str) else p for p in e.get("loc", ())],
+                   "msg": safe_text(str(e.get("msg", ""))), "type": str(e.get("type", ""))} for e in exc.errors()]
+        return JSONResponse({"detail": detail, "error": "ValidationError"}, status_code=422)
+
+    @app.exception_handler(StarletteHTTPException)
+    async def _http_error(request: Request, exc: StarletteHTTPException) -> JSONResponse:
+        # Starlette's own answers (unknown route 404, 405, a body that is not UTF-8 JSON 400, a streamed
+        # body over the limit 413) carry the same ErrorOut body as the controller's.
+        error = _HTTP_ERRORS.get(exc.status_code) or HTTPStatus(exc.status_code).phrase.replace(" ", "")
+        return JSONResponse({"detail": safe_text(str(exc.detail)), "error": error}, status_code=exc.status_code,
+                            headers=getattr(exc, "headers", None))
 
     @app.get("/healthz", tags=["service"])
     def healthz() -> dict[str, Any]:

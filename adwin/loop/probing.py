@@ -90,7 +90,7 @@ def audit_ready_batch(controller: ControllerAPI, run_id: str, pool: ProbePool, p
     from adwin.audit.alignment import audit
     from adwin.audit.stale import stale_token_weights
 
-    ready = controller.next_probe_batch(run_id, idempotency_key=f"{run_id}-batch-{version}")
+    ready = controller.next_probe_batch(run_id, step=version, idempotency_key=f"{run_id}-batch-{version}")
     if ready is None:
         return {}
     probes = pool.pop(ready.probe_ids)
