@@ -134,7 +134,7 @@ def test_non_utf8_body_gets_a_documented_400_with_the_error_body(client):
     r = client.post(f"/v1/runs/{rid}/steps", content=b'{"step": 1, "metrics": {"\xff": 1.0}}', headers=JSON)
     body = _assert_error(r, 400)
     assert body["error"] == "BadRequest"
-    assert "400" in client.get("/openapi.json").json()["paths"][f"/v1/runs/{{run_id}}/steps"]["post"]["responses"]
+    assert "400" in client.get("/openapi.json").json()["paths"]["/v1/runs/{run_id}/steps"]["post"]["responses"]
 
 
 def test_chunked_body_over_the_limit_gets_413_with_the_error_body(ctrl):
