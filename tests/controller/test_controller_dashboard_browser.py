@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import re
 import shutil
 import subprocess
@@ -65,8 +66,8 @@ def test_run_page_draws_all_charts_in_headless_chromium(tmp_path):
         assert "— browser-run-name" in html  # the run's name ...
         assert re.search(r"policy adwin \(candidates=\[4, 8, 16\], threshold=0\.7, max_len=32", html)  # ... and policy
         assert re.search(r"last update: [^<]+ \(\d+ s ago\), newest step 11", html)
-        assert "no data yet" not in html
-        shot = tmp_path / "dashboard.png"
+        assert re.findall(r'<div id="chart-[a-z]+"[^>]*data-empty="true"', html) == []  # every chart has data
+        shot = Path(os.environ.get("ADWIN_SCREENSHOT_DIR", tmp_path)) / "dashboard.png"
         r = _chromium(tmp_path, "--virtual-time-budget=8000", f"--screenshot={shot}", "--window-size=1280,1600", f"{url}/runs/{rid}")
         assert r.returncode == 0 and shot.stat().st_size > 20_000, r.stderr[-2000:]
         index = _chromium(tmp_path, "--virtual-time-budget=2000", "--dump-dom", f"{url}/")
@@ -87,11 +88,12 @@ def test_an_empty_run_says_no_data_yet_instead_of_drawing_blank_axes(tmp_path):
         for chart in ("chart-cosines", "chart-loss", "chart-accuracy", "chart-staleness", "chart-tokens"):
             block = html.split(f'id="{chart}"', 1)[1].split('class="chart"', 1)[0]
             assert 'data-empty="true"' in block and "no data yet" in block, f"{chart} has no empty state"
+        assert len(re.findall(r'<div id="chart-[a-z]+"[^>]*data-empty="true"', html)) == 5  # all but the window chart
         window = html.split('id="chart-window"', 1)[1].split('class="chart"', 1)[0]
         ticks = re.findall(r'class="[xy]tick"[^>]*>.*?<text[^>]*>([^<]*)</text>', window)
         assert ticks and not any(t.startswith("\u2212") or t.startswith("-") or ".5" in t for t in ticks), ticks
         assert "no step has been reported" in html and "newest step none" in html
-        shot = tmp_path / "empty.png"
+        shot = Path(os.environ.get("ADWIN_SCREENSHOT_DIR", tmp_path)) / "empty.png"
         r = _chromium(tmp_path, "--virtual-time-budget=8000", f"--screenshot={shot}", "--window-size=1280,1600", f"{url}/runs/{rid}")
         assert r.returncode == 0 and shot.stat().st_size > 10_000, r.stderr[-2000:]
     finally:
