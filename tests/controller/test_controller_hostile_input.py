@@ -9,7 +9,7 @@ import pytest
 from controller_harness import run_spec
 from fastapi.testclient import TestClient
 
-from adwin.controller import Controller
+from adwin.controller import Controller, InvalidInput
 from adwin.controller.app import create_app
 from adwin.controller.schemas import ErrorOut
 
@@ -180,3 +180,24 @@ def test_a_batch_forms_at_the_step_its_caller_gives(client, ctrl):
     r = client.post(f"/v1/runs/{rid}/probes/batches?step=3")
     assert r.status_code == 200, r.text
     assert (r.json()["version"], r.json()["staleness_max"]) == (3, 3)
+
+
+def test_a_value_that_skipped_validation_is_refused_inside_the_transaction(ctrl):
+    # in-process callers can build a model without validation; the store still refuses what it could
+    # not read back, and the write rolls back instead of committing a row every later read fails on
+    spec = run_spec().model_copy(update={"config": {"x": float("nan"), "y": "\ud800"}})
+    with pytest.raises(InvalidInput, match="cannot store"):
+        ctrl.register_run(spec)
+    assert ctrl.list_runs() == []
+    assert ctrl._store.all("SELECT run_id FROM runs") == []
+
+
+def test_the_openapi_schema_declares_every_error_status_a_route_can_answer(client):
+    paths = client.get("/openapi.json").json()["paths"]
+    for path, ops in paths.items():
+        for method, op in ops.items():
+            declared = set(op["responses"])
+            assert {"404", "405", "422"} <= declared, (method, path, declared)
+            if method == "post":
+                assert {"400", "401", "413"} <= declared, (method, path, declared)
+    assert {"404", "405", "422"} <= set(paths["/v1/runs/{run_id}/window"]["get"]["responses"])
