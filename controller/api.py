@@ -137,7 +137,9 @@ class ControllerAPI(Protocol):
 
     def report_probe(self, run_id: str, report: ProbeReportIn, *, idempotency_key: str | None = None) -> ProbeOut: ...
 
-    def next_probe_batch(self, run_id: str, *, idempotency_key: str | None = None) -> ProbeBatchOut | None: ...
+    def next_probe_batch(
+        self, run_id: str, *, step: int | None = None, idempotency_key: str | None = None
+    ) -> ProbeBatchOut | None: ...
 
     def submit_audit(
         self, run_id: str, audit_id: int, audit: AuditIn, *, idempotency_key: str | None = None

@@ -13,21 +13,24 @@ import hmac
 import json
 import logging
 import math
-import re
 import threading
 import time
 from collections.abc import Callable
+from http import HTTPStatus
 from typing import Any
 
 from fastapi import FastAPI, HTTPException, Request
+from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, PlainTextResponse
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Histogram, generate_latest
 from prometheus_client.core import GaugeMetricFamily
+from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from adwin.controller.api import ControllerError
 from adwin.controller.core import Controller
+from adwin.controller.json_guard import safe_text
 from adwin.controller.routers import audits, dashboard, probes, runs, telemetry, windows
-from adwin.controller.schemas import ERROR_RESPONSES, MAX_INT
+from adwin.controller.schemas import ERROR_RESPONSES
 
 logger = logging.getLogger(__name__)
 
@@ -36,6 +39,8 @@ logger = logging.getLogger(__name__)
 _SKETCH_B64_BYTES = math.ceil(8 * 6 * 16384 * 4 / 3) * 4  # = 4_194_304
 DEFAULT_MAX_BODY_BYTES = _SKETCH_B64_BYTES + (1 << 20)  # = 5_242_880
 
+_WINDOW_ROUTE = "/v1/runs/{run_id}/window"
+_HTTP_ERRORS = {400: "BadRequest", 413: "PayloadTooLarge"}
 _WRITE_METHODS = frozenset({"POST", "PUT", "PATCH", "DELETE"})
 
 
@@ -46,51 +51,29 @@ class _BodyTooLarge(HTTPException):
         super().__init__(status_code=413, detail=f"request body is over the limit of {limit} bytes")
 
 
-_WINDOW_PATH = re.compile(r"^/v1/runs/([A-Za-z0-9._-]{1,128})/window$")
-_STEP_QUERY = re.compile(rb"^step=(\d{1,18})$")
-_JSON_HEADERS = [(b"content-type", b"application/json")]
-
-
 class _ServiceMiddleware:
     """Pure ASGI (no BaseHTTPMiddleware overhead on the hot path): auth, body limit, latency.
 
-    It also answers the hot path, ``GET /v1/runs/{id}/window?step=N``, straight from the controller's
-    cache, skipping FastAPI's routing and validation (~10x cheaper per request). Anything unusual
-    (unknown run, a malformed step, extra query parameters) falls through to the FastAPI route, which
-    stays the documented definition and produces the error answers.
+    The window path is handed to ``routers.windows.answer`` before FastAPI's routing (its one answerer,
+    errors included; ~8x cheaper per request than a FastAPI route).
     """
 
     def __init__(self, app: Any, *, token: str | None, max_body_bytes: int, latency: Histogram, controller: Controller) -> None:
         self.app, self.token, self.max_body, self.latency = app, token, max_body_bytes, latency
         self.controller = controller
-        self.window_latency = latency.labels("GET", "/v1/runs/{run_id}/window", "200")
-
-    async def _fast_window(self, scope: dict, send: Callable) -> bool:
-        m = _WINDOW_PATH.match(scope["path"])
-        q = _STEP_QUERY.match(scope.get("query_string", b""))
-        if m is None or q is None:
-            return False
-        step = int(q.group(1))
-        if step > MAX_INT:
-            return False
-        start = time.perf_counter()
-        try:
-            out = self.controller.get_window(m.group(1), step)
-        except ControllerError:
-            return False  # let the FastAPI route produce the documented error
-        body = out.model_dump_json().encode()
-        await send({"type": "http.response.start", "status": 200,
-                    "headers": [*_JSON_HEADERS, (b"content-length", str(len(body)).encode())]})
-        await send({"type": "http.response.body", "body": body})
-        self.window_latency.observe(time.perf_counter() - start)
-        return True
+        self.window_latency = latency.labels("GET", _WINDOW_ROUTE, "200")
 
     async def __call__(self, scope: dict, receive: Callable, send: Callable) -> None:
         if scope["type"] != "http":
             await self.app(scope, receive, send)
             return
         method = scope["method"]
-        if method == "GET" and await self._fast_window(scope, send):
+        window = windows.PATH.match(scope["path"])
+        if window is not None:
+            start = time.perf_counter()
+            status = await windows.answer(self.controller, scope, window.group(1), send)
+            hist = self.window_latency if status == 200 else self.latency.labels(method, _WINDOW_ROUTE, str(status))
+            hist.observe(time.perf_counter() - start)
             return
         start = time.perf_counter()
         status_box = [500]
@@ -200,7 +183,23 @@ def create_app(
 
     @app.exception_handler(ControllerError)
     async def _controller_error(request: Request, exc: ControllerError) -> JSONResponse:
-        return JSONResponse({"detail": str(exc), "error": type(exc).__name__}, status_code=exc.status)
+        return JSONResponse({"detail": safe_text(str(exc)), "error": type(exc).__name__}, status_code=exc.status)
+
+    @app.exception_handler(RequestValidationError)
+    async def _validation_error(request: Request, exc: RequestValidationError) -> JSONResponse:
+        # FastAPI's default echoes the offending input, which may be NaN or a lone surrogate and then
+        # cannot be encoded (a 500 that drops the connection): answer where and why, never the input.
+        detail = [{"loc": [safe_text(str(p)) if isinstance(p, str) else p for p in e.get("loc", ())],
+                   "msg": safe_text(str(e.get("msg", ""))), "type": str(e.get("type", ""))} for e in exc.errors()]
+        return JSONResponse({"detail": detail, "error": "ValidationError"}, status_code=422)
+
+    @app.exception_handler(StarletteHTTPException)
+    async def _http_error(request: Request, exc: StarletteHTTPException) -> JSONResponse:
+        # Starlette's own answers (unknown route 404, 405, a body that is not UTF-8 JSON 400, a streamed
+        # body over the limit 413) carry the same ErrorOut body as the controller's.
+        error = _HTTP_ERRORS.get(exc.status_code) or HTTPStatus(exc.status_code).phrase.replace(" ", "")
+        return JSONResponse({"detail": safe_text(str(exc.detail)), "error": error}, status_code=exc.status_code,
+                            headers=getattr(exc, "headers", None))
 
     @app.get("/healthz", tags=["service"])
     def healthz() -> dict[str, Any]:
@@ -210,8 +209,21 @@ def create_app(
     def metrics() -> PlainTextResponse:
         return PlainTextResponse(generate_latest(registry), media_type=CONTENT_TYPE_LATEST)
 
-    for module in (runs, windows, probes, audits, telemetry, dashboard):
+    for module in (runs, probes, audits, telemetry, dashboard):
         app.include_router(module.router)
+    default_openapi = app.openapi
+
+    def openapi() -> dict[str, Any]:
+        """FastAPI's schema plus the window path, which the middleware answers (no FastAPI route)."""
+        schema = default_openapi()
+        errors = {str(s): {"description": r["description"],
+                           "content": {"application/json": {"schema": {"$ref": "#/components/schemas/ErrorOut"}}}}
+                  for s, r in ERROR_RESPONSES.items() if s not in (400, 401, 409, 413)}
+        schema["paths"].setdefault(_WINDOW_ROUTE, windows.openapi_path(errors))
+        schema.setdefault("components", {}).setdefault("schemas", {}).setdefault("WindowOut", windows.WINDOW_SCHEMA)
+        return schema
+
+    app.openapi = openapi  # type: ignore[method-assign]
     app.add_middleware(_ServiceMiddleware, token=token, max_body_bytes=max_body_bytes, latency=latency, controller=controller)
     return app
 

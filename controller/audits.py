@@ -19,9 +19,9 @@ from typing import Any
 import numpy as np
 from pydantic import ValidationError
 
-from adwin.controller._base import ControllerBase, _check_finite, _Run
 from adwin.controller.api import AuditConflict, InvalidInput
 from adwin.controller.schemas import MAX_INT, AuditIn, AuditOut, WindowOut
+from adwin.controller.state import ControllerBase, RunState, check_finite
 from adwin.controller.store import dumps, loads
 from adwin.policies.base import WindowConfigError
 from adwin.policies.registry import policy_from_state
@@ -43,6 +43,12 @@ def _decode_sketch(b64: str, shape: tuple[int, int]) -> np.ndarray:
 def _finite(a: np.ndarray) -> bool:
     """All entries finite. A float64 sum of float32 values cannot overflow, so it is NaN/Inf iff an entry is."""
     return bool(np.isfinite(a.sum(dtype=np.float64)))
+
+
+def _unit_scale(gram: np.ndarray) -> np.ndarray:
+    """Gram / max|entry|: cosines are scale-free, and a huge finite Gram (1e308) would overflow to NaN."""
+    top = float(np.max(np.abs(gram)))
+    return gram / top if top > 0 else gram
 
 
 def _alignment() -> ModuleType:
@@ -103,7 +109,7 @@ class AuditAggregator(ControllerBase):
                 self._write(run_id, idempotency_key, "submit_audit", lambda: self._apply_audit(run, row, audit, kind, sketch))
             )
 
-    def _validate_audit(self, run: _Run, row: Any, audit: AuditIn, raw: np.ndarray | None) -> tuple[str, np.ndarray | None]:
+    def _validate_audit(self, run: RunState, row: Any, audit: AuditIn, raw: np.ndarray | None) -> tuple[str, np.ndarray | None]:
         given = [n for n in ("cosines", "gram", "sketch_b64") if getattr(audit, n) is not None]
         if raw is not None:
             given.append("sketch_b64")
@@ -137,10 +143,10 @@ class AuditAggregator(ControllerBase):
                 raise AuditConflict(f"rank {audit.rank} already submitted audit {row['audit_id']}")
             sketch = raw if raw is not None else _decode_sketch(audit.sketch_b64 or "", shape)  # (K+1, D)
         bad = (
-            _check_finite("cosines", audit.cosines)
-            or _check_finite("macro_cosines", audit.macro_cosines)
-            or _check_finite("gram", audit.gram)
-            or _check_finite("stats", audit.stats)
+            check_finite("cosines", audit.cosines)
+            or check_finite("macro_cosines", audit.macro_cosines)
+            or check_finite("gram", audit.gram)
+            or check_finite("stats", audit.stats)
             or (None if sketch is None or _finite(sketch) else "sketch")
         )
         if bad:
@@ -154,7 +160,7 @@ class AuditAggregator(ControllerBase):
             return np.frombuffer(payload, dtype="<f4").reshape(shape)
         return self._sketch_files.read(run_id, audit_id, rank, shape)
 
-    def _record_fallback(self, run: _Run, audit_id: int, why: str) -> None:
+    def _record_fallback(self, run: RunState, audit_id: int, why: str) -> None:
         """A rejected audit leaves the window as it is; the decision log says so (reason ``fallback``)."""
         window = run.policy.window(run.last_step)
         with self._store.transaction():
@@ -168,7 +174,7 @@ class AuditAggregator(ControllerBase):
         logger.warning("run %s: audit %d rejected (%s); window stays %d", run.run_id, audit_id, why, window)
 
     def _apply_audit(
-        self, run: _Run, row: Any, audit: AuditIn, kind: str, sketch: np.ndarray | None
+        self, run: RunState, row: Any, audit: AuditIn, kind: str, sketch: np.ndarray | None
     ) -> tuple[Any, Callable[[], None] | None]:
         st, audit_id = self._store, row["audit_id"]
         ranks = loads(row["ranks"]) + [audit.rank]
@@ -226,7 +232,7 @@ class AuditAggregator(ControllerBase):
             stats = dict(audit.stats)
             if kind == "gram":
                 gram = np.asarray(audit.gram, dtype=np.float64)  # (K+1, K+1)
-        cosines = _alignment().cosines_from_gram(gram, run.candidates) if gram is not None else dict(audit.cosines or {})
+        cosines = _alignment().cosines_from_gram(_unit_scale(gram), run.candidates) if gram is not None else dict(audit.cosines or {})
         # Cosines computed from a Gram are finite by construction; cosines given directly were checked.
         policy = policy_from_state(run.policy.state_dict())  # decide on a copy; swap after COMMIT
         adaptive = policy.audited

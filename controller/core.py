@@ -28,11 +28,11 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from adwin.controller._base import PROBE_STATES, _check_finite, _Run
 from adwin.controller.api import InvalidInput, RunConflict
 from adwin.controller.audits import AuditAggregator
 from adwin.controller.scheduler import ProbeScheduler
 from adwin.controller.schemas import MAX_INT, RunIn, RunOut, StepMetricsIn, TelemetryOut, WindowOut
+from adwin.controller.state import PROBE_STATES, RunState, check_finite
 from adwin.controller.store import dumps, loads
 from adwin.policies.base import StepObserver, WindowConfigError, validate_candidates
 from adwin.policies.registry import build_policy, policy_from_state
@@ -45,7 +45,7 @@ class Controller(ProbeScheduler, AuditAggregator):
 
     Runs, windows, step metrics and telemetry live here; probe scheduling in ``ProbeScheduler``
     (``scheduler.py``), audit aggregation in ``AuditAggregator`` (``audits.py``), the shared store and
-    write path in ``ControllerBase`` (``_base.py``).
+    write path in ``ControllerBase`` (``state.py``).
     """
 
     # --- runs ------------------------------------------------------------------------------------
@@ -94,7 +94,7 @@ class Controller(ProbeScheduler, AuditAggregator):
                 "INSERT INTO decisions (run_id, seq, step, window, reason) VALUES (?, 0, 0, ?, ?)",
                 (run_id, window, reason),
             )
-            run = _Run(run_id, spec.name, now, full, policy, reason, candidates=list(p.candidates))
+            run = RunState(run_id, spec.name, now, full, policy, reason, candidates=list(p.candidates))
 
             def on_commit() -> None:
                 self._runs[run_id] = run
@@ -117,9 +117,7 @@ class Controller(ProbeScheduler, AuditAggregator):
         if not 0 <= step <= MAX_INT:
             raise InvalidInput(f"step must be in [0, {MAX_INT}], got {step}")
         with self._lock:
-            run = self._run(run_id)
-            if step > run.last_step:
-                run.last_step = step  # persisted with the next write of this run
+            run = self._run(run_id)  # a read: the run's step moves only through writes
             return WindowOut(
                 run_id=run_id,
                 step=step,
@@ -132,7 +130,7 @@ class Controller(ProbeScheduler, AuditAggregator):
     # --- steps and telemetry ---------------------------------------------------------------------
 
     def report_step(self, run_id: str, metrics: StepMetricsIn, *, idempotency_key: str | None = None) -> None:
-        bad = _check_finite("metrics", metrics.metrics)
+        bad = check_finite("metrics", metrics.metrics)
         if bad:
             raise InvalidInput(f"non-finite {bad}")
 

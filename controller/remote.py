@@ -146,8 +146,11 @@ class RemoteController:
         )
         return ProbeOut.model_validate(r.json())
 
-    def next_probe_batch(self, run_id: str, *, idempotency_key: str | None = None) -> ProbeBatchOut | None:
-        r = self._request("POST", f"/v1/runs/{run_id}/probes/batches", write=True, idempotency_key=idempotency_key)
+    def next_probe_batch(
+        self, run_id: str, *, step: int | None = None, idempotency_key: str | None = None
+    ) -> ProbeBatchOut | None:
+        path = f"/v1/runs/{run_id}/probes/batches" + ("" if step is None else f"?step={step}")
+        r = self._request("POST", path, write=True, idempotency_key=idempotency_key)
         return None if r.status_code == 204 else ProbeBatchOut.model_validate(r.json())
 
     def submit_audit(

@@ -25,7 +25,6 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from adwin.controller._base import ControllerBase
 from adwin.controller.api import InvalidInput, ProbeConflict, UnknownProbe
 from adwin.controller.schemas import (
     MAX_INT,
@@ -36,6 +35,7 @@ from adwin.controller.schemas import (
     ProbePlanOut,
     ProbeReportIn,
 )
+from adwin.controller.state import ControllerBase
 from adwin.controller.store import dumps
 
 logger = logging.getLogger(__name__)
@@ -127,9 +127,7 @@ class ProbeScheduler(ControllerBase):
         if not 0 <= step <= MAX_INT:
             raise InvalidInput(f"step must be in [0, {MAX_INT}], got {step}")
         with self._lock:
-            run = self._run(run_id)
-            if step > run.last_step:
-                run.last_step = step  # the version the round runs at; persisted with the next write
+            run = self._run(run_id)  # a read: the run's step moves only through writes
             queue = self._unbatched(run_id)
             limit, p = run.spec["staleness_limit"], run.spec["probe_batch_size"]
             force = {r["probe_id"] for r in queue if r["state"] == "active" and step - r["oldest_version"] >= limit}
@@ -192,12 +190,18 @@ class ProbeScheduler(ControllerBase):
 
         return ProbeOut.model_validate(self._write(run_id, idempotency_key, "report_probe", apply))
 
-    def next_probe_batch(self, run_id: str, *, idempotency_key: str | None = None) -> ProbeBatchOut | None:
+    def next_probe_batch(
+        self, run_id: str, *, step: int | None = None, idempotency_key: str | None = None
+    ) -> ProbeBatchOut | None:
+        if step is not None and not 0 <= step <= MAX_INT:
+            raise InvalidInput(f"step must be in [0, {MAX_INT}], got {step}")
+
         def apply() -> tuple[Any, Callable[[], None] | None]:
             run = self._run(run_id)
             p, lookahead, limit = run.spec["probe_batch_size"], run.spec["lookahead"], run.spec["staleness_limit"]
-            version = run.last_step
-            self._touch_step(run, version)  # persist a version that only a read (window, plan) has seen
+            # the caller's student version, if given: reads (window, plan) never move the run's step
+            version = max(run.last_step, step or 0)
+            self._touch_step(run, version)
             queue = self._expire(run_id, self._unbatched(run_id), version, limit, p)
             head = queue[: p + lookahead]
             ready = [r for r in head if r["state"] == "complete"]

@@ -6,10 +6,11 @@ one contract test suite covers both.
 
 from __future__ import annotations
 
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any, ClassVar, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 
+from adwin.controller.json_guard import json_problem
 from adwin.policies.registry import PolicyName
 
 # Integers on the wire stay within what SQLite (int64) stores and JavaScript (the dashboard) reads
@@ -20,6 +21,17 @@ PositiveCount = Annotated[int, Field(ge=1, le=MAX_INT)]
 
 class _In(BaseModel):
     model_config = ConfigDict(extra="forbid")
+    # NaN/Inf refused before validation (422); audits opt out to be recorded as a fallback decision
+    _finite: ClassVar[bool] = True
+
+    @model_validator(mode="before")
+    @classmethod
+    def _strict_json(cls, data: Any) -> Any:
+        """Refuse what strict JSON cannot store and read back (NaN/Inf, lone surrogates, deep nesting)."""
+        bad = json_problem(data, cls.__name__, finite=cls._finite)
+        if bad:
+            raise ValueError(bad)
+        return data
 
 
 class _Out(BaseModel):
@@ -43,7 +55,9 @@ class PolicyIn(_In):
 
 
 class RunIn(_In):
-    run_id: str | None = Field(None, pattern=r"^[A-Za-z0-9._-]{1,128}$", description="None: the controller assigns one")
+    # must not start with '.': '.' and '..' would be path segments no client or dashboard link reaches
+    run_id: str | None = Field(None, pattern=r"^[A-Za-z0-9_-][A-Za-z0-9._-]{0,127}$",
+                               description="None: the controller assigns one; letters, digits, '._-', not starting with '.'")
     name: str = Field("run", max_length=256)
     policy: PolicyIn = Field(default_factory=PolicyIn)
     probe_batch_size: int = Field(64, ge=1, le=65_536, description="P")
@@ -107,7 +121,7 @@ class ProbePlanOut(_Out):
 
 
 class ProbeReportIn(_In):
-    probe_id: str
+    probe_id: str = Field(..., min_length=1, max_length=256)
     step: int = Field(..., ge=0, le=MAX_INT)
     tokens_added: int = Field(..., ge=0, le=MAX_INT)
     version: int = Field(..., ge=0, le=MAX_INT)
@@ -152,6 +166,7 @@ class AuditIn(_In):
     stats: dict[str, float] = Field(default_factory=dict)
     # Non-finite values are refused by the controller itself (422), not here: the controller records
     # the rejected audit as a ``fallback`` decision so the dashboard shows why the window stayed.
+    _finite: ClassVar[bool] = False
 
 
 class AuditOut(_Out):
@@ -168,6 +183,7 @@ class AuditOut(_Out):
 class StepMetricsIn(_In):
     step: int = Field(..., ge=0, le=MAX_INT)
     metrics: dict[str, float]
+    _finite: ClassVar[bool] = False  # the controller refuses a non-finite metric by name (InvalidInput)
 
 
 class TelemetryOut(_Out):
@@ -189,7 +205,8 @@ class ErrorOut(_Out):
 # Declared on every route, so the OpenAPI schema documents the error answers the service gives.
 ERROR_RESPONSES: dict[int | str, dict[str, Any]] = {
     status: {"model": ErrorOut, "description": text}
-    for status, text in {401: "missing or wrong bearer token (writes, with --token)",
-                         404: "unknown run, probe or audit", 409: "conflict (already decided, not active, ...)",
-                         413: "request body over the size limit", 422: "invalid input (fields, NaN/Inf, shapes)"}.items()
+    for status, text in {400: "body is not UTF-8 / not parseable JSON", 401: "missing or wrong bearer token (writes, with --token)",
+                         404: "unknown run, probe or audit; unknown route", 405: "method not allowed on this route",
+                         409: "conflict (already decided, not active, ...)", 413: "request body over the size limit",
+                         422: "invalid input (fields, NaN/Inf, lone surrogates, nesting over 64, shapes, empty Idempotency-Key)"}.items()
 }

@@ -19,12 +19,17 @@ import time
 logger = logging.getLogger(__name__)
 
 LOCAL_HOSTS = frozenset({"127.0.0.1", "localhost", "::1"})
+# Persistence is the service's promise: by default it keeps its state in the working folder, so a restart
+# in the same place serves the same runs. ':memory:' is an explicit choice.
+DEFAULT_DB = "adwin-controller.db"
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1)")
     parser.add_argument("--port", type=int, default=8470, help="port (default 8470; 0 picks a free one)")
-    parser.add_argument("--db", default=":memory:", help="SQLite file; ':memory:' (default) keeps nothing after exit")
+    parser.add_argument("--db", default=DEFAULT_DB,
+                        help=f"SQLite file (default ./{DEFAULT_DB} in the working folder, printed at start-up; "
+                             "a restart on the same file serves the same runs); ':memory:' keeps nothing after exit")
     parser.add_argument("--token", default=None, help="bearer token required for writes (default: $ADWIN_CONTROLLER_TOKEN)")
     parser.add_argument("--max-body-bytes", type=int, default=None, help="request body limit (default fits an 8-rank sketch audit)")
     parser.add_argument("--log-level", default="warning", choices=["debug", "info", "warning", "error"], help="uvicorn log level")
@@ -52,7 +57,9 @@ def main(args: argparse.Namespace) -> int:
     # and the first audit does not pay for the import unless it arrives within those seconds.
     threading.Thread(target=importlib.import_module, args=("adwin.audit.alignment",), daemon=True).start()
     if args.db == ":memory:":
-        logger.warning("controller: --db not given, state lives in memory and is lost on exit")
+        logger.warning("controller: --db :memory:, state lives in memory and is lost on exit")
+    else:
+        logger.info("controller: database %s", os.path.abspath(args.db))
     controller = Controller(args.db)
     app = create_app(controller, token=token, max_body_bytes=args.max_body_bytes or DEFAULT_MAX_BODY_BYTES)
     logger.info("controller: serving on http://%s:%d (db %s)", args.host, args.port, args.db)
@@ -67,20 +74,22 @@ def free_port(host: str = "127.0.0.1") -> int:
 
 
 def spawn_server(
-    db: str, port: int | None = None, timeout_s: float = 60.0, *, extra_args: list[str] | None = None
+    db: str | None, port: int | None = None, timeout_s: float = 60.0, *, extra_args: list[str] | None = None,
+    cwd: str | None = None,
 ) -> tuple[subprocess.Popen, str]:
     """Start ``adwin controller serve`` on 127.0.0.1 as a child process; wait for ``/healthz``.
 
-    Returns ``(process, base_url)``. The child runs open (no token, whatever the environment says);
-    its stderr is kept for the error message if it exits early. The caller stops it.
+    Returns ``(process, base_url)``. ``db=None`` passes no ``--db`` (the default file in ``cwd``). The
+    child runs open (no token, whatever the environment says); its stderr is kept for the error message
+    if it exits early. The caller stops it.
     """
     import httpx
 
     port = free_port() if port is None else port
     cmd = [sys.executable, "-m", "adwin.cli", "controller", "serve", "--host", "127.0.0.1", "--port", str(port),
-           "--db", db, *(extra_args or [])]
+           *([] if db is None else ["--db", db]), *(extra_args or [])]
     env = {k: v for k, v in os.environ.items() if k != "ADWIN_CONTROLLER_TOKEN"}
-    proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, env=env)
+    proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, env=env, cwd=cwd)
     url = f"http://127.0.0.1:{port}"
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:

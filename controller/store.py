@@ -20,6 +20,9 @@ import threading
 from collections.abc import Iterator
 from typing import Any
 
+from adwin.controller.api import InvalidInput
+from adwin.controller.json_guard import json_problem
+
 logger = logging.getLogger(__name__)
 
 SCHEMA_VERSION = 1
@@ -193,7 +196,7 @@ class Store:
     def idem_put(self, scope: str, key: str, op: str, response: Any) -> None:
         self.execute(
             "INSERT INTO idempotency (scope, key, op, response) VALUES (?, ?, ?, ?)",
-            (scope, key, op, json.dumps(response)),
+            (scope, key, op, dumps(response)),
         )
 
     def close(self) -> None:
@@ -226,7 +229,12 @@ class _Checkpointer:
 
 
 def dumps(obj: Any) -> str:
-    return json.dumps(obj, separators=(",", ":"))
+    """Strict JSON: a value that could not be read back (NaN/Inf, lone surrogate, deep nesting) is refused
+    inside the write's transaction, so it rolls back instead of committing a row every later read fails on."""
+    bad = json_problem(obj, "value")
+    if bad:
+        raise InvalidInput(f"cannot store {bad}")
+    return json.dumps(obj, separators=(",", ":"), allow_nan=False)
 
 
 def loads(text: str | None) -> Any:

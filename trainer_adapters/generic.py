@@ -95,6 +95,7 @@ class WindowClient:
         self.probes: dict[str, HeldProbe] = {}
         self.stats = ClientStats()
         self.last_window: int | None = None
+        self.last_step: int | None = None  # the batch forms at it: the controller's reads do not record it
         self.last_decision: AuditOut | None = None
 
     # --- window -----------------------------------------------------------------------------------
@@ -102,6 +103,7 @@ class WindowClient:
     def window(self, step: int) -> int:
         """The response-token cap for ``step``; cached by the controller, never blocks on probes."""
         self.last_window = self.controller.get_window(self.run_id, step).window
+        self.last_step = step
         return self.last_window
 
     # --- probes -----------------------------------------------------------------------------------
@@ -252,7 +254,7 @@ class WindowClient:
 
         The batch's probes are dropped from ``probes`` afterwards (they are consumed).
         """
-        batch = self.controller.next_probe_batch(self.run_id)
+        batch = self.controller.next_probe_batch(self.run_id, step=self.last_step)
         if batch is None:
             return None
         missing = [pid for pid in batch.probe_ids if pid not in self.probes]

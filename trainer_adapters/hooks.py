@@ -258,7 +258,7 @@ class ControllerWindowHooks:
             with self._lock:
                 key = f"{self.run_id}-abatch-{self._audit_seq}"
                 self._audit_seq += 1
-            ready = self.controller.next_probe_batch(self.run_id, idempotency_key=key)
+            ready = self.controller.next_probe_batch(self.run_id, step=version, idempotency_key=key)
             if ready is None:
                 break
             with self._lock:

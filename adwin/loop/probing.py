@@ -168,7 +168,7 @@ class ProbeSide:
             return {}
         m: dict[str, float] = {}
         self._collect(m, version, block=False)
-        ready = self.controller.next_probe_batch(self.run_id, idempotency_key=f"{self.run_id}-batch-{version}")
+        ready = self.controller.next_probe_batch(self.run_id, step=version, idempotency_key=f"{self.run_id}-batch-{version}")
         if ready is None:
             return self._collect(m, version, block=wait)
         probes = self.pool.pop(ready.probe_ids)

@@ -226,7 +226,9 @@ class ResilientController:
 
         return self._write("report_probe", run_id, (report,), idempotency_key, placeholder)
 
-    def next_probe_batch(self, run_id: str, *, idempotency_key: str | None = None) -> ProbeBatchOut | None:
+    def next_probe_batch(
+        self, run_id: str, *, step: int | None = None, idempotency_key: str | None = None
+    ) -> ProbeBatchOut | None:
         key = idempotency_key or uuid.uuid4().hex
         with self._lock:
             reachable = self._reachable()  # a recovery may hand back a batch whose answer was lost
@@ -236,7 +238,7 @@ class ResilientController:
             if not reachable:
                 return None
             try:
-                return self.inner.next_probe_batch(run_id, idempotency_key=key)
+                return self.inner.next_probe_batch(run_id, step=step, idempotency_key=key)
             except ControllerUnavailable as e:
                 self._down(e)
                 self._lost_batches.append((run_id, key))  # it may have been created: ask again on recovery

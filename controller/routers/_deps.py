@@ -16,6 +16,7 @@ async def idempotency_key(
     key: str | None = Header(
         None,
         alias="Idempotency-Key",
+        min_length=1,
         max_length=256,
         description="a write repeated with the same key returns the original answer and is applied once",
     ),

@@ -45,7 +45,11 @@ def report_probe(
     summary="take the next probe batch (windowed FIFO) and open an audit for it",
 )
 def next_probe_batch(
-    run_id: str, ctrl: Controller = Depends(controller), key: str | None = Depends(idempotency_key)
+    run_id: str,
+    step: int | None = Query(None, ge=0, le=MAX_INT, description="the caller's student version: the batch forms at "
+                             "max(this, the newest step written); the run's step moves only through writes"),
+    ctrl: Controller = Depends(controller),
+    key: str | None = Depends(idempotency_key),
 ) -> ProbeBatchOut | Response:
-    batch = ctrl.next_probe_batch(run_id, idempotency_key=key)
+    batch = ctrl.next_probe_batch(run_id, step=step, idempotency_key=key)
     return Response(status_code=204) if batch is None else batch

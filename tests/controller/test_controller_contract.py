@@ -404,3 +404,14 @@ def test_out_of_range_steps_and_audit_ids_are_invalid_input(api):
     ):
         with pytest.raises(InvalidInput):
             call()
+
+
+def test_reads_do_not_move_the_run_step_and_a_batch_forms_at_the_step_its_caller_gives(api):
+    rid = api.register_run(run_spec(probe_batch_size=2, staleness_limit=5)).run_id
+    api.offer_probes(rid, offers(0, 2))
+    for pid in ("s0", "s1"):
+        finish(api, rid, pid, step=1)
+    api.get_window(rid, 40)  # reads: neither may age the probes past S
+    api.probe_plan(rid, 40)
+    batch = api.next_probe_batch(rid, step=4)
+    assert batch is not None and (batch.version, batch.staleness_max) == (4, 4)

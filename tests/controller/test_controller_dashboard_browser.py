@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import re
 import shutil
 import subprocess
@@ -20,7 +21,7 @@ pytestmark = pytest.mark.skipif(CHROMIUM is None, reason="Debian chromium not in
 
 def _seed(ctrl: Controller) -> str:
     """A short run: steps with the trainer's metric keys, and three decided audits."""
-    rid = ctrl.register_run(run_spec(run_id="browser-run", probe_batch_size=2)).run_id
+    rid = ctrl.register_run(run_spec(run_id="browser-run", name="browser-run-name", probe_batch_size=2)).run_id
     cosines = [{4: 0.3, 8: 0.6, 16: 0.9}, {4: 0.5, 8: 0.75, 16: 0.95}, {4: 0.72, 8: 0.85, 16: 0.97}]
     for step in range(12):
         w = ctrl.get_window(rid, step).window
@@ -56,16 +57,45 @@ def test_run_page_draws_all_charts_in_headless_chromium(tmp_path):
         dom = _chromium(tmp_path, "--virtual-time-budget=8000", "--dump-dom", f"{url}/runs/{rid}")
         assert dom.returncode == 0, dom.stderr[-2000:]
         html = dom.stdout
-        for chart in ("chart-window", "chart-cosines", "chart-staleness", "chart-tokens"):
+        for chart in ("chart-window", "chart-cosines", "chart-loss", "chart-accuracy", "chart-staleness", "chart-tokens"):
             block = html.split(f'id="{chart}"', 1)[1].split('class="chart"', 1)[0]
             assert "main-svg" in block, f"{chart} did not draw"
             assert re.search(r'class="(js-line|scatterpts|point)', block), f"{chart} has no trace"
         assert 'data-drawn="' in html and "window <b>" in html
-        shot = tmp_path / "dashboard.png"
+        assert "loss/total" in html and "eval/accuracy" in html  # the legends of the two new charts
+        assert "— browser-run-name" in html  # the run's name ...
+        assert re.search(r"policy adwin \(candidates=\[4, 8, 16\], threshold=0\.7, max_len=32", html)  # ... and policy
+        assert re.search(r"last update: [^<]+ \(\d+ s ago\), newest step 11", html)
+        assert re.findall(r'<div id="chart-[a-z]+"[^>]*data-empty="true"', html) == []  # every chart has data
+        shot = Path(os.environ.get("ADWIN_SCREENSHOT_DIR", tmp_path)) / "dashboard.png"
         r = _chromium(tmp_path, "--virtual-time-budget=8000", f"--screenshot={shot}", "--window-size=1280,1600", f"{url}/runs/{rid}")
         assert r.returncode == 0 and shot.stat().st_size > 20_000, r.stderr[-2000:]
         index = _chromium(tmp_path, "--virtual-time-budget=2000", "--dump-dom", f"{url}/")
         assert f'href="/runs/{rid}"' in index.stdout
+    finally:
+        stop()
+        ctrl.close()
+
+
+def test_an_empty_run_says_no_data_yet_instead_of_drawing_blank_axes(tmp_path):
+    ctrl = Controller()
+    rid = ctrl.register_run(run_spec(run_id="empty-run")).run_id
+    url, stop = serve_in_thread(ctrl)
+    try:
+        dom = _chromium(tmp_path, "--virtual-time-budget=8000", "--dump-dom", f"{url}/runs/{rid}")
+        assert dom.returncode == 0, dom.stderr[-2000:]
+        html = dom.stdout
+        for chart in ("chart-cosines", "chart-loss", "chart-accuracy", "chart-staleness", "chart-tokens"):
+            block = html.split(f'id="{chart}"', 1)[1].split('class="chart"', 1)[0]
+            assert 'data-empty="true"' in block and "no data yet" in block, f"{chart} has no empty state"
+        assert len(re.findall(r'<div id="chart-[a-z]+"[^>]*data-empty="true"', html)) == 5  # all but the window chart
+        window = html.split('id="chart-window"', 1)[1].split('class="chart"', 1)[0]
+        ticks = re.findall(r'class="[xy]tick"[^>]*>.*?<text[^>]*>([^<]*)</text>', window)
+        assert ticks and not any(t.startswith("\u2212") or t.startswith("-") or ".5" in t for t in ticks), ticks
+        assert "no step has been reported" in html and "newest step none" in html
+        shot = Path(os.environ.get("ADWIN_SCREENSHOT_DIR", tmp_path)) / "empty.png"
+        r = _chromium(tmp_path, "--virtual-time-budget=8000", f"--screenshot={shot}", "--window-size=1280,1600", f"{url}/runs/{rid}")
+        assert r.returncode == 0 and shot.stat().st_size > 10_000, r.stderr[-2000:]
     finally:
         stop()
         ctrl.close()

@@ -73,3 +73,80 @@ def test_sigkilled_service_restarts_with_every_acknowledged_write(tmp_path):
     finally:
         proc.send_signal(signal.SIGKILL)
         proc.wait(timeout=30)
+
+
+def _stop(proc: subprocess.Popen) -> None:
+    proc.send_signal(signal.SIGTERM)
+    proc.wait(timeout=30)
+
+
+def test_a_restarted_service_with_default_flags_still_lists_its_runs(tmp_path):
+    proc, url = spawn_server(None, cwd=str(tmp_path), timeout_s=60)
+    try:
+        api = RemoteController(url, retries=0)
+        rid = api.register_run(run_spec()).run_id
+        api.close()
+    finally:
+        _stop(proc)
+    assert (tmp_path / "adwin-controller.db").is_file()  # the default lives in the working folder
+    proc, url = spawn_server(None, cwd=str(tmp_path), timeout_s=60)
+    try:
+        api = RemoteController(url, retries=0)
+        assert [r.run_id for r in api.list_runs()] == [rid]
+        api.close()
+    finally:
+        _stop(proc)
+
+
+def test_help_names_the_default_database_and_memory_as_the_explicit_choice():
+    r = subprocess.run([sys.executable, "-m", "adwin.cli", "controller", "serve", "--help"],
+                       capture_output=True, text=True, timeout=60)
+    assert r.returncode == 0 and "adwin-controller.db" in r.stdout and ":memory:" in r.stdout
+
+
+# raw bodies a hostile client sends (path, body); each must get a 4xx and leave every read working
+HOSTILE_WRITES = [
+    ("/v1/runs", '{"run_id": "h1", "policy": {"candidates": [4, 8], "max_len": 32}, "config": {"x": "\\ud800"}}'),
+    ("/v1/runs", '{"run_id": "h2", "policy": {"candidates": [4, 8], "max_len": 32}, "config": {"x": NaN}}'),
+    ("/v1/runs", '{"run_id": "h3", "policy": {"candidates": [4, 8], "max_len": 32}, "config": ' + "[" * 600 + "]" * 600 + "}"),
+    ("/v1/runs", '{"run_id": "..", "policy": {"candidates": [4, 8], "max_len": 32}}'),
+    ("/v1/runs/{rid}/steps", '{"step": 1, "metrics": {"a\\ud800": 1.0}}'),
+    ("/v1/runs/{rid}/steps", '{"step": NaN, "metrics": {}}'),
+    ("/v1/runs/{rid}/probes/reports", '{"probe_id": "\\ud800", "step": 1, "tokens_added": 1, "version": 1}'),
+    ("/v1/runs/{rid}/probes/offers", '{"step": 0, "offers": [{"sample_id": "\\ud800", "prompt_id": "p", "response_len": 1, "version": 0}]}'),
+    ("/v1/runs/{rid}/steps", b'{"step": 1, "metrics": {"\xff": 1.0}}'),
+]
+
+
+def _all_reads_ok(url: str, rid: str) -> None:
+    import httpx
+
+    for path in ("/v1/runs", f"/v1/runs/{rid}", f"/v1/runs/{rid}/telemetry", f"/v1/runs/{rid}/window?step=0",
+                 f"/v1/runs/{rid}/probes/plan?step=0", "/healthz", "/metrics", "/", f"/runs/{rid}",
+                 f"/v1/runs/{rid}/events?max_events=1"):
+        r = httpx.get(url + path, timeout=10)
+        assert r.status_code == 200, (path, r.status_code, r.text[:300])
+
+
+def test_after_every_hostile_write_a_restarted_service_answers_every_read(tmp_path):
+    import httpx
+
+    db = str(tmp_path / "controller.db")
+    proc, url = spawn_server(db, timeout_s=60)
+    try:
+        api = RemoteController(url, retries=0)
+        rid = api.register_run(run_spec()).run_id
+        api.report_step(rid, StepMetricsIn(step=0, metrics={"loss/total": 1.0}))
+        api.close()
+        for path, body in HOSTILE_WRITES:
+            r = httpx.post(url + path.format(rid=rid), content=body, headers={"Content-Type": "application/json"}, timeout=10)
+            assert 400 <= r.status_code < 500 and r.json()["error"], (path, body, r.status_code, r.text[:300])
+        _all_reads_ok(url, rid)
+    finally:
+        _stop(proc)
+    proc, url = spawn_server(db, timeout_s=60)
+    try:
+        _all_reads_ok(url, rid)
+        assert [r["run_id"] for r in httpx.get(url + "/v1/runs", timeout=10).json()] == [rid]
+    finally:
+        _stop(proc)

@@ -20,7 +20,7 @@ def test_a_probe_at_the_limit_forces_the_first_p_so_its_batch_forms_at_once(api)
     plan = api.probe_plan(rid, 3)  # a0 reaches S = 3: n0 (with a0 the first P) must complete now
     assert plan.active == ["n0", "n1", "n2"] and plan.force_complete == ["n0"]
     api.report_probe(rid, ProbeReportIn(probe_id="n0", step=3, tokens_added=9, version=3, forced=True))
-    batch = api.next_probe_batch(rid)
+    batch = api.next_probe_batch(rid, step=3)
     assert batch.probe_ids == ["a0", "n0"] and (batch.version, batch.staleness_max) == (3, 3)
 
 
@@ -30,7 +30,7 @@ def test_complete_probes_that_no_batch_can_take_within_s_expire_and_are_counted(
     finish(api, rid, "s0", step=1)
     finish(api, rid, "s1", step=1)
     assert api.probe_plan(rid, 2).force_complete == []  # fewer than P probes: nothing to fill
-    assert api.next_probe_batch(rid) is None  # at version 2 both are at S, and only 2 < P exist
+    assert api.next_probe_batch(rid, step=2) is None  # at version 2 both are at S, and only 2 < P exist
     counts = api.telemetry(rid).probes
     assert (counts["expired"], counts["complete"]) == (2, 0)
     with pytest.raises(ProbeConflict, match="expired"):
@@ -90,7 +90,7 @@ def _drive(api, rng: random.Random, *, p: int, s: int, lookahead: int, steps: in
                     del state[pid]
                 elif end["finished"]:
                     state[pid] = "complete"
-        batch = api.next_probe_batch(rid, idempotency_key=f"{rid}-batch-{v}")
+        batch = api.next_probe_batch(rid, step=v, idempotency_key=f"{rid}-batch-{v}")
         if must_batch:
             assert batch is not None, f"version {v}: a probe reached S={s} but no batch formed"
         if batch is not None:

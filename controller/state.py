@@ -1,5 +1,7 @@
 """Shared state of the in-process controller: the run cache, the SQLite store and the write path.
 
+Public on purpose: the probe scheduler, the audit aggregator and ``Controller`` build on it.
+
 ``ControllerBase`` owns the lock, the store and ``_write`` (one transaction per acknowledged write,
 idempotency keys, cache updates after COMMIT); the probe scheduler, the audit aggregator and the
 ``Controller`` itself build on it.
@@ -19,7 +21,7 @@ import numpy as np
 from adwin.controller.api import InvalidInput, UnknownRun
 from adwin.controller.schemas import RunOut
 from adwin.controller.sketch_files import SketchFiles
-from adwin.controller.store import Store, loads
+from adwin.controller.store import Store, dumps, loads
 from adwin.policies.base import WindowPolicy
 from adwin.policies.registry import policy_from_state
 
@@ -31,7 +33,7 @@ PROBE_STATES = ("active", "complete", "batched", "audited", "dropped", "expired"
 
 
 @dataclass
-class _Run:
+class RunState:
     """Cached state of one run; replaced field by field only after a commit."""
 
     run_id: str
@@ -60,14 +62,14 @@ def _int_keys(d: dict | None) -> dict[int, float] | None:
     return None if d is None else {int(k): float(v) for k, v in d.items()}
 
 
-def _check_finite(name: str, values: dict | list | None) -> str | None:
+def check_finite(name: str, values: dict | list | None) -> str | None:
     """Name of the first non-finite entry, or None."""
     if values is None:
         return None
     items = values.items() if isinstance(values, dict) else enumerate(values)
     for k, v in items:
         if isinstance(v, list):
-            bad = _check_finite(f"{name}[{k}]", v)
+            bad = check_finite(f"{name}[{k}]", v)
             if bad:
                 return bad
         elif not math.isfinite(v):
@@ -83,7 +85,7 @@ class ControllerBase:
         self._store = Store(db)
         # pending sketch ranks of a file database live in files next to it (see sketch_files.py)
         self._sketch_files = None if db == ":memory:" else SketchFiles(db)
-        self._runs: dict[str, _Run] = {}
+        self._runs: dict[str, RunState] = {}
         self._pending_sketches: dict[tuple[str, int], dict[int, np.ndarray]] = {}  # (run, audit) -> rank -> (K+1, D)
         self._load()
 
@@ -96,7 +98,7 @@ class ControllerBase:
             last = self._store.one(
                 "SELECT * FROM decisions WHERE run_id=? ORDER BY seq DESC LIMIT 1", (row["run_id"],)
             )
-            run = _Run(
+            run = RunState(
                 run_id=row["run_id"],
                 name=row["name"],
                 created_at=row["created_at"],
@@ -116,7 +118,7 @@ class ControllerBase:
         with self._lock:
             self._store.close()
 
-    def _run(self, run_id: str) -> _Run:
+    def _run(self, run_id: str) -> RunState:
         run = self._runs.get(run_id)
         if run is None:
             raise UnknownRun(f"unknown run {run_id!r}")
@@ -143,6 +145,8 @@ class ControllerBase:
                     return hit[1]
             with self._store.transaction():
                 answer, on_commit = apply()
+                # the answer must encode before COMMIT: a write is never acknowledged as a 500 after it stuck
+                dumps(answer)
                 if key is not None:
                     self._store.idem_put(scope, key, op, answer)
             if on_commit is not None:
@@ -151,7 +155,7 @@ class ControllerBase:
                 self._runs[scope].revision += 1
             return answer
 
-    def _touch_step(self, run: _Run, step: int) -> None:
+    def _touch_step(self, run: RunState, step: int) -> None:
         """Persist the newest step seen; the cache moves too (monotone, so a rollback is harmless)."""
         if step >= run.last_step:
             run.last_step = step
