@@ -114,10 +114,32 @@ class ProbeConfig(_Strict):
 
 
 class AuditConfig(_Strict):
+    """How the alignment audit runs (``adwin.audit``); cost and agreement of each option in docs/benchmarks.md."""
+
     method: Literal["fast", "reference", "sketch"] = "fast"
     metric: Literal["identity", "adam"] = "identity"
     sketch_dim: int = Field(16_384, ge=1, le=1 << 24)
     loss: Literal["reverse_kl_pg"] = "reverse_kl_pg"
+    params: str = Field("all", description="'all' or 'top:N': gradients of the last N transformer blocks and "
+                        "the head only (the backward stops early)")
+    estimator: Literal["batch", "debiased"] = Field(
+        "batch", description="batch cosine, or without the same-sample Gram terms (needs per-sample gradients)")
+    macro: bool = Field(False, description="also per-sample (macro) cosines: telemetry only, ~2.7x the audit's cost")
+    ci_level: float | None = Field(None, gt=0.0, lt=1.0, description="bootstrap interval per candidate cosine; "
+                                   "None = no interval (window.confidence needs one)")
+    ci_samples: int = Field(200, ge=10, le=100_000, description="bootstrap resamples of the probe batch")
+    every: int = Field(1, ge=1, le=1_000_000, description="audit one ready probe batch in this many")
+    skip_margin: float = Field(0.0, ge=0.0, lt=1.0, description="skip audits while the last skip_history audits "
+                               "had every cosine this far from the threshold; 0 = off")
+    skip_history: int = Field(2, ge=1, le=1000)
+    max_skips: int = Field(4, ge=0, le=1_000_000, description="consecutive skips before an audit is forced")
+
+    @model_validator(mode="after")
+    def _check_params(self) -> AuditConfig:
+        from adwin.audit.params import parse_audit_params
+
+        parse_audit_params(self.params)  # raises naming audit.params
+        return self
 
 
 class LossConfig(_Strict):

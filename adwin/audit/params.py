@@ -17,8 +17,10 @@ from __future__ import annotations
 
 import logging
 import re
+from typing import TYPE_CHECKING
 
-import torch
+if TYPE_CHECKING:  # torch stays out of the config's import (parse_audit_params validates audit.params)
+    import torch
 
 log = logging.getLogger(__name__)
 
@@ -37,6 +39,7 @@ def parse_audit_params(spec: str) -> int | None:
 
 def transformer_blocks(model: torch.nn.Module) -> torch.nn.ModuleList:
     """The model's stack of transformer blocks (the ModuleList of ``config.num_hidden_layers`` entries)."""
+    import torch
     lists = [(name, m) for name, m in model.named_modules() if isinstance(m, torch.nn.ModuleList) and len(m) > 0]
     n_layers = getattr(getattr(model, "config", None), "num_hidden_layers", None)
     if n_layers is not None:
@@ -91,6 +94,7 @@ def audited_parameters(
 
 def _input_embedding_params(model: torch.nn.Module) -> set[int]:
     """Ids of the token and learned position embedding parameters (the bottom of the backward)."""
+    import torch
     out: set[int] = set()
     get = getattr(model, "get_input_embeddings", None)
     emb = get() if callable(get) else None
