@@ -13,7 +13,8 @@ from typing import Any, Literal
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-from adwin.policies.window import WindowConfigError, build_policy, parse_policy_spec
+from adwin.policies.base import WindowConfigError
+from adwin.policies.registry import PolicyName, build_policy, parse_policy_spec
 
 
 class _Strict(BaseModel):
@@ -73,7 +74,7 @@ class WindowSection(_Strict):
     """Window policy: ``adwin`` (default), ``full``, ``fixed`` (``window``), ``linear`` (``start``, ``step``),
     ``surprise`` (``surprise.*``)."""
 
-    policy: Literal["adwin", "full", "fixed", "linear", "surprise"] = "adwin"
+    policy: PolicyName = "adwin"
     candidates: list[int] = Field(default_factory=lambda: [32, 64, 128, 192, 256])
     threshold: float = Field(0.7, gt=0.0, le=1.0)
     initial: int | None = Field(None, ge=1)
@@ -83,10 +84,12 @@ class WindowSection(_Strict):
     surprise: SurpriseSection = Field(default_factory=SurpriseSection)
 
     def policy_options(self) -> dict[str, float]:
-        """Policy-specific numbers for ``build_policy(options=...)`` (only ``surprise`` has any)."""
-        if self.policy != "surprise":
+        """Policy-specific numbers for ``build_policy(options=...)``: the sub-section named after the policy
+        (only ``surprise`` has one), else none."""
+        section = getattr(self, self.policy, None)
+        if not isinstance(section, BaseModel):
             return {}
-        return {k: float(v) for k, v in self.surprise.model_dump().items() if v is not None}
+        return {k: float(v) for k, v in section.model_dump().items() if v is not None}
 
 
 class ProbeConfig(_Strict):

@@ -93,7 +93,7 @@ def main(args: argparse.Namespace) -> int:
     from pydantic import ValidationError
 
     from adwin.config import default_config_path, load_config
-    from adwin.policies.window import WindowConfigError
+    from adwin.policies.base import WindowConfigError
 
     path = args.config or default_config_path()
     resume = Path(args.resume) if getattr(args, "resume", None) else None

@@ -20,7 +20,8 @@ from adwin.controller.api import InvalidInput, UnknownRun
 from adwin.controller.schemas import RunOut
 from adwin.controller.sketch_files import SketchFiles
 from adwin.controller.store import Store, loads
-from adwin.policies.window import WindowPolicy, policy_from_state
+from adwin.policies.base import WindowPolicy
+from adwin.policies.registry import policy_from_state
 
 logger = logging.getLogger(__name__)
 

@@ -23,7 +23,8 @@ from adwin.controller._base import ControllerBase, _check_finite, _Run
 from adwin.controller.api import AuditConflict, InvalidInput
 from adwin.controller.schemas import MAX_INT, AuditIn, AuditOut, WindowOut
 from adwin.controller.store import dumps, loads
-from adwin.policies.window import WindowConfigError, policy_from_state
+from adwin.policies.base import WindowConfigError
+from adwin.policies.registry import policy_from_state
 
 logger = logging.getLogger(__name__)
 
@@ -228,7 +229,7 @@ class AuditAggregator(ControllerBase):
         cosines = _alignment().cosines_from_gram(gram, run.candidates) if gram is not None else dict(audit.cosines or {})
         # Cosines computed from a Gram are finite by construction; cosines given directly were checked.
         policy = policy_from_state(run.policy.state_dict())  # decide on a copy; swap after COMMIT
-        adaptive = run.spec["policy"]["name"] == "adwin"
+        adaptive = policy.audited
         if adaptive:
             try:
                 policy.observe(cosines)

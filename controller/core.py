@@ -34,13 +34,8 @@ from adwin.controller.audits import AuditAggregator
 from adwin.controller.scheduler import ProbeScheduler
 from adwin.controller.schemas import MAX_INT, RunIn, RunOut, StepMetricsIn, TelemetryOut, WindowOut
 from adwin.controller.store import dumps, loads
-from adwin.policies.window import (
-    StepObserver,
-    WindowConfigError,
-    build_policy,
-    policy_from_state,
-    validate_candidates,
-)
+from adwin.policies.base import StepObserver, WindowConfigError, validate_candidates
+from adwin.policies.registry import build_policy, policy_from_state
 
 logger = logging.getLogger(__name__)
 
@@ -71,7 +66,7 @@ class Controller(ProbeScheduler, AuditAggregator):
             )
         except WindowConfigError as e:
             raise InvalidInput(f"policy: {e}") from e
-        if p.name == "adwin":
+        if policy.audited:
             reason = "initial"
         else:
             reason = "schedule"

@@ -10,6 +10,8 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from adwin.policies.registry import PolicyName
+
 # Integers on the wire stay within what SQLite (int64) stores and JavaScript (the dashboard) reads
 # exactly; larger values are refused with a 422 naming the field instead of failing deep inside.
 MAX_INT = 2**53 - 1
@@ -28,7 +30,7 @@ class _Out(BaseModel):
 
 
 class PolicyIn(_In):
-    name: Literal["adwin", "full", "fixed", "linear", "surprise"] = "adwin"
+    name: PolicyName = "adwin"
     candidates: list[PositiveCount] = Field(default_factory=list)
     threshold: float = Field(0.7, gt=0.0, le=1.0)
     max_len: int = Field(8192, ge=1, le=MAX_INT)

@@ -23,6 +23,7 @@ from adwin.loop.evaluate import evaluate
 from adwin.loop.parts import Parts, build_optimizer, load_parts, open_loggers, run_spec, seed_everything
 from adwin.loop.probing import audit_or_keep_window, extend_probes, make_executor, offer_prefixes
 from adwin.loop.step import Sampler, optimize, score_teacher, window_metrics
+from adwin.policies.registry import is_audited
 from adwin.policies.surprise import surprise_metrics
 from adwin.probes.pool import ProbePool
 from adwin.runtime.checkpoint import save_checkpoint
@@ -69,7 +70,7 @@ def train(cfg: TrainConfig, controller: ControllerAPI, parts: Parts | None = Non
     gen = Sampler(parts, cfg)
     pool = ProbePool(cfg.rollout.max_response_len)
     ledger = TokenLedger(cfg.rollout.max_response_len)
-    probing = cfg.window.policy == "adwin" and cfg.probes.offers_per_step > 0
+    probing = is_audited(cfg.window.policy) and cfg.probes.offers_per_step > 0
     executor = make_executor(cfg, pool, parts, gen) if probing else None  # thread/Ray workers start here
     faults = FaultCounter(cfg.optim.max_bad_steps)
     clock, started = Clock(), time.perf_counter()

@@ -27,6 +27,7 @@ from typing import Any
 from adwin.config import TrainConfig
 from adwin.controller.api import ControllerAPI
 from adwin.loop.parts import Parts, build_optimizer, load_parts, open_loggers, run_spec, seed_everything
+from adwin.policies.registry import is_audited
 from adwin.sampling.rollout import encode_prompts, eos_ids, pad_id_of
 from adwin.trainer_adapters.asyncopd.hf import (
     LEARNER_LOSSES,
@@ -134,7 +135,7 @@ def build_asyncopd(cfg: TrainConfig, controller: ControllerAPI, *, parts: Parts 
                         aggregation=lc.aggregation,
                         grad_clip=cfg.optim.grad_clip, is_method=lc.is_method, is_low=lc.is_low, is_high=lc.is_high,
                         clip_low=lc.clip_low, clip_high=lc.clip_high)
-    probing = cfg.window.policy == "adwin" and cfg.probes.offers_per_step > 0
+    probing = is_audited(cfg.window.policy) and cfg.probes.offers_per_step > 0
     auditor = make_auditor(parts.student, cfg.window.candidates, pad_id=pad, method=cfg.audit.method,
                            metric=cfg.audit.metric, optimizer=optimizer, sketch_dim=cfg.audit.sketch_dim,
                            seed=cfg.seed) if probing else None

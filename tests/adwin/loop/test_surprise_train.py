@@ -9,7 +9,7 @@ from trainer_fixtures import tiny_overrides
 from adwin.config import apply_policy_spec, load_config
 from adwin.controller import Controller
 from adwin.loop.trainer import train
-from adwin.policies.window import SurpriseWindow
+from adwin.policies.surprise import SurpriseWindow
 
 
 def test_surprise_run_applies_each_steps_observation_to_the_next_window(tmp_path: Path) -> None:

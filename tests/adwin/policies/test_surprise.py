@@ -10,14 +10,9 @@ import torch
 from adwin.config import SurpriseSection, load_config
 from adwin.controller import Controller
 from adwin.controller.schemas import PolicyIn, RunIn, StepMetricsIn
-from adwin.policies.surprise import surprise_metrics, surprise_positions
-from adwin.policies.window import (
-    SurpriseWindow,
-    WindowConfigError,
-    build_policy,
-    parse_policy_spec,
-    policy_from_state,
-)
+from adwin.policies.base import WindowConfigError
+from adwin.policies.registry import build_policy, parse_policy_spec, policy_from_state
+from adwin.policies.surprise import SurpriseWindow, surprise_metrics, surprise_positions
 
 LOST, OK = -12.0, -0.5
 

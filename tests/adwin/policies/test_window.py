@@ -2,16 +2,10 @@ from __future__ import annotations
 
 import pytest
 
-from adwin.policies.window import (
-    AdaptiveWindow,
-    FixedWindow,
-    FullRollout,
-    LinearWindow,
-    WindowConfigError,
-    build_policy,
-    parse_policy_spec,
-    policy_from_state,
-)
+from adwin.policies.adaptive import AdaptiveWindow
+from adwin.policies.base import WindowConfigError
+from adwin.policies.registry import build_policy, parse_policy_spec, policy_from_state
+from adwin.policies.schedules import FixedWindow, FullRollout, LinearWindow
 
 
 def test_window_shrinks_when_cosine_clears_threshold():
