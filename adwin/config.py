@@ -14,7 +14,7 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from adwin.policies.base import WindowConfigError
-from adwin.policies.registry import PolicyName, build_policy, parse_policy_spec
+from adwin.policies.registry import PolicyName, build_policy, is_audited, parse_policy_spec
 
 
 class _Strict(BaseModel):
@@ -82,14 +82,17 @@ class WindowSection(_Strict):
     start: int | None = Field(None, ge=1)
     step: int | None = Field(None, ge=0)
     surprise: SurpriseSection = Field(default_factory=SurpriseSection)
+    confidence: bool = Field(False, description="audited policies: change the window only when a candidate's "
+                             "cosine interval (audit.ci_level) is clear of the threshold, never on one that "
+                             "straddles it")
 
     def policy_options(self) -> dict[str, float]:
         """Policy-specific numbers for ``build_policy(options=...)``: the sub-section named after the policy
-        (only ``surprise`` has one), else none."""
+        (only ``surprise`` has one), else none; ``confidence`` when set."""
         section = getattr(self, self.policy, None)
-        if not isinstance(section, BaseModel):
-            return {}
-        return {k: float(v) for k, v in section.model_dump().items() if v is not None}
+        opts = {k: float(v) for k, v in section.model_dump().items() if v is not None} \
+            if isinstance(section, BaseModel) else {}
+        return opts | ({"confidence": 1.0} if self.confidence else {})
 
 
 class ProbeConfig(_Strict):
@@ -256,6 +259,10 @@ class TrainConfig(_Strict):
             )
         except WindowConfigError as e:
             raise ValueError(f"window: {e} (rollout.max_response_len={self.rollout.max_response_len})") from e
+        if w.confidence and not is_audited(w.policy):
+            raise ValueError(f"window.confidence: policy {w.policy!r} does not decide from audits; unset it")
+        if w.confidence and self.audit.ci_level is None:
+            raise ValueError("window.confidence needs audit.ci_level (e.g. 0.9): the interval it decides on")
         if self.scheduler == "asyncopd" and self.loss.name not in ASYNCOPD_LOSSES:
             raise ValueError(f"loss.name: scheduler 'asyncopd' trains with {ASYNCOPD_LOSSES} (old-to-current IS "
                              f"on cached behavior logprobs), got {self.loss.name!r}")

@@ -160,7 +160,7 @@ def _agreement(model: Any, pool: Any, cands: list[int], threshold: float, max_le
                args: argparse.Namespace) -> dict[str, Any]:
     from adwin.audit.alignment import audit
     from adwin.audit.params import transformer_blocks
-    from adwin.policies.window import AdaptiveWindow
+    from adwin.policies.adaptive import AdaptiveWindow
 
     decide = AdaptiveWindow(cands, threshold, max_len=max(max_len, cands[-1])).decide
     n_blocks = len(transformer_blocks(model))
@@ -244,7 +244,7 @@ REPLAY_SETTINGS: list[dict[str, float]] = [
 def _replay(args: argparse.Namespace) -> dict[str, Any]:
     from adwin.audit.schedule import AuditSchedule
     from adwin.config import load_config
-    from adwin.policies.window import AdaptiveWindow
+    from adwin.policies.adaptive import AdaptiveWindow
 
     cfg = load_config(args.config)
     audits = []
