@@ -9,6 +9,9 @@ Three measurements, each on the same probe batches and the same weights:
 - ``--what vs-p``: batch and debiased cosines against the probe batch size P (random subsets of one pool of
   rollouts), mean and standard deviation per candidate, how often the debiased estimate fell back, and the
   time of each estimator.
+- ``--what stability``: window decisions on ``--audits`` random probe batches of ``--probe-batch`` from one pool
+  (the same weights, so the right window does not move and every change is sampling noise): changes per
+  audit and the windows chosen by the point rule and by ``window.confidence`` at several ``audit.ci_level``.
 - ``--what replay --replay metrics.jsonl``: a run's audits (``audit/micro_cos_<c>``) replayed through
   ``AuditSchedule`` for several ``audit.every`` / ``audit.skip_margin`` settings: audits saved and decisions
   that differ from auditing every batch (a skipped audit keeps the last decision).
@@ -35,7 +38,7 @@ log = logging.getLogger(__name__)
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--what", choices=("agreement", "vs-p", "replay"), default="agreement")
+    p.add_argument("--what", choices=("agreement", "vs-p", "stability", "replay"), default="agreement")
     p.add_argument("--model", choices=("builtin", "qwen2", "llama"), default="builtin")
     p.add_argument("--profile", choices=("default", "tiny"), default="default", help="built-in task assets")
     p.add_argument("--config", default="configs/default.yaml", help="rollout length, candidates, threshold")
@@ -43,6 +46,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--probe-batch", type=int, default=8, help="P for agreement (the pool is split into batches)")
     p.add_argument("--sizes", default="8,16,32,64", help="probe batch sizes for vs-p")
     p.add_argument("--repeats", type=int, default=4, help="random subsets per size (vs-p)")
+    p.add_argument("--audits", type=int, default=20, help="random probe batches for stability")
+    p.add_argument("--levels", default="0.5,0.8,0.9", help="ci levels for stability")
+    p.add_argument("--estimator", choices=("batch", "debiased"), default="batch", help="stability: the cosine")
     p.add_argument("--layers", type=int, default=6, help="code-built model: transformer blocks")
     p.add_argument("--hidden", type=int, default=128)
     p.add_argument("--vocab", type=int, default=256)
@@ -65,8 +71,12 @@ def main(args: argparse.Namespace) -> int:
         report = _replay(args)
     else:
         model, pool, cands, threshold, max_len = _pool(args)
-        report = _agreement(model, pool, cands, threshold, max_len, args) if args.what == "agreement" else \
-            _vs_p(model, pool, cands, args)
+        if args.what == "agreement":
+            report = _agreement(model, pool, cands, threshold, max_len, args)
+        elif args.what == "stability":
+            report = _stability(model, pool, cands, threshold, max_len, args)
+        else:
+            report = _vs_p(model, pool, cands, args)
     sys.stdout.write(report.pop("table") + "\n")
     if args.json_path:
         with open(args.json_path, "w") as f:
@@ -229,6 +239,51 @@ def _vs_p(model: Any, pool: Any, cands: list[int], args: argparse.Namespace) -> 
              + " | ".join(f"{m:.2f} ± {s:.2f}" for m, s in zip(r["mean"], r["std"], strict=True))
              + f" | {r['fallbacks']}/{args.repeats * len(cands)} | {r['time_s']:.2f} |" for r in out]
     return {"table": "\n".join([head, *lines]), "rows": out, "candidates": cands}
+
+
+# ---------------------------------------------------------------------------------------------
+# window.confidence against the point rule
+# ---------------------------------------------------------------------------------------------
+
+
+def _stability(model: Any, pool: Any, cands: list[int], threshold: float, max_len: int,
+               args: argparse.Namespace) -> dict[str, Any]:
+    from adwin.audit.alignment import audit
+    from adwin.policies.adaptive import AdaptiveWindow
+
+    rng = np.random.default_rng(args.seed)
+    n = pool.input_ids.shape[0]
+    levels = [float(x) for x in args.levels.split(",") if x.strip()]
+    horizon = max(max_len, cands[-1])
+    evidence: dict[float, list[Any]] = {lv: [] for lv in levels}
+    times: list[float] = []
+    for i in range(args.audits):
+        batch = _rows(pool, rng.choice(n, args.probe_batch, replace=False).tolist())
+        for lv in levels:
+            res = audit(model, batch, cands, method="fast", macro=False, estimator=args.estimator, ci_level=lv,
+                        seed=args.seed + i)
+            evidence[lv].append(res)
+            times.append(res.elapsed_s)
+    plain = [r.cosines for r in evidence[levels[0]]]
+    rows = []
+    for name, confidence, seq in [("point", False, plain)] + [(f"confidence {lv}", True, evidence[lv]) for lv in levels]:
+        p = AdaptiveWindow(cands, threshold, horizon, confidence=confidence)
+        windows = []
+        for r in seq:
+            p.observe(r)
+            windows.append(p.window(0))
+        rows.append({"rule": name, "changes_per_audit": p.changes / len(seq),
+                     "mean_window": float(np.mean(windows)),
+                     "windows": {str(w): windows.count(w) for w in sorted(set(windows))}})
+    widths = {lv: float(np.mean([hi - lo for r in evidence[lv] for lo, hi in r.cosine_ci.values()])) for lv in levels}
+    head = (f"model {args.model}, {args.audits} random probe batches of {args.probe_batch} from {n} rollouts, same "
+            f"weights, estimator {args.estimator}, threshold {threshold}, start at {cands[-1]}; audit with interval "
+            f"{statistics.median(times):.2f} s median\n\n| rule | changes per audit | mean window | windows chosen "
+            "|\n|---|---|---|---|")
+    lines = [f"| {r['rule']} | {r['changes_per_audit']:.2f} | {r['mean_window']:.0f} | "
+             + ", ".join(f"{w}: {k}" for w, k in r["windows"].items()) + " |" for r in rows]
+    lines.append("\nmean interval width: " + ", ".join(f"{lv}: {w:.3f}" for lv, w in widths.items()))
+    return {"table": "\n".join([head, *lines]), "rows": rows, "widths": widths}
 
 
 # ---------------------------------------------------------------------------------------------
