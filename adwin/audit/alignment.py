@@ -108,6 +108,16 @@ class AuditResult:
             }
         return out
 
+    def metrics(self) -> dict[str, float]:
+        """Step metrics of this audit: the interval ends per candidate, the batch cosines when another
+        estimator decided, and the debiased estimator's fallbacks."""
+        m = {f"audit/cos_ci_{end}_{c}": v for c, ci in self.cosine_ci.items()
+             for end, v in zip(("low", "high"), ci, strict=True)}
+        m |= {f"audit/batch_cos_{c}": v for c, v in self.batch_cosines.items()}
+        if "debiased_fallbacks" in self.extra:
+            m["audit/debiased_fallbacks"] = self.extra["debiased_fallbacks"]
+        return m
+
     @classmethod
     def from_dict(cls, d: Mapping[str, Any]) -> AuditResult:
         return cls(

@@ -154,3 +154,6 @@ def test_the_interval_travels_in_the_result_dict() -> None:
 
     back = AuditResult.from_dict(res.to_dict())
     assert back.cosine_ci == res.cosine_ci and back.estimator == "debiased" and back.batch_cosines == res.batch_cosines
+    m = res.metrics()
+    assert m["audit/cos_ci_low_1"] == res.cosine_ci[1][0] and m["audit/cos_ci_high_2"] == res.cosine_ci[2][1]
+    assert m["audit/batch_cos_1"] == res.batch_cosines[1] and "audit/debiased_fallbacks" in m
