@@ -16,6 +16,8 @@ COMMANDS: list[tuple[tuple[str, ...], str, str]] = [
     (("prepare",), "adwin.tasks.prepare", "build the built-in task's tokenizer, teacher(s) and student init"),
     (("controller", "serve"), "adwin.controller.serve", "serve the controller HTTP API and dashboard"),
     (("bench", "audit"), "adwin.bench.audit", "time and memory of the alignment audit methods"),
+    (("bench", "audit-agreement"), "adwin.bench.audit_agreement",
+     "top:N and debiased audits against the full one: decision agreement, cosine vs probe batch, skip replay"),
     (("bench", "controller"), "adwin.bench.controller", "latency and throughput of the controller service"),
     (("bench", "probes"), "adwin.bench.probes", "wall time of fixed vs ADWIN with inline, thread and Ray probe workers"),
     (("bench", "compare"), "adwin.bench.compare", "every window method side by side: accuracy, tokens, FLOPs, time"),

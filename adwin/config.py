@@ -15,7 +15,7 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from adwin.policies.base import WindowConfigError
-from adwin.policies.registry import PolicyName, build_policy, parse_policy_spec
+from adwin.policies.registry import PolicyName, build_policy, is_audited, parse_policy_spec
 
 
 class _Strict(BaseModel):
@@ -83,14 +83,17 @@ class WindowSection(_Strict):
     start: int | None = Field(None, ge=1)
     step: int | None = Field(None, ge=0)
     surprise: SurpriseSection = Field(default_factory=SurpriseSection)
+    confidence: bool = Field(False, description="audited policies: change the window only when a candidate's "
+                             "cosine interval (audit.ci_level) is clear of the threshold, never on one that "
+                             "straddles it")
 
     def policy_options(self) -> dict[str, float]:
         """Policy-specific numbers for ``build_policy(options=...)``: the sub-section named after the policy
-        (only ``surprise`` has one), else none."""
+        (only ``surprise`` has one), else none; ``confidence`` when set."""
         section = getattr(self, self.policy, None)
-        if not isinstance(section, BaseModel):
-            return {}
-        return {k: float(v) for k, v in section.model_dump().items() if v is not None}
+        opts = {k: float(v) for k, v in section.model_dump().items() if v is not None} \
+            if isinstance(section, BaseModel) else {}
+        return opts | ({"confidence": 1.0} if self.confidence else {})
 
 
 class ProbeConfig(_Strict):
@@ -118,10 +121,32 @@ class ProbeConfig(_Strict):
 
 
 class AuditConfig(_Strict):
+    """How the alignment audit runs (``adwin.audit``); cost and agreement of each option in docs/benchmarks.md."""
+
     method: Literal["fast", "reference", "sketch"] = "fast"
     metric: Literal["identity", "adam"] = "identity"
     sketch_dim: int = Field(16_384, ge=1, le=1 << 24)
     loss: Literal["reverse_kl_pg"] = "reverse_kl_pg"
+    params: str = Field("all", description="'all' or 'top:N': gradients of the last N transformer blocks and "
+                        "the head only (the backward stops early)")
+    estimator: Literal["batch", "debiased"] = Field(
+        "batch", description="batch cosine, or without the same-sample Gram terms (needs per-sample gradients)")
+    macro: bool = Field(False, description="also per-sample (macro) cosines: telemetry only, ~2.7x the audit's cost")
+    ci_level: float | None = Field(None, gt=0.0, lt=1.0, description="bootstrap interval per candidate cosine; "
+                                   "None = no interval (window.confidence needs one)")
+    ci_samples: int = Field(200, ge=10, le=100_000, description="bootstrap resamples of the probe batch")
+    every: int = Field(1, ge=1, le=1_000_000, description="audit one ready probe batch in this many")
+    skip_margin: float = Field(0.0, ge=0.0, lt=1.0, description="skip audits while the last skip_history audits "
+                               "had every cosine this far from the threshold; 0 = off")
+    skip_history: int = Field(2, ge=1, le=1000)
+    max_skips: int = Field(4, ge=0, le=1_000_000, description="consecutive skips before an audit is forced")
+
+    @model_validator(mode="after")
+    def _check_params(self) -> AuditConfig:
+        from adwin.audit.params import parse_audit_params
+
+        parse_audit_params(self.params)  # raises naming audit.params
+        return self
 
 
 class LossConfig(_Strict):
@@ -235,6 +260,10 @@ class TrainConfig(_Strict):
             )
         except WindowConfigError as e:
             raise ValueError(f"window: {e} (rollout.max_response_len={self.rollout.max_response_len})") from e
+        if w.confidence and not is_audited(w.policy):
+            raise ValueError(f"window.confidence: policy {w.policy!r} does not decide from audits; unset it")
+        if w.confidence and self.audit.ci_level is None:
+            raise ValueError("window.confidence needs audit.ci_level (e.g. 0.9): the interval it decides on")
         if self.scheduler == "asyncopd" and self.loss.name not in ASYNCOPD_LOSSES:
             raise ValueError(f"loss.name: scheduler 'asyncopd' trains with {ASYNCOPD_LOSSES} (old-to-current IS "
                              f"on cached behavior logprobs), got {self.loss.name!r}")

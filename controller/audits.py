@@ -11,8 +11,10 @@ from __future__ import annotations
 import base64
 import binascii
 import logging
+import math
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
 from types import ModuleType
 from typing import Any
 
@@ -56,6 +58,24 @@ def _alignment() -> ModuleType:
     from adwin.audit import alignment
 
     return alignment
+
+
+@dataclass(frozen=True)
+class _Evidence:
+    """What a policy observes: the cosines and, when the trainer sent one, the interval of each."""
+
+    cosines: dict[int, float]
+    cosine_ci: dict[int, tuple[float, float]] | None
+
+
+def _check_intervals(audit: AuditIn, world_size: int, kind: str) -> None:
+    if audit.cosine_ci is None:
+        return
+    if kind == "sketch" and world_size > 1:
+        raise InvalidInput("cosine_ci needs world_size 1 with sketch audits: one rank's interval covers its shard only")
+    for c, (lo, hi) in audit.cosine_ci.items():
+        if math.isfinite(lo) and math.isfinite(hi) and not -1.0 <= lo <= hi <= 1.0:
+            raise InvalidInput(f"cosine_ci[{c}] must satisfy -1 <= low <= high <= 1, got ({lo}, {hi})")
 
 
 class AuditAggregator(ControllerBase):
@@ -121,7 +141,7 @@ class AuditAggregator(ControllerBase):
         if audit.rank >= run.spec["world_size"]:
             raise InvalidInput(f"rank {audit.rank} out of range for world_size {run.spec['world_size']}")
         allowed = set(run.candidates) | {run.spec["policy"]["max_len"]}
-        for name in ("cosines", "macro_cosines"):
+        for name in ("cosines", "macro_cosines", "cosine_ci"):
             keys = getattr(audit, name)
             if keys is not None:
                 unknown = sorted(set(keys) - allowed)
@@ -132,6 +152,7 @@ class AuditAggregator(ControllerBase):
         k1 = len(run.candidates) + 1
         if audit.gram is not None and (len(audit.gram) != k1 or any(len(r) != k1 for r in audit.gram)):
             raise InvalidInput(f"gram must be ({k1}, {k1}) for {k1 - 1} candidates")
+        _check_intervals(audit, run.spec["world_size"], kind)
         sketch = None
         if kind == "sketch":
             shape = audit.sketch_shape
@@ -147,6 +168,7 @@ class AuditAggregator(ControllerBase):
             or check_finite("macro_cosines", audit.macro_cosines)
             or check_finite("gram", audit.gram)
             or check_finite("stats", audit.stats)
+            or check_finite("cosine_ci", None if audit.cosine_ci is None else {c: list(v) for c, v in audit.cosine_ci.items()})
             or (None if sketch is None or _finite(sketch) else "sketch")
         )
         if bad:
@@ -233,12 +255,14 @@ class AuditAggregator(ControllerBase):
             if kind == "gram":
                 gram = np.asarray(audit.gram, dtype=np.float64)  # (K+1, K+1)
         cosines = _alignment().cosines_from_gram(_unit_scale(gram), run.candidates) if gram is not None else dict(audit.cosines or {})
+        if audit.cosine_ci is not None:  # kept with the audit (and its telemetry) as plain stats
+            stats |= {f"cos_ci_{end}_{c}": v for c, ci in audit.cosine_ci.items() for end, v in zip(("low", "high"), ci, strict=True)}
         # Cosines computed from a Gram are finite by construction; cosines given directly were checked.
         policy = policy_from_state(run.policy.state_dict())  # decide on a copy; swap after COMMIT
         adaptive = policy.audited
         if adaptive:
             try:
-                policy.observe(cosines)
+                policy.observe(_Evidence(cosines, audit.cosine_ci))
             except (WindowConfigError, ValueError) as e:
                 raise InvalidInput(f"audit {audit_id}: {e}") from e
         reason = "audit" if adaptive else "schedule"

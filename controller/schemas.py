@@ -164,6 +164,9 @@ class AuditIn(_In):
     sketch_b64: str | None = None
     sketch_shape: tuple[PositiveCount, PositiveCount] | None = None
     stats: dict[str, float] = Field(default_factory=dict)
+    # Optional bootstrap interval per candidate cosine (``AuditResult.cosine_ci``); a ``window.confidence``
+    # policy decides on it. Stored with the audit as stats ``cos_ci_low_<c>`` / ``cos_ci_high_<c>``.
+    cosine_ci: dict[int, tuple[float, float]] | None = None
     # Non-finite values are refused by the controller itself (422), not here: the controller records
     # the rejected audit as a ``fallback`` decision so the dashboard shows why the window stayed.
     _finite: ClassVar[bool] = False

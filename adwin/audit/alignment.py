@@ -23,6 +23,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from adwin.audit.estimators import ESTIMATORS, bootstrap_ci, cosine_array, debiased_cosines
 from adwin.audit.grams import (
     Prepared,
     TokenLoss,
@@ -31,6 +32,7 @@ from adwin.audit.grams import (
     metric_scaler,
     reference_grams,
 )
+from adwin.audit.params import audited_parameters
 from adwin.audit.sketch import Grads, countsketch, countsketch_hashes  # noqa: F401  (countsketch_hashes: public API)
 from adwin.objectives.losses import response_positions, reverse_kl_pg, token_logprobs  # noqa: F401  (last two: kept importable here)
 
@@ -73,6 +75,10 @@ class AuditResult:
     elapsed_s: float = 0.0
     extra: dict[str, float] = field(default_factory=dict)
     sketch: np.ndarray | None = None  # (K+1, sketch_dim) float32 segment sketches (method "sketch")
+    estimator: str = "batch"  # which estimator gave ``cosines`` (adwin.audit.estimators)
+    params: str = "all"  # which parameters were differentiated (adwin.audit.params)
+    batch_cosines: dict[int, float] = field(default_factory=dict)  # batch cosines when estimator != batch
+    cosine_ci: dict[int, tuple[float, float]] = field(default_factory=dict)  # bootstrap interval per candidate
 
     def to_dict(self, *, include_sketch: bool = False) -> dict[str, Any]:
         """JSON-able dict. The sketch (large) is left out unless ``include_sketch``; then it travels as
@@ -88,6 +94,10 @@ class AuditResult:
             "metric": self.metric,
             "elapsed_s": self.elapsed_s,
             "extra": dict(self.extra),
+            "estimator": self.estimator,
+            "params": self.params,
+            "batch_cosines": {str(k): v for k, v in self.batch_cosines.items()},
+            "cosine_ci": {str(k): [lo, hi] for k, (lo, hi) in self.cosine_ci.items()},
         }
         if include_sketch and self.sketch is not None:
             arr = np.ascontiguousarray(self.sketch, dtype="<f4")
@@ -97,6 +107,16 @@ class AuditResult:
                 "b64": base64.b64encode(arr.tobytes()).decode("ascii"),
             }
         return out
+
+    def metrics(self) -> dict[str, float]:
+        """Step metrics of this audit: the interval ends per candidate, the batch cosines when another
+        estimator decided, and the debiased estimator's fallbacks."""
+        m = {f"audit/cos_ci_{end}_{c}": v for c, ci in self.cosine_ci.items()
+             for end, v in zip(("low", "high"), ci, strict=True)}
+        m |= {f"audit/batch_cos_{c}": v for c, v in self.batch_cosines.items()}
+        if "debiased_fallbacks" in self.extra:
+            m["audit/debiased_fallbacks"] = self.extra["debiased_fallbacks"]
+        return m
 
     @classmethod
     def from_dict(cls, d: Mapping[str, Any]) -> AuditResult:
@@ -112,6 +132,10 @@ class AuditResult:
             elapsed_s=float(d.get("elapsed_s", 0.0)),
             extra={str(k): float(v) for k, v in d.get("extra", {}).items()},
             sketch=_decode_sketch(d.get("sketch")),
+            estimator=str(d.get("estimator", "batch")),
+            params=str(d.get("params", "all")),
+            batch_cosines={int(k): float(v) for k, v in d.get("batch_cosines", {}).items()},
+            cosine_ci={int(k): (float(v[0]), float(v[1])) for k, v in d.get("cosine_ci", {}).items()},
         )
 
 
@@ -141,16 +165,8 @@ def cosines_from_gram(
         raise ValueError(f"gram must be ({k + 1}, {k + 1}) for {k} candidates, got {g.shape}")
     if not np.all(np.isfinite(g)):
         raise ValueError("gram has non-finite entries")
-    ones = np.ones(k + 1)
-    full_sq = float(ones @ g @ ones)
-    out: dict[int, float] = {}
-    for i, c in enumerate(candidates):
-        p = np.zeros(k + 1)
-        p[: i + 1] = 1.0
-        pref_sq = float(p @ g @ p)
-        denom = math.sqrt(max(pref_sq, 0.0) * max(full_sq, 0.0))
-        out[int(c)] = float(np.clip((p @ g @ ones) / denom, -1.0, 1.0)) if denom > 0 else 0.0
-    return out
+    cos, _ = cosine_array(g, k)
+    return {int(c): float(cos[i]) for i, c in enumerate(candidates)}
 
 
 def gram_from_sketches(sketches: Sequence[np.ndarray] | np.ndarray) -> np.ndarray:
@@ -193,6 +209,10 @@ def audit(
     macro: bool = True,
     token_weights: torch.Tensor | None = None,
     micro_batch: int | None = None,
+    params: str = "all",
+    estimator: str = "batch",
+    ci_level: float | None = None,
+    ci_samples: int = 200,
 ) -> AuditResult:
     """Cosine of each candidate prefix gradient with the full-rollout gradient (ADWIN section 4.2).
 
@@ -226,6 +246,14 @@ def audit(
     before any inner product or sketch. Parameters without optimizer state yet get weight 1 (the
     identity metric; Adam's preconditioner is undefined before its first step).
 
+    ``params`` (``all`` | ``top:N``, ``adwin.audit.params``) restricts the gradients to the last N blocks
+    and the head, so each segment's backward stops early. ``estimator`` (``batch`` | ``debiased``,
+    ``adwin.audit.estimators``) picks the cosine: ``debiased`` drops the same-sample terms of the Gram and
+    needs per-sample gradients (one sample at a time, as ``macro``); ``batch_cosines`` then keeps the
+    batch ones. ``ci_level`` (e.g. 0.9) adds ``cosine_ci``, a bootstrap interval per candidate over the
+    probe samples, from per-sample segment vectors (exact for ``reference``, CountSketches of
+    ``sketch_dim`` for ``fast``/``sketch``; also one sample at a time) resampled ``ci_samples`` times.
+
     ``macro`` adds per-sample cosines (mean over samples; samples whose prefix gradient is zero are
     left out, a candidate with no such sample is absent). It processes ``fast``/``sketch`` one sample
     at a time (``micro_batch`` defaults to 1, else to the whole batch), which also bounds activation
@@ -252,8 +280,14 @@ def audit(
             raise ValueError(f"sketch_dim must be >= 1, got {sketch_dim}")
     if getattr(getattr(model, "config", None), "is_encoder_decoder", False):
         raise ValueError("audit needs a decoder-only (causal) model; got an encoder-decoder")
+    if estimator not in ESTIMATORS:
+        raise ValueError(f"audit.estimator must be one of {ESTIMATORS}, got {estimator!r}")
+    per_sample = macro or estimator == "debiased" or ci_level is not None
+    if per_sample and micro_batch not in (None, 1):
+        raise ValueError("macro cosines, estimator='debiased' and ci_level need micro_batch=1 (the default)")
+    vector_dim = (DEFAULT_SKETCH_DIM if sketch_dim is None else int(sketch_dim)) if ci_level is not None else None
 
-    named = [(canonical_name(n), p) for n, p in model.named_parameters() if p.requires_grad]
+    named = [(canonical_name(n), p) for n, p in audited_parameters(model, params)]
     if not named:
         raise ValueError("model has no parameters that require grad")
     device = named[0][1].device
@@ -266,24 +300,33 @@ def audit(
     try:
         with torch.enable_grad():
             if method == "reference":
-                gram, sample_grams = reference_grams(model, named, b, len(cands) + 1, scale, macro)
+                gram, sample_grams, vectors = reference_grams(
+                    model, named, b, len(cands) + 1, scale, per_sample, vector_dim is not None
+                )
                 sketch = None
             else:
-                gram, sample_grams, sketch = chunked_grams(
+                gram, sample_grams, sketch, vectors = chunked_grams(
                     model,
                     named,
                     b,
                     len(cands) + 1,
                     scale,
-                    macro,
+                    per_sample,
                     micro_batch,
                     sketch_dim if method == "sketch" else None,
                     seed,
+                    vector_dim,
                 )
     finally:
         model.train(was_training)
 
-    cos = cosines_from_gram(gram, cands)
+    batch_cos = cosines_from_gram(gram, cands)
+    cos, fallbacks = debiased_cosines(gram, sample_grams, cands) if estimator == "debiased" else (batch_cos, 0)
+    ci = (
+        bootstrap_ci(np.stack(vectors), cands, cos, estimator=estimator, level=ci_level, n_boot=ci_samples, seed=seed)
+        if ci_level is not None
+        else {}
+    )
     macro_cos = _macro_cosines(sample_grams, cands) if macro else {}
     norms = _prefix_norms(gram, cands)
     max_len = int(b.response_mask.sum(dim=1).max().item())
@@ -298,8 +341,13 @@ def audit(
         method=method,
         metric=metric,
         elapsed_s=time.perf_counter() - t0,
-        extra={"samples": float(b.input_ids.shape[0]), "max_response_len": float(max_len)},
+        extra={"samples": float(b.input_ids.shape[0]), "max_response_len": float(max_len)}
+        | ({"debiased_fallbacks": float(fallbacks)} if estimator == "debiased" else {}),
         sketch=None if sketch is None else sketch.astype(np.float32),
+        estimator=estimator,
+        params=params,
+        batch_cosines=batch_cos if estimator != "batch" else {},
+        cosine_ci=ci,
     )
 
 

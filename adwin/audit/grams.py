@@ -96,8 +96,11 @@ def reference_grams(
     n_seg: int,
     scale: Callable[[int, torch.Tensor], torch.Tensor],
     macro: bool,
-) -> tuple[np.ndarray, list[np.ndarray]]:
-    """One forward over the whole batch, one backward per segment (and per sample and segment)."""
+    keep_vectors: bool = False,
+) -> tuple[np.ndarray, list[np.ndarray], list[np.ndarray]]:
+    """One forward over the whole batch, one backward per segment (and per sample and segment).
+
+    With ``keep_vectors`` (needs ``macro``) also the per-sample flattened segment gradients, each (K+1, D)."""
     params = [p for _, p in named]
     logits = model(input_ids=b.input_ids, attention_mask=b.attention_mask, position_ids=b.position_ids).logits
     logp = token_logprobs(logits, b.input_ids)  # (B, L)
@@ -114,12 +117,14 @@ def reference_grams(
 
     m = torch.stack([flat_grad((per * (b.segment == s)).sum()) for s in range(n_seg)])  # (K+1, D)
     gram = (m @ m.T).cpu().numpy()
-    sample_grams = []
+    sample_grams, vectors = [], []
     if macro:
         for i in range(per.shape[0]):
-            ms = torch.stack([flat_grad((per[i] * (b.segment[i] == s)).sum()) for s in range(n_seg)])
+            ms = torch.stack([flat_grad((per[i] * (b.segment[i] == s)).sum()) for s in range(n_seg)])  # (K+1, D)
             sample_grams.append((ms @ ms.T).cpu().numpy())
-    return gram, sample_grams
+            if keep_vectors:
+                vectors.append(ms.cpu().numpy())
+    return gram, sample_grams, vectors
 
 
 def chunked_grams(
@@ -132,8 +137,12 @@ def chunked_grams(
     micro_batch: int | None,
     sketch_dim: int | None,
     seed: int,
-) -> tuple[np.ndarray, list[np.ndarray], np.ndarray | None]:
-    """``fast`` (sketch_dim None) and ``sketch``: micro-batches through the causal chunked graph."""
+    vector_dim: int | None = None,
+) -> tuple[np.ndarray, list[np.ndarray], np.ndarray | None, list[np.ndarray]]:
+    """``fast`` (sketch_dim None) and ``sketch``: micro-batches through the causal chunked graph.
+
+    With ``vector_dim`` (needs ``macro``) also each sample's (K+1, vector_dim) CountSketch of its segment
+    gradients (the sketch itself for ``sketch``), for the bootstrap's cross-sample Gram."""
     n = b.input_ids.shape[0]
     mb = (1 if macro else n) if micro_batch is None else int(micro_batch)
     if mb < 1:
@@ -145,6 +154,7 @@ def chunked_grams(
     acc: list[Grads | None] = [None] * n_seg  # batch-level segment gradients (fast)
     sk_total = torch.zeros(n_seg, sketch_dim, dtype=torch.float64, device=device) if sketch_dim else None
     sample_grams: list[np.ndarray] = []
+    vectors: list[np.ndarray] = []
     single = mb >= n  # one micro-batch: its gradients are the batch's, no accumulator copy
     for start in range(0, n, mb):
         rows = slice(start, min(n, start + mb))
@@ -157,6 +167,8 @@ def chunked_grams(
             sk64 = sk.double()
             if macro:
                 sample_grams.append((sk64 @ sk64.T).cpu().numpy())
+            if vector_dim is not None:
+                vectors.append(sk.cpu().numpy())
             sk_total += sk64
             continue
         seg_grads: list[Grads | None] = [None] * n_seg
@@ -164,6 +176,12 @@ def chunked_grams(
             seg_grads[s] = grads
         if macro:
             sample_grams.append(_gram_of(seg_grads))
+        if vector_dim is not None:
+            vec = torch.zeros(n_seg, vector_dim, dtype=torch.float32, device=device)  # (K+1, D)
+            for s, grads in enumerate(seg_grads):
+                if grads is not None:
+                    countsketch(grads, names, vector_dim, seed, vec[s])
+            vectors.append(vec.cpu().numpy())
         if single:
             acc = seg_grads
         else:
@@ -172,8 +190,8 @@ def chunked_grams(
         del seg_grads
     if sk_total is not None:
         sk_np = sk_total.cpu().numpy()
-        return sk_np @ sk_np.T, sample_grams, sk_np
-    return _gram_of(acc), sample_grams, None
+        return sk_np @ sk_np.T, sample_grams, sk_np, vectors
+    return _gram_of(acc), sample_grams, None, vectors
 
 
 def _segment_grads(

@@ -62,7 +62,11 @@ def stale_token_weights(model: torch.nn.Module, batch: ProbeBatch, method: str =
     if level not in IS_LEVELS:
         raise ValueError(f"is_level must be one of {IS_LEVELS}, got {level!r}")
     mask = batch.response_mask.float()  # (B, L)
-    log_ratio = (current_logprobs(model, batch) - batch.behavior_logprobs.float()) * mask  # (B, L)
+    # Off the response the behavior logprobs are whatever the writer left there (-inf, NaN): select,
+    # never multiply by the mask, or -inf * 0 = NaN reaches the prefix cumsum and every weight.
+    on = mask > 0
+    behavior = torch.where(on, batch.behavior_logprobs.float(), torch.zeros_like(mask))  # (B, L)
+    log_ratio = torch.where(on, current_logprobs(model, batch) - behavior, torch.zeros_like(mask))  # (B, L)
     if level == "prefix":
         log_ratio = torch.cumsum(log_ratio, dim=1) * mask  # (B, L): log prod_{s<=t} rho_s
     weights, frac = importance_weights(log_ratio, method, low, high, mask=mask)

@@ -97,6 +97,12 @@ def validate_threshold(threshold: float) -> float:
     return float(threshold)
 
 
+def intervals_of(result: Any) -> dict[int, tuple[float, float]]:
+    """The ``cosine_ci`` of an ``AuditResult``-like object (``{candidate: (low, high)}``); {} when it has none."""
+    raw = getattr(result, "cosine_ci", None) or {}
+    return {int(k): (float(v[0]), float(v[1])) for k, v in dict(raw).items()}
+
+
 def cosines_of(result: Any) -> dict[int, float]:
     """Accept an ``AuditResult``-like object or a plain mapping of candidate -> cosine."""
     raw = result.cosines if hasattr(result, "cosines") else result

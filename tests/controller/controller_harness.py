@@ -47,5 +47,13 @@ def finish(api: object, run_id: str, probe_id: str, step: int = 1, **kw: object)
     return api.report_probe(run_id, report)  # type: ignore[attr-defined]
 
 
+def ready_batch(api: object, run_id: str, n: int = 2, step: int = 0) -> object:
+    """Offer and finish ``n`` probes at ``step``; the probe batch the controller then hands out."""
+    acc = api.offer_probes(run_id, offers(step, n, prefix=f"b{step}-")).accepted  # type: ignore[attr-defined]
+    for pid in acc:
+        finish(api, run_id, pid)
+    return api.next_probe_batch(run_id)  # type: ignore[attr-defined]
+
+
 def sketch_b64(arr: np.ndarray) -> str:
     return base64.b64encode(np.ascontiguousarray(arr, dtype="<f4").tobytes()).decode()

@@ -7,6 +7,7 @@ import math
 import numpy as np
 import pytest
 from controller_harness import CANDIDATES, MAX_LEN, finish, offers, run_spec, sketch_b64
+from controller_harness import ready_batch as _batch
 
 from adwin.audit.alignment import cosines_from_gram
 from adwin.controller import (
@@ -19,14 +20,6 @@ from adwin.controller import (
     UnknownRun,
 )
 from adwin.controller.schemas import AuditIn, ProbeReportIn, RunIn, StepMetricsIn
-
-
-def _batch(api, run_id: str, n: int = 2, step: int = 0):
-    acc = api.offer_probes(run_id, offers(step, n, prefix=f"b{step}-")).accepted
-    for pid in acc:
-        finish(api, run_id, pid)
-    return api.next_probe_batch(run_id)
-
 
 # --- runs --------------------------------------------------------------------------------------
 

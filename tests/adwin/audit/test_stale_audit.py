@@ -186,3 +186,23 @@ def test_treatments_mask_or_clip_and_report_the_fraction(tiny_llama: torch.nn.Mo
     assert w_clip is not None and float(w_clip[resp.bool()].min()) == pytest.approx(0.5)
     assert float(w_clip[resp.bool()].max()) == pytest.approx(2.0)
     assert torch.all(w_clip[~resp.bool()] == 0)
+
+
+@pytest.mark.parametrize("level", ["token", "prefix"])
+@pytest.mark.parametrize("junk", [float("-inf"), float("nan"), float("inf")])
+def test_junk_behavior_logprobs_outside_the_response_do_not_reach_the_weights(
+    tiny_llama: torch.nn.Module, level: str, junk: float
+) -> None:
+    ids = torch.randint(3, 64, (2, 7), generator=torch.Generator().manual_seed(3))
+    resp = torch.zeros_like(ids)
+    resp[:, 3:] = 1
+    resp[1, 6] = 0  # a right-padded row: junk after the response as well as before it
+    batch = ProbeBatch(ids, torch.ones_like(ids), resp, torch.zeros(ids.shape))
+    clean = current_logprobs(tiny_llama, batch) * resp
+    batch.behavior_logprobs = torch.where(resp.bool(), clean, torch.full(ids.shape, junk))
+    w, m = stale_token_weights(tiny_llama, batch, "clip", 0.5, 2.0, level=level)
+    assert w is not None and bool(torch.isfinite(w).all())
+    torch.testing.assert_close(w, resp.float())
+    assert all(v == v for v in m.values())  # no NaN diagnostics
+    res = audit(tiny_llama, batch, [2, 3], method="fast", macro=False, token_weights=w)
+    assert all(v == v for v in res.cosines.values())
