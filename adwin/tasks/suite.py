@@ -1,0 +1,88 @@
+"""The built-in tasks, one per horizon regime, sharing tokenizer, model family and problem set.
+
+* ``chain``: today's task. One skill repeats on every line; the teacher learned what follows a
+  planted mistake, so it recovers after student errors and the first lines carry most of the signal.
+* ``chain-drift``: the same problems and answers; the teacher is trained on clean solutions only,
+  so its feedback after a student mistake is unreliable (the paper's supervision drift).
+* ``chain-late``: the chain plus a closing line combining the first and last results
+  (:mod:`adwin.tasks.late`); the student initialisation never trained on it, the teacher did.
+
+Kept free of torch imports: config validation and cache fingerprints read it.
+"""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from adwin.tasks.chain import Problem, TaskSample, generate_problems, verify_solution
+from adwin.tasks.late import late_answer, verify_late_solution, write_late
+from adwin.tasks.noise import corrupt_solution
+
+# (problem, rng, line_rate, student_phase) -> (written response without EOS, trained flag per char)
+Writer = Callable[[Problem, random.Random, float, bool], tuple[str, list[bool]]]
+
+
+def _write_chain(problem: Problem, rng: random.Random, line_rate: float, student_phase: bool) -> tuple[str, list[bool]]:
+    del student_phase  # chain trains the same characters before and after the student snapshot
+    return corrupt_solution(problem, rng, line_rate)
+
+
+def _write_late(problem: Problem, rng: random.Random, line_rate: float, student_phase: bool) -> tuple[str, list[bool]]:
+    return write_late(problem, rng, line_rate, train_closing=not student_phase)
+
+
+def _chain_answer(problem: Problem) -> str:
+    return problem.answer
+
+
+@dataclass(frozen=True)
+class BuiltinTask:
+    name: str
+    summary: str
+    write: Writer
+    answer: Callable[[Problem], str]
+    verify: Callable[[str, str], bool]  # (prompt, response) -> every line follows the rule
+    # None: the profile's planted-mistake rate; 0.0: clean solutions only (supervision drift)
+    noise_line_rate: float | None = None
+
+    def samples(self, n: int, seed: int, split: str = "train") -> list[TaskSample]:
+        """``n`` samples of ``split``; the same problems for every task at the same (n, seed, split)."""
+        return [
+            TaskSample(id=f"{split}-{seed}-{i}", prompt=p.prompt, answer=self.answer(p), route=p.route)
+            for i, p in enumerate(generate_problems(n, seed, split))
+        ]
+
+    def solution(self, problem: Problem) -> str:
+        return self.write(problem, random.Random(0), 0.0, False)[0]
+
+
+TASKS: dict[str, BuiltinTask] = {
+    "chain": BuiltinTask(
+        "chain", "repeated skill, teacher recovers after mistakes", _write_chain, _chain_answer, verify_solution
+    ),
+    "chain-drift": BuiltinTask(
+        "chain-drift",
+        "chain with a teacher trained on clean solutions only (supervision drift)",
+        _write_chain,
+        _chain_answer,
+        verify_solution,
+        noise_line_rate=0.0,
+    ),
+    "chain-late": BuiltinTask(
+        "chain-late",
+        "chain plus a closing line the student init never trained on",
+        _write_late,
+        late_answer,
+        verify_late_solution,
+    ),
+}
+TASK_NAMES: tuple[str, ...] = tuple(TASKS)
+DEFAULT_TASK = "chain"
+
+
+def get_task(name: str) -> BuiltinTask:
+    if name not in TASKS:
+        raise ValueError(f"unknown built-in task {name!r}; expected one of {', '.join(TASK_NAMES)}")
+    return TASKS[name]
