@@ -17,7 +17,7 @@ forward on a probe batch into the ``drift/*`` metrics the probe side logs.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 import torch
 
@@ -113,3 +113,18 @@ def drift_metrics(curves: dict[str, list[float]], positions: Sequence[int]) -> d
                 out[f"drift/{name}_at_{c}"] = float(values[c - 1])
         lo = c
     return out
+
+
+def teacher_drift(
+    logits_fn: Callable[[torch.Tensor, torch.Tensor, list[str]], torch.Tensor],
+    input_ids: torch.Tensor,
+    attention_mask: torch.Tensor,
+    response_mask: torch.Tensor,
+    routes: list[str],
+    candidates: Sequence[int],
+) -> dict[str, float]:
+    """``drift/*`` metrics of one probe batch: one teacher forward (``logits_fn``, (B, L, V)) on the
+    learner. Probe batches are full rollouts, so every candidate window's boundary can be read."""
+    with torch.no_grad():
+        logits = logits_fn(input_ids, attention_mask, routes)  # (B, L, V)
+    return drift_metrics(drift_curves(logits, input_ids, response_mask), candidates)
