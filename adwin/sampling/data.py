@@ -77,13 +77,14 @@ def _parse_record(line: str, path: Path, lineno: int, route_key: str) -> Prompt:
                   source=where)
 
 
-def builtin_prompts(n: int, seed: int, split: str) -> list[Prompt]:
-    """Problems of the built-in task (``adwin.tasks``), deterministic in ``seed``."""
-    from adwin import tasks
+def builtin_prompts(n: int, seed: int, split: str, task: str = "chain") -> list[Prompt]:
+    """Problems of a built-in task (``adwin.tasks.suite``), deterministic in ``seed``; every task draws
+    the same problems (``chain-late`` skips the longest chains), its own answers."""
+    from adwin.tasks.suite import get_task
 
     return [
         Prompt(id=s.id, prompt=s.prompt, answer=s.answer, route=s.route)
-        for s in tasks.generate_samples(n, seed=seed, split=split)
+        for s in get_task(task).samples(n, seed=seed, split=split)
     ]
 
 

@@ -26,6 +26,9 @@ from adwin.tasks.chain import ANSWER_PREFIX, MOD, Problem, parse_prompt
 from adwin.tasks.noise import corrupt_solution
 
 CLOSING_PREFIX = "fin:"
+# The closing line adds 10 tokens; a 24-line chain would need 328 tokens, over the 320-token horizon
+# (MAX_RESPONSE_TOKENS), so chain-late skips chains of 24 lines: at most 23 x 13 + 10 + 5 + <eos> = 315.
+CLOSING_STEPS_LEFT_OUT = 1
 _CLOSING_RE = re.compile(r"^fin:(\d)\+(\d)=(\d)$")
 _LINE_Q = re.compile(r"=(\d)$")
 

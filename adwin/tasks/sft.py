@@ -15,7 +15,7 @@ from collections.abc import Callable
 import torch
 from transformers import LlamaForCausalLM, PreTrainedTokenizerBase
 
-from adwin.tasks.chain import Problem, check_answer, generate_problems
+from adwin.tasks.chain import Problem, check_answer
 from adwin.tasks.profiles import SFTSchedule
 from adwin.tasks.suite import DEFAULT_TASK, BuiltinTask, get_task
 
@@ -102,11 +102,11 @@ def train_sft(
 
     stop_step = schedule.steps if stop_step is None else stop_step
     n_steps = stop_step - start_step
-    problems = generate_problems(schedule.steps * schedule.batch_size * 2, seed=seed, split="train")
+    task = task or get_task(DEFAULT_TASK)
+    problems = task.problems(schedule.steps * schedule.batch_size * 2, seed=seed, split="train")
     if routes is not None:
         problems = [p for p in problems if p.route in routes]
     problems = problems[start_step * schedule.batch_size : stop_step * schedule.batch_size]
-    task = task or get_task(DEFAULT_TASK)
     line_rate = schedule.noise_line_rate if task.noise_line_rate is None else task.noise_line_rate
     batches = make_batches(
         tokenizer, problems, schedule.batch_size, seed=seed + start_step, noise_line_rate=line_rate, task=task,

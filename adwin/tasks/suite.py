@@ -16,8 +16,8 @@ import random
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from adwin.tasks.chain import Problem, TaskSample, generate_problems, verify_solution
-from adwin.tasks.late import late_answer, verify_late_solution, write_late
+from adwin.tasks.chain import MAX_STEPS, Problem, TaskSample, generate_problems, verify_solution
+from adwin.tasks.late import CLOSING_STEPS_LEFT_OUT, late_answer, verify_late_solution, write_late
 from adwin.tasks.noise import corrupt_solution
 
 # (problem, rng, line_rate, student_phase) -> (written response without EOS, trained flag per char)
@@ -46,12 +46,23 @@ class BuiltinTask:
     verify: Callable[[str, str], bool]  # (prompt, response) -> every line follows the rule
     # None: the profile's planted-mistake rate; 0.0: clean solutions only (supervision drift)
     noise_line_rate: float | None = None
+    max_steps: int = MAX_STEPS  # longer chains are skipped: their response would not fit the horizon
+
+    def problems(self, n: int, seed: int, split: str = "train") -> list[Problem]:
+        """The first ``n`` problems of the seed's stream (:func:`generate_problems`) with at most
+        ``max_steps`` lines; for ``chain`` and ``chain-drift`` exactly ``generate_problems(n, seed, split)``."""
+        drawn = n
+        while True:
+            kept = [p for p in generate_problems(drawn, seed, split) if p.n <= self.max_steps]
+            if len(kept) >= n:
+                return kept[:n]
+            drawn *= 2
 
     def samples(self, n: int, seed: int, split: str = "train") -> list[TaskSample]:
-        """``n`` samples of ``split``; the same problems for every task at the same (n, seed, split)."""
+        """``n`` samples of ``split``, deterministic in (n, seed, split)."""
         return [
             TaskSample(id=f"{split}-{seed}-{i}", prompt=p.prompt, answer=self.answer(p), route=p.route)
-            for i, p in enumerate(generate_problems(n, seed, split))
+            for i, p in enumerate(self.problems(n, seed, split))
         ]
 
     def solution(self, problem: Problem) -> str:
@@ -76,6 +87,7 @@ TASKS: dict[str, BuiltinTask] = {
         _write_late,
         late_answer,
         verify_late_solution,
+        max_steps=MAX_STEPS - CLOSING_STEPS_LEFT_OUT,
     ),
 }
 TASK_NAMES: tuple[str, ...] = tuple(TASKS)
