@@ -12,10 +12,11 @@ from pathlib import Path
 from typing import Any, Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from adwin.policies.base import WindowConfigError
 from adwin.policies.registry import PolicyName, build_policy, is_audited, parse_policy_spec
+from adwin.tasks.suite import DEFAULT_TASK, TASK_NAMES
 
 
 class _Strict(BaseModel):
@@ -37,16 +38,27 @@ class ModelConfig(_Strict):
 
 class DataConfig(_Strict):
     task: Literal["builtin", "jsonl"] = "builtin"
+    # which built-in task (adwin.tasks.suite, docs/task.md); each has its own prepared models
+    builtin_task: str = DEFAULT_TASK
     path: str | None = None  # JSONL with "prompt", optional "answer", optional routing key
     eval_path: str | None = None
     route_key: str = "teacher"
     n_eval: int = Field(64, ge=1, le=100_000)
     max_prompt_len: int = Field(128, ge=1, le=131_072)
 
+    @field_validator("builtin_task")
+    @classmethod
+    def _known_task(cls, name: str) -> str:
+        if name not in TASK_NAMES:
+            raise ValueError(f"unknown built-in task {name!r}; expected one of {', '.join(TASK_NAMES)}")
+        return name
+
     @model_validator(mode="after")
     def _jsonl_needs_path(self) -> DataConfig:
         if self.task == "jsonl" and not self.path:
             raise ValueError("data.path is required when data.task is 'jsonl'")
+        if self.task == "jsonl" and self.builtin_task != DEFAULT_TASK:
+            raise ValueError("data.builtin_task is read only when data.task is 'builtin'; drop it for a JSONL task")
         return self
 
 

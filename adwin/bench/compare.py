@@ -14,6 +14,11 @@ one per core; the results do not depend on it, only the wall times do). The buil
 problems are the same for every run. Output: a table, ``<out>/<date>[-quick|-tiny]/results.json``,
 ``accuracy_vs_tokens.png``, ``windows.png`` and ``index.html``.
 
+``--tasks chain,chain-drift,chain-late`` runs every method on every built-in task (paired: the same seeds,
+training prompts and evaluation problems across methods) into ``<out>/<date>/<task>/`` each, plus a
+cross-task ``index.html`` and ``suite.json`` with each method's regret and worst-case regret
+(``adwin.bench.compare_tasks``). One task (``chain``) by default.
+
 ``--quick`` is a smoke run (one seed, 8 steps, six methods, 64 evaluation problems) and says so in every output;
 ``--profile tiny`` uses the tiny built-in models and a tiny budget (the test suite's smoke test).
 """
@@ -34,6 +39,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from adwin.tasks.suite import DEFAULT_TASK, TASK_NAMES, get_task
+
 log = logging.getLogger(__name__)
 
 THRESHOLDS = (0.7, 0.5, 0.6, 0.8, 0.9)  # the default first, then appendix D's sensitivity
@@ -49,6 +56,9 @@ TINY_OVERRIDES: dict[str, Any] = {  # a budget the test suite can afford (< 60 s
 
 
 QUICK_OVERRIDES: dict[str, Any] = {"eval.n_problems": 64}  # smoke run: half the evaluation problems
+# the full suite: 256 problems x k=3 x 3 seeds = 2,304 samples per method, enough for a paired-difference CI
+# half-width <= 0.03 (compare_tasks.samples_needed(0.03) = 2,135)
+DEFAULT_OVERRIDES: dict[str, Any] = {"eval.n_problems": 256, "eval.k": 3}
 
 
 @dataclass(frozen=True)
@@ -106,6 +116,8 @@ def select_methods(spec: str | None, methods: list[Method], default_keys: list[s
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--profile", choices=("default", "tiny"), default="default",
                    help="built-in task models; tiny: tiny models and budget (smoke test, < 60 s)")
+    p.add_argument("--tasks", default=DEFAULT_TASK,
+                   help=f"comma-separated built-in tasks ({', '.join(TASK_NAMES)}); default {DEFAULT_TASK}")
     p.add_argument("--quick", action="store_true", help="smoke run: one seed, fewer steps, six methods")
     p.add_argument("--methods", help="comma-separated method keys or families (full, linear, fixed, fixed-64, adwin, "
                                      "adwin-0.7, surprise, iw-opd); default: all (quick: one per family)")
@@ -122,6 +134,16 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                         "settings, 1 for --quick and --profile tiny)")
 
 
+def parse_tasks(spec: str) -> list[str]:
+    """``--tasks``: comma-separated built-in task names, each known, in order, without repeats."""
+    names = [x.strip() for x in spec.split(",") if x.strip()]
+    if not names:
+        raise ValueError(f"--tasks: name at least one of {', '.join(TASK_NAMES)}")
+    for name in names:
+        get_task(name)  # raises naming the allowed ones
+    return list(dict.fromkeys(names))
+
+
 def parse_seeds(spec: str | None, default: int) -> list[int]:
     if not spec:
         return list(range(default))
@@ -136,7 +158,7 @@ def parse_seeds(spec: str | None, default: int) -> list[int]:
 def base_overrides(args: argparse.Namespace, mode: str, steps: int) -> dict[str, Any]:
     from adwin.config import parse_set
 
-    ov: dict[str, Any] = dict(TINY_OVERRIDES if mode == "tiny" else QUICK_OVERRIDES if mode == "quick" else {})
+    ov: dict[str, Any] = dict({"tiny": TINY_OVERRIDES, "quick": QUICK_OVERRIDES, "default": DEFAULT_OVERRIDES}[mode])
     # inline probe rounds keep every method's run a pure function of its seed, so the methods differ only
     # by what they are; `--set probes.backend=thread` measures the asynchronous variant instead
     ov["probes.backend"] = "inline"
@@ -154,6 +176,7 @@ def main(args: argparse.Namespace) -> int:
         args.jobs = 2 if mode == "default" else 1
     if args.jobs < 1:
         raise ValueError("--jobs must be >= 1")
+    tasks = parse_tasks(args.tasks)
     steps = args.steps or STEPS[mode]
     seeds = parse_seeds(args.seeds, SEEDS[mode])
     config_path = args.config or ("configs/default.yaml" if Path("configs/default.yaml").is_file() else None)
@@ -168,15 +191,23 @@ def main(args: argparse.Namespace) -> int:
         "date": dt.datetime.now().isoformat(timespec="seconds"),
         "command": command_line(),
         "mode": mode, "smoke": mode != "default", "profile": args.profile, "steps": steps, "seeds": seeds,
-        "methods": [m.key for m in chosen], "base_config": config_path, "overrides": base_overrides(args, mode, steps),
+        "methods": [m.key for m in chosen], "tasks": tasks, "base_config": config_path, "overrides": base_overrides(args, mode, steps),
         "assets_seed": args.assets_seed, "jobs": args.jobs, "machine_before": machine_info(),
     }
-    started = time.perf_counter()
-    runs = run_all(base, chosen, seeds, args, out_dir)
-    meta |= {"machine": machine_info(), "total_s": time.perf_counter() - started}
-    from adwin.bench.compare_report import finish
+    from adwin.bench.compare_report import finish, finish_suite
 
-    finish(meta, chosen, runs, out_dir, plots=not args.no_plots)
+    per_task: dict[str, dict[str, Any]] = {}
+    for task in tasks:
+        # one task keeps the single-task layout; several get a folder each and a cross-task page
+        task_dir = out_dir if len(tasks) == 1 else out_dir / task
+        task_dir.mkdir(parents=True, exist_ok=True)
+        task_base = base.model_copy(update={"data": base.data.model_copy(update={"builtin_task": task})})
+        started = time.perf_counter()
+        runs = run_all(task_base, chosen, seeds, args, task_dir)
+        task_meta = meta | {"task": task, "machine": machine_info(), "total_s": time.perf_counter() - started}
+        per_task[task] = finish(task_meta, chosen, runs, task_dir, plots=not args.no_plots)
+    if len(tasks) > 1:
+        finish_suite(meta | {"machine": machine_info()}, chosen, per_task, out_dir)
     return 0
 
 
@@ -271,6 +302,7 @@ def run_one(base: Any, method: Method, seed: int, profile: str, assets_seed: int
     # models (and the fixed evaluation problems) from one prepared asset folder; training data from the seed
     parts = load_parts(cfg.model_copy(update={"seed": assets_seed}), profile)
     parts.train_prompts = load_prompts(cfg)[0]
+    outcomes = record_outcomes(parts)
     controller = Controller()
     t0 = time.perf_counter()
     try:
@@ -285,11 +317,36 @@ def run_one(base: Any, method: Method, seed: int, profile: str, assets_seed: int
                       samples_per_step=cfg.rollout.prompts_per_step * cfg.rollout.samples_per_prompt)
     for ckpt in res.run_dir.glob("checkpoint-*"):  # the trainer always saves the last step; 42 copies are waste
         shutil.rmtree(ckpt, ignore_errors=True)
-    row |= {"method": method.key, "seed": seed, "run_dir": str(res.run_dir), "n_student": n_student,
+    row["eval_scores"] = final_eval_scores(outcomes, min(cfg.eval.n_problems, len(parts.eval_prompts)), cfg.eval.k)
+    row |= {"task": cfg.data.builtin_task, "method": method.key, "seed": seed, "run_dir": str(res.run_dir), "n_student": n_student,
             "n_teacher": n_teacher, "elapsed_s": time.perf_counter() - t0}
     log.info("%s seed %d: accuracy %.3f, %.0f sync + %.0f probe tokens, %.1f s", method.key, seed,
              row["accuracy_final"], row["sync_tokens"], row["probe_tokens"], row["wall_s"])
     return row
+
+
+def record_outcomes(parts: Any) -> list[bool]:
+    """Wraps ``parts.checker`` so that every evaluation outcome is kept, in the order checked (problem by
+    problem, its k samples together: ``adwin.loop.evaluate``)."""
+    seen: list[bool] = []
+    check = parts.checker
+
+    def recording(text: str, answer: str) -> bool:
+        seen.append(bool(check(text, answer)))
+        return seen[-1]
+
+    parts.checker = recording
+    return seen
+
+
+def final_eval_scores(outcomes: list[bool], n_problems: int, k: int) -> list[float]:
+    """Per-problem mean@k of the final evaluation: the last ``n_problems * k`` outcomes. A run evaluates at
+    its start and its end (``eval.every = 0``); any other count means the order assumption broke."""
+    if len(outcomes) != 2 * n_problems * k:
+        raise RuntimeError(f"expected 2 x {n_problems} x {k} evaluation outcomes (start and end), got "
+                           f"{len(outcomes)}: paired statistics need eval.every = 0 and answers on every problem")
+    final = outcomes[-n_problems * k :]
+    return [sum(final[i * k : (i + 1) * k]) / k for i in range(n_problems)]
 
 
 def _json_default(o: Any) -> Any:

@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import Any
 
 from adwin.bench.compare_stats import FLOPS_FORMULA, FLOPS_NOTE, aggregate, goal_check
+from adwin.bench.compare_tasks import REFERENCE, paired_stats, regrets, samples_needed, suite_goal
 
 SMOKE_BANNER = "SMOKE RUN ({mode}): one seed, few steps, reduced budget. Not a result; do not quote these numbers."
 
@@ -29,6 +30,8 @@ def finish(meta: dict[str, Any], methods: Sequence[Any], runs: list[dict[str, An
            plots: bool = True) -> dict[str, Any]:
     labels = {m.key: m.label for m in methods}
     per_method = aggregate(runs, [m.key for m in methods])
+    for key, paired in paired_stats(runs, [m.key for m in methods]).items():
+        per_method[key]["paired"] = paired
     for key, entry in per_method.items():
         entry["label"] = labels[key]
     results = {"meta": meta | {"flops_formula": FLOPS_FORMULA, "flops_note": FLOPS_NOTE},
@@ -42,6 +45,7 @@ def finish(meta: dict[str, Any], methods: Sequence[Any], runs: list[dict[str, An
         adaptive = [m.key for m in methods if m.adaptive]
         plot_accuracy_vs_tokens(per_method, out_dir / "accuracy_vs_tokens.png", meta)
         plot_windows(runs, adaptive, labels, out_dir / "windows.png", meta)
+        plot_audit_curves(runs, out_dir / "audits.png", meta)
         write_html(results, out_dir / "index.html")
     return results
 
@@ -69,9 +73,19 @@ def _eng(x: float) -> str:
     return f"{x:.0f}"
 
 
+def _ci(entry: Mapping[str, Any], what: str) -> str:
+    v = entry.get("paired", {}).get(what)
+    if v is None:
+        return "—"
+    return f"{v['mean']:+.3f} [{v['lo']:+.3f}, {v['hi']:+.3f}]" if what == "diff_to_full" else \
+        f"{v['mean']:.3f} [{v['lo']:.3f}, {v['hi']:.3f}]"
+
+
 COLUMNS: list[tuple[str, Any]] = [
     ("method", lambda k, e: k),
     ("accuracy", lambda k, e: _ms(e, "accuracy_final")),
+    ("acc 95% CI (problems)", lambda k, e: _ci(e, "accuracy")),
+    ("Δ vs full, paired 95% CI", lambda k, e: _ci(e, "diff_to_full")),
     ("teacher KL", lambda k, e: _ms(e, "teacher_kl_final")),
     ("sync tokens", lambda k, e: _ms(e, "sync_tokens", "{:,.0f}")),
     ("probe tokens", lambda k, e: _ms(e, "probe_tokens", "{:,.0f}")),
@@ -109,7 +123,7 @@ def print_table(results: Mapping[str, Any], console: Any = None) -> None:
     meta = results["meta"]
     if meta.get("smoke"):
         console.print(f"[bold red]{SMOKE_BANNER.format(mode=meta['mode'])}[/bold red]")
-    title = (f"adwin bench compare — {meta['steps']} steps × seeds {meta['seeds']} "
+    title = (f"adwin bench compare — task {meta.get('task', 'chain')}, {meta['steps']} steps × seeds {meta['seeds']} "
              f"(mean ± std over seeds; ratios of means to full)")
     table = Table(title=title)
     for name, _ in COLUMNS:
@@ -208,6 +222,106 @@ td,th{{border:1px solid #ccc;padding:4px 8px;text-align:right}} td:first-child{{
 {esc(json.dumps(meta.get('machine')))}</p>
 <h2>Accuracy vs rollout tokens</h2><img src="accuracy_vs_tokens.png" alt="accuracy vs rollout tokens">
 <h2>Window over steps</h2><img src="windows.png" alt="window over steps">
+<h2>Audit cosines per candidate and drift diagnostics (ADWIN 0.7 runs)</h2><img src="audits.png" alt="audits">
 </body></html>
 """
     path.write_text(page)
+
+
+def _audit_series(runs: Sequence[Mapping[str, Any]], method: str) -> dict[str, list[float]]:
+    """Every ``audit/micro_cos_*`` and ``drift/*`` value logged by ``method``'s runs (metrics.jsonl)."""
+    out: dict[str, list[float]] = {}
+    for r in runs:
+        path = Path(r.get("run_dir", "")) / "metrics.jsonl"
+        if r["method"] != method or not path.is_file():
+            continue
+        for line in path.read_text().splitlines():
+            for k, v in json.loads(line).items():
+                if (k.startswith("audit/micro_cos_") or k.startswith("drift/")) and isinstance(v, (int, float)):
+                    out.setdefault(k, []).append(float(v))
+    return out
+
+
+def plot_audit_curves(runs: Sequence[Mapping[str, Any]], path: Path, meta: Mapping[str, Any],
+                      method: str = "adwin-0.7") -> None:
+    """Left: the mean audit cosine per candidate window (the threshold line at 0.7). Right: the drift
+    diagnostics read at the candidate boundaries: teacher branching factor, top-1 survival, cumulative
+    top-1 rejections (means over the audited batches)."""
+    plt = _plt()
+    series = _audit_series(runs, method)
+    fig, (left, right) = plt.subplots(1, 2, figsize=(11, 4.5))
+
+    def by_window(prefix: str) -> tuple[list[int], list[float]]:
+        pts = sorted((int(k[len(prefix):]), sum(v) / len(v)) for k, v in series.items()
+                     if k.startswith(prefix) and k[len(prefix):].isdigit())
+        return [p[0] for p in pts], [p[1] for p in pts]
+
+    xs, ys = by_window("audit/micro_cos_")
+    left.plot(xs, ys, "o-", label="mean cosine")
+    left.axhline(0.7, color="gray", ls="--", label="threshold 0.7")
+    left.set_xlabel("candidate window (tokens)")
+    left.set_ylabel("cos(prefix gradient, full gradient)")
+    for prefix, label in (("drift/ppl_", "branching factor (teacher PPL)"),
+                          ("drift/survival_1_at_", "top-1 survival"), ("drift/rejections_1_at_", "top-1 rejections")):
+        xs, ys = by_window(prefix)
+        right.plot(xs, ys, "o-", label=label)
+    right.set_xlabel("response position (candidate boundary)")
+    right.set_yscale("symlog")
+    for ax in (left, right):
+        ax.grid(True, alpha=0.3)
+        ax.legend(fontsize=7)
+    title = f"{method}: audits ({len(series.get('audit/micro_cos_' + str(xs[0]), [])) if xs else 0} per point)"
+    fig.suptitle(f"SMOKE RUN — {title}" if meta.get("smoke") else title, fontsize=10)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def finish_suite(meta: dict[str, Any], methods: Sequence[Any], per_task: Mapping[str, Mapping[str, Any]],
+                 out_dir: Path) -> dict[str, Any]:
+    """The cross-task page: each method's regret per task and worst-case regret, its rollout tokens relative
+    to full-rollout OPD averaged over tasks, and issue 15's goal as measured; links to every task's page."""
+    keys = [m.key for m in methods]
+    accuracy = {t: {k: r["methods"][k]["metrics"]["accuracy_final"]["mean"] for k in keys if k in r["methods"]}
+                for t, r in per_task.items()}
+    regret = regrets(accuracy)
+    token_ratio = {k: sum(r["methods"][k]["ratio_to_full"]["rollout_tokens"] for r in per_task.values()) / len(per_task)
+                   for k in keys if all(k in r["methods"] for r in per_task.values())}
+    halfwidths = {t: max((e["paired"]["diff_to_full"]["halfwidth"] for e in r["methods"].values()
+                          if "diff_to_full" in e.get("paired", {})), default=math.nan) for t, r in per_task.items()}
+    suite = {"meta": meta | {"samples_needed_for_0.03": samples_needed(0.03)}, "regret": regret,
+             "token_ratio_mean": token_ratio, "max_paired_halfwidth": halfwidths,
+             "goal": suite_goal(regret, token_ratio)}
+    (out_dir / "suite.json").write_text(json.dumps(clean(suite), indent=2))
+    tasks, esc = list(per_task), html.escape
+    head = "<th>method</th>" + "".join(f"<th>regret {esc(t)}</th>" for t in tasks) + \
+        "<th>worst-case regret</th><th>× full rollout tokens (mean over tasks)</th>"
+    rows = []
+    for k in keys:
+        if k not in regret:
+            continue
+        cells = "".join(f"<td>{regret[k]['per_task'].get(t, math.nan):.3f}</td>" for t in tasks)
+        rows.append(f"<tr><td>{esc(k)}</td>{cells}<td>{regret[k]['worst']:.3f}</td>"
+                    f"<td>{token_ratio.get(k, math.nan):.2f}</td></tr>")
+    banner = f"<p class='smoke'>{esc(SMOKE_BANNER.format(mode=meta['mode']))}</p>" if meta.get("smoke") else ""
+    sections = "".join(
+        f"<h2>{esc(t)}</h2><p><a href='{esc(t)}/index.html'>full table</a> · largest paired CI half-width "
+        f"{halfwidths[t]:.3f}</p><img src='{esc(t)}/accuracy_vs_tokens.png' alt='accuracy'>"
+        f"<img src='{esc(t)}/windows.png' alt='windows'><img src='{esc(t)}/audits.png' alt='audits'>" for t in tasks)
+    goal = suite["goal"]
+    goal_line = ("goal not evaluated: " + str(goal.get("why"))) if not goal.get("evaluated") else (
+        f"ADWIN-0.7 worst-case regret {goal['adwin_worst_regret']:.3f} vs fixed/linear "
+        f"{', '.join(f'{k} {v:.3f}' for k, v in goal['rival_worst_regret'].items())}; rollout tokens "
+        f"{goal['adwin_token_ratio']:.2f}× full → goal {'MET' if goal['met'] else 'NOT MET'} (as measured)")
+    page = f"""<!doctype html>
+<html><head><meta charset="utf-8"><title>adwin bench compare across tasks {esc(meta['date'])}</title>
+<style>body{{font-family:sans-serif;max-width:1200px;margin:2em auto}} table{{border-collapse:collapse}}
+td,th{{border:1px solid #ccc;padding:4px 8px;text-align:right}} td:first-child{{text-align:left}}
+.smoke{{color:#b00;font-weight:bold;font-size:1.2em}} img{{max-width:32%}}</style></head><body>
+<h1>adwin bench compare across tasks</h1>{banner}
+<p>{esc(meta['date'])} · command: <code>{esc(str(meta.get('command')))}</code></p>
+<p>Regret: the task's best mean accuracy minus the method's ({esc(REFERENCE)} is the token reference).</p>
+<table><tr>{head}</tr>{''.join(rows)}</table><p>{esc(goal_line)}</p>{sections}</body></html>
+"""
+    (out_dir / "index.html").write_text(page)
+    return suite

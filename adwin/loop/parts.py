@@ -61,7 +61,7 @@ def load_parts(cfg: TrainConfig, profile: str = "default") -> Parts:
     if uses_builtin:
         from adwin import tasks
 
-        assets = tasks.ensure_prepared(profile=profile, seed=cfg.model.builtin_seed)
+        assets = tasks.ensure_prepared(profile=profile, seed=cfg.model.builtin_seed, task=cfg.data.builtin_task)
     student_path = assets.student_path if cfg.model.student == "builtin" and assets else cfg.model.student
     tok_path = assets.tokenizer_path if cfg.model.student == "builtin" and assets else student_path
     tokenizer = load_tokenizer(tok_path)
@@ -95,7 +95,8 @@ def load_prompts(cfg: TrainConfig) -> tuple[TrainPrompts, list[Prompt]]:
     ``--resume --steps`` extends a run with the prompts a straight run of the new length gets."""
     d = cfg.data
     if d.task == "builtin":
-        return BuiltinPrompts(cfg.seed), builtin_prompts(cfg.eval.n_problems, cfg.seed, "eval")
+        task = d.builtin_task
+        return BuiltinPrompts(cfg.seed, task), builtin_prompts(cfg.eval.n_problems, cfg.seed, "eval", task)
     assert d.path is not None  # the config validator guarantees it
     train_p = load_jsonl(d.path, d.route_key)
     if d.eval_path:

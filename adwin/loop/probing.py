@@ -24,11 +24,13 @@ from collections import deque
 from collections.abc import Callable, Sequence
 from concurrent.futures import Future
 from dataclasses import dataclass, field
+from functools import partial
 from typing import Any
 
 import numpy as np
 import torch
 
+from adwin.audit.drift import teacher_drift
 from adwin.audit.job import AuditJob, AuditOutcome, AuditSettings, adam_snapshot, lag_metrics
 from adwin.config import ProbeConfig, TrainConfig
 from adwin.controller.api import ControllerAPI, ControllerError, InvalidInput
@@ -72,6 +74,8 @@ class ProbeSide:
     score: Score | None = None  # the teacher, for probe batches
     pad_id: int = 0
     adam_moments: Callable[[], dict[str, Any]] | None = None  # metric="adam" off the learner
+    # drift/* diagnostics of an audited batch, from (input_ids, attention_mask, response_mask, routes)
+    drift: Callable[[torch.Tensor, torch.Tensor, torch.Tensor, list[str]], dict[str, float]] | None = None
     pending: deque[_Pending] = field(default_factory=deque)
 
     @property
@@ -175,6 +179,8 @@ class ProbeSide:
         stale = [p.staleness(version) for p in probes]
         self._check_staleness(stale, version, "audited")
         batch = self.pool.probe_batch(probes, self.pad_id, self.score)
+        if self.drift is not None:
+            m |= self.drift(batch.input_ids, batch.attention_mask, batch.response_mask, [p.route for p in probes])
         job = AuditJob(ready.audit_id, version, batch, self.settings,
                        adam_moments=self.adam_moments() if self.adam_moments is not None else None)
         self.pending.append(_Pending(ready, version, stale, float(batch.response_mask.sum()),
@@ -258,6 +264,7 @@ def open_probe_side(cfg: TrainConfig, controller: ControllerAPI, run_id: str, pa
                                    fault_policy=p.fault_policy, max_reissues=p.max_reissues, optimizer=optimizer)
     side.settings = audit_settings(cfg)
     side.score = parts.teachers.score
+    side.drift = partial(teacher_drift, parts.teachers.logits, candidates=tuple(cfg.window.candidates))
     side.pad_id = pad_id_of(parts.tokenizer, eos_ids(parts.student, parts.tokenizer))
     if cfg.audit.metric == "adam" and p.backend != "inline":
         side.adam_moments = lambda: adam_snapshot(optimizer, parts.student)

@@ -79,13 +79,14 @@ def _parse_record(line: str, path: Path, lineno: int, route_key: str) -> Prompt:
                   source=where)
 
 
-def builtin_prompts(n: int, seed: int, split: str) -> list[Prompt]:
-    """Problems of the built-in task (``adwin.tasks``), deterministic in ``seed``."""
-    from adwin import tasks
+def builtin_prompts(n: int, seed: int, split: str, task: str = "chain") -> list[Prompt]:
+    """Problems of a built-in task (``adwin.tasks.suite``), deterministic in ``seed``; every task draws
+    the same problems (``chain-late`` skips the longest chains), its own answers."""
+    from adwin.tasks.suite import get_task
 
     return [
         Prompt(id=s.id, prompt=s.prompt, answer=s.answer, route=s.route)
-        for s in tasks.generate_samples(n, seed=seed, split=split)
+        for s in get_task(task).samples(n, seed=seed, split=split)
     ]
 
 
@@ -157,16 +158,17 @@ class BuiltinPrompts:
     with ``--resume --steps`` sees exactly the problems a straight run of the new length sees; the state is
     how many were served."""
 
-    def __init__(self, seed: int) -> None:
+    def __init__(self, seed: int, task: str = "chain") -> None:
         self.seed = seed
+        self.task = task
         self.served = 0
         self._it = self._samples()
 
     def _samples(self) -> Iterator[Prompt]:
-        from adwin import tasks
+        from adwin.tasks.suite import get_task
 
         return (Prompt(id=s.id, prompt=s.prompt, answer=s.answer, route=s.route)
-                for s in tasks.iter_samples(self.seed, "train"))
+                for s in get_task(self.task).iter_samples(self.seed, "train"))
 
     def next_batch(self, n: int) -> list[Prompt]:
         self.served += n
@@ -175,15 +177,19 @@ class BuiltinPrompts:
     def route_examples(self) -> list[Prompt]:
         from adwin import tasks
 
-        return list(itertools.islice(self._samples(), len(tasks.ROUTES)))  # routes alternate
+        # routes alternate in the stream; a task that skips some problems may break the alternation
+        return list(itertools.islice(self._samples(), 8 * len(tasks.ROUTES)))
 
     def state_dict(self) -> dict[str, Any]:
-        return {"kind": "builtin", "seed": self.seed, "served": self.served}
+        return {"kind": "builtin", "seed": self.seed, "task": self.task, "served": self.served}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         _check_kind(state, "builtin")
         if int(state["seed"]) != self.seed:
             raise DataError(f"prompt stream state is for seed {state['seed']}, this run's seed is {self.seed}")
+        if state.get("task", "chain") != self.task:
+            raise DataError(f"prompt stream state is for task {state.get('task', 'chain')!r}, this run's task is "
+                            f"{self.task!r} (data.builtin_task)")
         self.served = int(state["served"])
         self._it = itertools.islice(self._samples(), self.served, None)
 

@@ -23,6 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from adwin.tasks.chain import ROUTES
+from adwin.tasks.suite import DEFAULT_TASK, get_task
 
 logger = logging.getLogger(__name__)
 
@@ -46,10 +47,14 @@ def adwin_home(home: str | Path | None = None) -> Path:
     return Path(os.environ.get("ADWIN_HOME", "~/.cache/adwin")).expanduser()
 
 
-def assets_root(home: str | Path | None, profile: str, seed: int) -> Path:
+def assets_root(home: str | Path | None, profile: str, seed: int, task: str = DEFAULT_TASK) -> Path:
+    """``builtin/<profile>-seed<seed>`` for ``chain`` (the folder it always had), ``builtin/<task>-<profile>-
+    seed<seed>`` for the other tasks: each task is prepared and cached on its own."""
     if profile not in PROFILES:
         raise ValueError(f"unknown profile {profile!r}; expected one of {PROFILES}")
-    return adwin_home(home) / "builtin" / f"{profile}-seed{seed}"
+    get_task(task)
+    prefix = "" if task == DEFAULT_TASK else f"{task}-"
+    return adwin_home(home) / "builtin" / f"{prefix}{profile}-seed{seed}"
 
 
 def load_assets(root: Path) -> BuiltinAssets:
@@ -64,7 +69,7 @@ def load_assets(root: Path) -> BuiltinAssets:
     )
 
 
-def profile_fingerprint(profile: str) -> str:
+def profile_fingerprint(profile: str, task: str = DEFAULT_TASK) -> str:
     """A short hash of everything that shapes a profile's assets (task format, model, schedule), so
     a cache built by an older version of the profile is rebuilt instead of silently reused."""
     import hashlib
@@ -74,7 +79,7 @@ def profile_fingerprint(profile: str) -> str:
     from adwin.tasks.profiles import PROFILE_SPECS
 
     spec = asdict(PROFILE_SPECS[profile])
-    task = [
+    fields = [
         chain.ROUTES,
         chain.UNITS,
         chain.MIN_STEPS,
@@ -84,11 +89,13 @@ def profile_fingerprint(profile: str) -> str:
         chain.EVAL_BUCKETS,
         chain.step_count_weights(),
     ]
-    blob = json.dumps([spec, repr(task), FORMAT_VERSION], sort_keys=True, default=str)
+    # chain's fingerprint is unchanged by the other tasks, so its existing caches stay valid
+    extra = [] if task == DEFAULT_TASK else [task, get_task(task).noise_line_rate]
+    blob = json.dumps([spec, repr(fields), FORMAT_VERSION, *extra], sort_keys=True, default=str)
     return hashlib.sha256(blob.encode()).hexdigest()[:16]
 
 
-def is_prepared(root: Path, profile: str | None = None) -> bool:
+def is_prepared(root: Path, profile: str | None = None, task: str = DEFAULT_TASK) -> bool:
     """True when ``root`` holds complete assets (and, given ``profile``, of its current version)."""
     meta_path = root / META_FILE
     if not meta_path.is_file() or not all(
@@ -98,7 +105,7 @@ def is_prepared(root: Path, profile: str | None = None) -> bool:
     if profile is None:
         return True
     try:
-        return json.loads(meta_path.read_text()).get("fingerprint") == profile_fingerprint(profile)
+        return json.loads(meta_path.read_text()).get("fingerprint") == profile_fingerprint(profile, task)
     except (OSError, ValueError):
         return False
 
@@ -106,6 +113,7 @@ def is_prepared(root: Path, profile: str | None = None) -> bool:
 def ensure_prepared(
     home: str | Path | None = None, profile: str = "default", seed: int = 0, force: bool = False,
     threads: int | None = None,
+    task: str = DEFAULT_TASK,
 ) -> BuiltinAssets:
     """The prepared assets of ``profile``; prepares them first when missing (or when ``force``), on
     ``threads`` intra-op threads (default ``profiles.PREPARE_THREADS``, whatever the caller set: the weights
@@ -114,8 +122,8 @@ def ensure_prepared(
     Preparation writes into a temporary sibling folder and renames it into place, so an interrupted
     run never leaves a half-written cache and two concurrent callers both end with a complete one.
     """
-    root = assets_root(home, profile, seed)
-    if is_prepared(root, profile) and not force:
+    root = assets_root(home, profile, seed, task)
+    if is_prepared(root, profile, task) and not force:
         return load_assets(root)
     from adwin.tasks.build import build_assets  # heavy: torch, transformers
     from adwin.tasks.profiles import PREPARE_THREADS
@@ -123,12 +131,12 @@ def ensure_prepared(
     root.parent.mkdir(parents=True, exist_ok=True)
     staging = Path(tempfile.mkdtemp(prefix=f".{root.name}-", dir=root.parent))
     try:
-        meta = build_assets(staging, profile=profile, seed=seed, threads=threads or PREPARE_THREADS)
-        meta |= {"root": str(root), "fingerprint": profile_fingerprint(profile)}
+        meta = build_assets(staging, profile=profile, seed=seed, threads=threads or PREPARE_THREADS, task=task)
+        meta |= {"root": str(root), "fingerprint": profile_fingerprint(profile, task)}
         # meta.json last: a folder without it is incomplete (is_prepared), and it is complete before the rename
         (staging / META_FILE).write_text(json.dumps(meta, indent=2, sort_keys=True) + "\n")
         if root.exists():
-            if is_prepared(root, profile) and not force:
+            if is_prepared(root, profile, task) and not force:
                 logger.info("another process prepared %s meanwhile; keeping it", root)
                 return load_assets(root)
             shutil.rmtree(root)

@@ -22,10 +22,11 @@ from adwin.tasks.chain import (
     MAX_STEPS,
     MIN_STEPS,
     ROUTES,
-    generate_problems,
 )
+from adwin.tasks.phases import PHASES, phase_accuracy
 from adwin.tasks.profiles import PREPARE_THREADS, PROFILE_SPECS, TARGETS
 from adwin.tasks.sft import evaluate_accuracy, train_sft
+from adwin.tasks.suite import DEFAULT_TASK, BuiltinTask, get_task
 from adwin.tasks.tokenizer import save_tokenizer
 
 logger = logging.getLogger(__name__)
@@ -38,11 +39,14 @@ def _load() -> list[float]:
         return []
 
 
-def reference_length_stats(tokenizer: Any, n: int = 2000, seed: int = 0) -> dict[str, float]:
+def reference_length_stats(
+    tokenizer: Any, n: int = 2000, seed: int = 0, task: BuiltinTask | None = None
+) -> dict[str, float]:
     """Token lengths (incl. <eos>) of the reference solutions of ``n`` held-out problems."""
+    task = task or get_task(DEFAULT_TASK)
     lengths = [
-        len(tokenizer(p.solution(), add_special_tokens=False)["input_ids"]) + 1
-        for p in generate_problems(n, seed=seed, split="eval")
+        len(tokenizer(task.solution(p), add_special_tokens=False)["input_ids"]) + 1
+        for p in task.problems(n, seed=seed, split="eval")
     ]
     return {
         "n": float(n),
@@ -52,7 +56,8 @@ def reference_length_stats(tokenizer: Any, n: int = 2000, seed: int = 0) -> dict
     }
 
 
-def build_assets(root: Path, profile: str = "default", seed: int = 0, threads: int = PREPARE_THREADS) -> dict[str, Any]:
+def build_assets(root: Path, profile: str = "default", seed: int = 0, threads: int = PREPARE_THREADS,
+                 task: str = DEFAULT_TASK) -> dict[str, Any]:
     """Writes tokenizer/, student/ and teacher/ into ``root``; returns the meta (``assets`` writes it, so this
     module needs nothing from ``assets`` and the two do not import each other).
 
@@ -64,13 +69,14 @@ def build_assets(root: Path, profile: str = "default", seed: int = 0, threads: i
     previous = torch.get_num_threads()
     torch.set_num_threads(threads)
     try:
-        return _build(root, profile, seed)
+        return _build(root, profile, seed, task)
     finally:
         torch.set_num_threads(previous)
 
 
-def _build(root: Path, profile: str, seed: int) -> dict[str, Any]:
+def _build(root: Path, profile: str, seed: int, task: str) -> dict[str, Any]:
     spec = PROFILE_SPECS[profile]
+    builtin = get_task(task)
     start = time.perf_counter()
     load_start = _load()
     timings: dict[str, float] = {}
@@ -88,14 +94,16 @@ def _build(root: Path, profile: str, seed: int) -> dict[str, Any]:
     )
     timings["setup"] = time.perf_counter() - t
 
-    eval_set = generate_problems(spec.eval_problems, seed=seed + 1, split="eval")
+    eval_set = builtin.problems(spec.eval_problems, seed=seed + 1, split="eval")
     max_new = spec.eval_max_new_tokens
 
     def measure(tag: str) -> dict[str, dict[str, float]]:
         t0 = time.perf_counter()
         out = {
-            "greedy": evaluate_accuracy(model, tokenizer, eval_set, max_new, temperature=0.0, seed=seed),
-            "t1": evaluate_accuracy(model, tokenizer, eval_set, max_new, temperature=1.0, seed=seed),
+            "greedy": evaluate_accuracy(model, tokenizer, eval_set, max_new, temperature=0.0, seed=seed, task=builtin),
+            "t1": evaluate_accuracy(model, tokenizer, eval_set, max_new, temperature=1.0, seed=seed, task=builtin),
+            # teacher-forced skill per response phase (first line / last line and answer)
+            "phases": phase_accuracy(model, tokenizer, builtin, eval_set),
         }
         timings[f"eval_{tag}"] = time.perf_counter() - t0
         logger.info(
@@ -105,7 +113,8 @@ def _build(root: Path, profile: str, seed: int) -> dict[str, Any]:
 
     t = time.perf_counter()
     optimizer, losses_a = train_sft(
-        model, tokenizer, spec.schedule, seed=seed, stop_step=spec.student_step, progress_desc="sft (student)"
+        model, tokenizer, spec.schedule, seed=seed, stop_step=spec.student_step, progress_desc="sft (student)",
+        task=builtin, student_phase=True,
     )
     timings["sft_student"] = time.perf_counter() - t
     model.save_pretrained(str(root / "student"))
@@ -120,12 +129,13 @@ def _build(root: Path, profile: str, seed: int) -> dict[str, Any]:
         start_step=spec.student_step,
         optimizer=optimizer,
         progress_desc="sft (teacher)",
+        task=builtin,
     )
     timings["sft_teacher"] = time.perf_counter() - t
     model.save_pretrained(str(root / "teacher"))
     teacher_eval = measure("teacher")
 
-    lengths = reference_length_stats(tokenizer, seed=seed)
+    lengths = reference_length_stats(tokenizer, seed=seed, task=builtin)
     wall = time.perf_counter() - start
     losses = losses_a + losses_b
     measured = {
@@ -134,6 +144,8 @@ def _build(root: Path, profile: str, seed: int) -> dict[str, Any]:
         "teacher_accuracy_t1": teacher_eval["t1"]["accuracy"],
         "student_accuracy_greedy": student_eval["greedy"]["accuracy"],
         "student_accuracy_t1": student_eval["t1"]["accuracy"],
+        **{f"{who}_phase_{phase}": ev["phases"][phase] for who, ev in (("teacher", teacher_eval),
+                                                                      ("student", student_eval)) for phase in PHASES},
         "median_response_tokens": lengths["median_response_tokens"],
         "max_response_tokens": lengths["max_response_tokens"],
     }
@@ -146,7 +158,8 @@ def _build(root: Path, profile: str, seed: int) -> dict[str, Any]:
         "max_response_tokens_min": lengths["max_response_tokens"] >= TARGETS["max_response_tokens_min"],
     }
     meta: dict[str, Any] = {
-        "task": "chain",
+        "task": task,
+        "task_summary": builtin.summary,
         "profile": profile,
         "seed": seed,
         "routes": list(ROUTES),

@@ -17,6 +17,10 @@ logger = logging.getLogger(__name__)
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
+    from adwin.tasks.suite import DEFAULT_TASK, TASK_NAMES
+
+    parser.add_argument("--task", choices=TASK_NAMES, default=DEFAULT_TASK,
+                        help="which built-in task (docs/task.md); each is prepared and cached on its own")
     parser.add_argument(
         "--profile",
         choices=("default", "tiny"),
@@ -41,6 +45,8 @@ def _summary(meta: dict) -> str:
         f"SFT {meta['sft']['steps']} steps (student = step {meta['sft']['student_step']})",
         f"  teacher accuracy: greedy {m['teacher_accuracy_greedy']:.3f}  T=1 {m['teacher_accuracy_t1']:.3f}",
         f"  student accuracy: greedy {m['student_accuracy_greedy']:.3f}  T=1 {m['student_accuracy_t1']:.3f}",
+        *[f"  {who} phase skill (teacher-forced): early {m[who + '_phase_early']:.3f}  late {m[who + '_phase_late']:.3f}"
+          for who in ("teacher", "student") if f"{who}_phase_early" in m],
         f"  response tokens: median {m['median_response_tokens']:.0f}  max {m['max_response_tokens']:.0f}",
         f"  wall: {m['wall_seconds']:.1f} s on {meta['environment']['torch_threads']} threads "
         f"(load average start {meta['environment']['loadavg_start']}, end {meta['environment']['loadavg_end']})",
@@ -58,9 +64,10 @@ def main(args: argparse.Namespace) -> int:
     if args.threads < 1:
         sys.stderr.write(f"adwin prepare: --threads must be >= 1 (got {args.threads})\n")
         return 2
-    cached = is_prepared(assets_root(args.home, profile, args.seed), profile) and not args.force
+    cached = is_prepared(assets_root(args.home, profile, args.seed, args.task), profile, args.task) and not args.force
     start = time.perf_counter()
-    assets = ensure_prepared(home=args.home, profile=profile, seed=args.seed, force=args.force, threads=args.threads)
+    assets = ensure_prepared(home=args.home, profile=profile, seed=args.seed, force=args.force, threads=args.threads,
+                             task=args.task)
     if cached:
         logger.info("using cached assets at %s (--force rebuilds)", assets.root)
     else:

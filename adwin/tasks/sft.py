@@ -15,9 +15,9 @@ from collections.abc import Callable
 import torch
 from transformers import LlamaForCausalLM, PreTrainedTokenizerBase
 
-from adwin.tasks.chain import Problem, check_answer, generate_problems
-from adwin.tasks.noise import corrupt_solution
+from adwin.tasks.chain import Problem, check_answer
 from adwin.tasks.profiles import SFTSchedule
+from adwin.tasks.suite import DEFAULT_TASK, BuiltinTask, get_task
 
 logger = logging.getLogger(__name__)
 
@@ -27,17 +27,21 @@ def encode_example(
     problem: Problem,
     rng: random.Random | None = None,
     noise_line_rate: float = 0.0,
+    task: BuiltinTask | None = None,
+    student_phase: bool = False,
 ) -> tuple[list[int], list[int]]:
-    """Token ids of <bos> prompt response <eos>, and the labels (-100 on the prompt and on planted
-    mistakes, see :mod:`adwin.tasks.noise`)."""
+    """Token ids of <bos> prompt response <eos>, and the labels (-100 on the prompt, on planted
+    mistakes, see :mod:`adwin.tasks.noise`, and on what ``task`` hides from the student phase)."""
+    task = task or get_task(DEFAULT_TASK)
     prompt_ids = tokenizer(problem.prompt)["input_ids"]
-    text, trained = corrupt_solution(problem, rng or random.Random(0), noise_line_rate)
+    text, trained = task.write(problem, rng or random.Random(0), noise_line_rate, student_phase)
     response_ids = tokenizer(text, add_special_tokens=False)["input_ids"]
     if len(response_ids) != len(trained):
         raise ValueError("the built-in task's tokenizer must be character-level")
     ids = prompt_ids + response_ids + [tokenizer.eos_token_id]
     labels = [-100] * len(prompt_ids) + [t if ok else -100 for t, ok in zip(response_ids, trained, strict=True)]
-    return ids, labels + [tokenizer.eos_token_id]
+    # the EOS is trained with the response's last character (masked with a hidden closing phase)
+    return ids, labels + [tokenizer.eos_token_id if trained[-1] else -100]
 
 
 def make_batches(
@@ -46,11 +50,13 @@ def make_batches(
     batch_size: int,
     seed: int,
     noise_line_rate: float = 0.0,
+    task: BuiltinTask | None = None,
+    student_phase: bool = False,
 ) -> list[tuple[torch.Tensor, torch.Tensor, torch.Tensor]]:
     """(input_ids, attention_mask, labels) batches, each (B, T). Examples are grouped by length within
     chunks of 8 batches so that padding wastes little compute, then the batch order is shuffled."""
     noise_rng = random.Random(f"adwin-noise:{seed}")
-    encoded = [encode_example(tokenizer, p, noise_rng, noise_line_rate) for p in problems]
+    encoded = [encode_example(tokenizer, p, noise_rng, noise_line_rate, task, student_phase) for p in problems]
     rng = random.Random(seed)
     chunk = batch_size * 8
     batches = []
@@ -82,22 +88,29 @@ def train_sft(
     on_step: Callable[[int, float], None] | None = None,
     progress_desc: str = "sft",
     routes: tuple[str, ...] | None = None,
+    task: BuiltinTask | None = None,
+    student_phase: bool = False,
 ) -> tuple[torch.optim.Optimizer, list[float]]:
     """Runs SFT steps ``start_step .. stop_step - 1`` of ``schedule`` (default: to the end), so
     training can pause for a snapshot and resume with the same optimizer, learning-rate schedule and
     problem stream (a segment trains on problems start*B .. stop*B - 1 of the seed's stream, grouped
-    by length within the segment). ``routes`` restricts training to some sub-tasks.
+    by length within the segment). ``routes`` restricts training to some sub-tasks. ``task`` writes
+    the solutions (default ``chain``); its planted-mistake rate, when set, replaces the schedule's;
+    ``student_phase`` marks the steps before the student snapshot.
     Returns the optimizer and the step losses."""
     from tqdm.auto import tqdm
 
     stop_step = schedule.steps if stop_step is None else stop_step
     n_steps = stop_step - start_step
-    problems = generate_problems(schedule.steps * schedule.batch_size * 2, seed=seed, split="train")
+    task = task or get_task(DEFAULT_TASK)
+    problems = task.problems(schedule.steps * schedule.batch_size * 2, seed=seed, split="train")
     if routes is not None:
         problems = [p for p in problems if p.route in routes]
     problems = problems[start_step * schedule.batch_size : stop_step * schedule.batch_size]
+    line_rate = schedule.noise_line_rate if task.noise_line_rate is None else task.noise_line_rate
     batches = make_batches(
-        tokenizer, problems, schedule.batch_size, seed=seed + start_step, noise_line_rate=schedule.noise_line_rate
+        tokenizer, problems, schedule.batch_size, seed=seed + start_step, noise_line_rate=line_rate, task=task,
+        student_phase=student_phase,
     )
     if optimizer is None:
         optimizer = torch.optim.AdamW(
@@ -174,13 +187,15 @@ def evaluate_accuracy(
     max_new_tokens: int,
     temperature: float,
     seed: int,
+    task: BuiltinTask | None = None,
 ) -> dict[str, float]:
     """Accuracy overall and per route, plus response length statistics (tokens incl. EOS)."""
+    answer = (task or get_task(DEFAULT_TASK)).answer
     start = time.perf_counter()
     responses = generate_responses(
         model, tokenizer, [p.prompt for p in problems], max_new_tokens, temperature, seed
     )
-    correct = [check_answer(r, p.answer) for r, p in zip(responses, problems, strict=True)]
+    correct = [check_answer(r, answer(p)) for r, p in zip(responses, problems, strict=True)]
     # tokens incl. <eos>; a response cut at max_new_tokens had no <eos> to count
     lengths = [
         min(len(tokenizer(r, add_special_tokens=False)["input_ids"]) + 1, max_new_tokens) for r in responses

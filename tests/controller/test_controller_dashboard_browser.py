@@ -29,6 +29,7 @@ def _seed(ctrl: Controller) -> str:
             "window/current": w, "rollout/sync_tokens": 8.0 * w, "rollout/full_equiv_tokens": 8.0 * 32,
             "probe/tokens": 20.0, "probe/staleness_max": float(step % 4), "probe/staleness_mean": (step % 4) / 2,
             "loss/total": 1.0 / (1 + step), "eval/accuracy": step / 12,
+            **({"drift/survival_1_at_8": 0.9 - step / 40, "drift/ppl_8": 1.2 + step / 20} if step % 4 == 3 else {}),
         }))
         if step % 4 == 3:
             acc = ctrl.offer_probes(rid, offers(step, 2, prefix=f"st{step}-")).accepted
@@ -57,7 +58,8 @@ def test_run_page_draws_all_charts_in_headless_chromium(tmp_path):
         dom = _chromium(tmp_path, "--virtual-time-budget=8000", "--dump-dom", f"{url}/runs/{rid}")
         assert dom.returncode == 0, dom.stderr[-2000:]
         html = dom.stdout
-        for chart in ("chart-window", "chart-cosines", "chart-loss", "chart-accuracy", "chart-staleness", "chart-tokens"):
+        for chart in ("chart-window", "chart-cosines", "chart-loss", "chart-accuracy", "chart-staleness", "chart-tokens",
+                      "chart-drift"):
             block = html.split(f'id="{chart}"', 1)[1].split('class="chart"', 1)[0]
             assert "main-svg" in block, f"{chart} did not draw"
             assert re.search(r'class="(js-line|scatterpts|point)', block), f"{chart} has no trace"
@@ -85,10 +87,10 @@ def test_an_empty_run_says_no_data_yet_instead_of_drawing_blank_axes(tmp_path):
         dom = _chromium(tmp_path, "--virtual-time-budget=8000", "--dump-dom", f"{url}/runs/{rid}")
         assert dom.returncode == 0, dom.stderr[-2000:]
         html = dom.stdout
-        for chart in ("chart-cosines", "chart-loss", "chart-accuracy", "chart-staleness", "chart-tokens"):
+        for chart in ("chart-cosines", "chart-loss", "chart-accuracy", "chart-staleness", "chart-tokens", "chart-drift"):
             block = html.split(f'id="{chart}"', 1)[1].split('class="chart"', 1)[0]
             assert 'data-empty="true"' in block and "no data yet" in block, f"{chart} has no empty state"
-        assert len(re.findall(r'<div id="chart-[a-z]+"[^>]*data-empty="true"', html)) == 5  # all but the window chart
+        assert len(re.findall(r'<div id="chart-[a-z]+"[^>]*data-empty="true"', html)) == 6  # all but the window chart
         window = html.split('id="chart-window"', 1)[1].split('class="chart"', 1)[0]
         ticks = re.findall(r'class="[xy]tick"[^>]*>.*?<text[^>]*>([^<]*)</text>', window)
         assert ticks and not any(t.startswith("\u2212") or t.startswith("-") or ".5" in t for t in ticks), ticks

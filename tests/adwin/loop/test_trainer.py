@@ -18,7 +18,7 @@ from adwin.loop.step import Batch
 from adwin.loop.trainer import train
 from adwin.sampling.rollout import Rows
 
-NAMESPACES = ("window/", "rollout/", "probe/", "audit/", "optim/", "loss/", "eval/", "time/")
+NAMESPACES = ("window/", "rollout/", "probe/", "audit/", "optim/", "loss/", "eval/", "time/", "drift/")
 
 
 def test_adwin_run_audits_applies_decisions_next_step_and_bounds_staleness(tmp_path: Path) -> None:

@@ -1,0 +1,103 @@
+"""The built-in tasks, one per horizon regime, sharing tokenizer, model family and problem set.
+
+* ``chain``: today's task. One skill repeats on every line; the teacher learned what follows a
+  planted mistake, so it recovers after student errors and the first lines carry most of the signal.
+* ``chain-drift``: the same problems and answers; the teacher is trained on clean solutions only,
+  so its feedback after a student mistake is unreliable (the paper's supervision drift).
+* ``chain-late``: the chain plus a closing line combining the first and last results
+  (:mod:`adwin.tasks.late`); the student initialisation never trained on it, the teacher did.
+
+Kept free of torch imports: config validation and cache fingerprints read it.
+"""
+
+from __future__ import annotations
+
+import itertools
+import random
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+
+from adwin.tasks.chain import MAX_STEPS, Problem, TaskSample, iter_problems, verify_solution
+from adwin.tasks.late import CLOSING_STEPS_LEFT_OUT, late_answer, verify_late_solution, write_late
+from adwin.tasks.noise import corrupt_solution
+
+# (problem, rng, line_rate, student_phase) -> (written response without EOS, trained flag per char)
+Writer = Callable[[Problem, random.Random, float, bool], tuple[str, list[bool]]]
+
+
+def _write_chain(problem: Problem, rng: random.Random, line_rate: float, student_phase: bool) -> tuple[str, list[bool]]:
+    del student_phase  # chain trains the same characters before and after the student snapshot
+    return corrupt_solution(problem, rng, line_rate)
+
+
+def _write_late(problem: Problem, rng: random.Random, line_rate: float, student_phase: bool) -> tuple[str, list[bool]]:
+    return write_late(problem, rng, line_rate, train_closing=not student_phase)
+
+
+def _chain_answer(problem: Problem) -> str:
+    return problem.answer
+
+
+@dataclass(frozen=True)
+class BuiltinTask:
+    name: str
+    summary: str
+    write: Writer
+    answer: Callable[[Problem], str]
+    verify: Callable[[str, str], bool]  # (prompt, response) -> every line follows the rule
+    # None: the profile's planted-mistake rate; 0.0: clean solutions only (supervision drift)
+    noise_line_rate: float | None = None
+    max_steps: int = MAX_STEPS  # longer chains are skipped: their response would not fit the horizon
+
+    def iter_problems(self, seed: int, split: str = "train") -> Iterator[Problem]:
+        """The seed's endless problem stream (:func:`adwin.tasks.chain.iter_problems`) without the chains
+        longer than ``max_steps``; every prefix is the same whatever length is read."""
+        return (p for p in iter_problems(seed, split) if p.n <= self.max_steps)
+
+    def iter_samples(self, seed: int, split: str = "train") -> Iterator[TaskSample]:
+        """:meth:`iter_problems` as samples with this task's answers; sample ``i`` has id ``{split}-{seed}-{i}``."""
+        return (TaskSample(id=f"{split}-{seed}-{i}", prompt=p.prompt, answer=self.answer(p), route=p.route)
+                for i, p in enumerate(self.iter_problems(seed, split)))
+
+    def problems(self, n: int, seed: int, split: str = "train") -> list[Problem]:
+        """The first ``n`` problems of :meth:`iter_problems`; for ``chain`` and ``chain-drift`` exactly
+        ``generate_problems(n, seed, split)``."""
+        return list(itertools.islice(self.iter_problems(seed, split), n))
+
+    def samples(self, n: int, seed: int, split: str = "train") -> list[TaskSample]:
+        """``n`` samples of ``split``, deterministic in (n, seed, split)."""
+        return list(itertools.islice(self.iter_samples(seed, split), n))
+
+    def solution(self, problem: Problem) -> str:
+        return self.write(problem, random.Random(0), 0.0, False)[0]
+
+
+TASKS: dict[str, BuiltinTask] = {
+    "chain": BuiltinTask(
+        "chain", "repeated skill, teacher recovers after mistakes", _write_chain, _chain_answer, verify_solution
+    ),
+    "chain-drift": BuiltinTask(
+        "chain-drift",
+        "chain with a teacher trained on clean solutions only (supervision drift)",
+        _write_chain,
+        _chain_answer,
+        verify_solution,
+        noise_line_rate=0.0,
+    ),
+    "chain-late": BuiltinTask(
+        "chain-late",
+        "chain plus a closing line the student init never trained on",
+        _write_late,
+        late_answer,
+        verify_late_solution,
+        max_steps=MAX_STEPS - CLOSING_STEPS_LEFT_OUT,
+    ),
+}
+TASK_NAMES: tuple[str, ...] = tuple(TASKS)
+DEFAULT_TASK = "chain"
+
+
+def get_task(name: str) -> BuiltinTask:
+    if name not in TASKS:
+        raise ValueError(f"unknown built-in task {name!r}; expected one of {', '.join(TASK_NAMES)}")
+    return TASKS[name]

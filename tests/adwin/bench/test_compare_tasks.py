@@ -1,0 +1,94 @@
+"""Paired statistics and cross-task regret of ``adwin bench compare --tasks``, and the multi-task smoke run."""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from adwin.bench.compare import final_eval_scores, parse_tasks
+from adwin.bench.compare_tasks import bootstrap_mean_ci, paired_stats, regrets, samples_needed, suite_goal
+from adwin.cli import main
+
+
+def test_evaluation_sized_by_samples_needed_gives_the_promised_halfwidth() -> None:
+    """Two independent coin-flip methods (the worst case), n·k·S = samples_needed(0.03) outcomes each:
+    the paired-difference CI half-width comes out at about 0.03."""
+    n = samples_needed(0.03)
+    rng = np.random.default_rng(1)
+    widths = []
+    for _ in range(5):
+        a, b = rng.integers(0, 2, n).astype(float), rng.integers(0, 2, n).astype(float)
+        widths.append(bootstrap_mean_ci(a - b, seed=int(rng.integers(1 << 30)))["halfwidth"])
+    assert 0.027 < float(np.mean(widths)) <= 0.031
+    assert samples_needed(0.015) > 3.9 * n  # a quarter of the width needs four times the samples
+
+
+def test_pairing_removes_problem_difficulty_from_the_difference() -> None:
+    rng = np.random.default_rng(0)
+    difficulty = rng.uniform(0, 1, 400)  # per-problem accuracy, very spread
+    runs = [{"method": "full", "seed": 0, "eval_scores": list(difficulty)},
+            {"method": "fixed-8", "seed": 0, "eval_scores": list(np.clip(difficulty + 0.05, 0, 1))}]
+    stats = paired_stats(runs, ["full", "fixed-8"])
+    diff, acc = stats["fixed-8"]["diff_to_full"], stats["fixed-8"]["accuracy"]
+    assert diff["lo"] <= diff["mean"] <= diff["hi"] and diff["lo"] > 0  # the shift is resolved
+    assert diff["halfwidth"] < acc["halfwidth"] / 5  # far narrower than the unpaired accuracy CI
+    assert stats["full"]["diff_to_full"]["halfwidth"] == 0.0
+
+
+def test_seeds_are_averaged_per_problem_and_unequal_problem_counts_refuse() -> None:
+    runs = [{"method": "full", "seed": s, "eval_scores": v} for s, v in ((0, [1.0, 0.0]), (1, [0.0, 0.0]))]
+    assert paired_stats(runs, ["full"])["full"]["accuracy"]["mean"] == pytest.approx(0.25)
+    runs.append({"method": "full", "seed": 2, "eval_scores": [1.0]})
+    with pytest.raises(ValueError, match="same"):
+        paired_stats(runs, ["full"])
+
+
+def test_regret_is_distance_to_each_tasks_best_and_worst_case_is_the_maximum() -> None:
+    acc = {"chain": {"full": 0.5, "fixed-32": 0.6, "adwin-0.7": 0.55},
+           "chain-late": {"full": 0.7, "fixed-32": 0.2, "adwin-0.7": 0.65}}
+    r = regrets(acc)
+    assert r["fixed-32"]["per_task"] == {"chain": 0.0, "chain-late": pytest.approx(0.5)}
+    assert r["fixed-32"]["worst"] == pytest.approx(0.5) and r["adwin-0.7"]["worst"] == pytest.approx(0.05)
+    goal = suite_goal(r, {"adwin-0.7": 0.4, "full": 1.0, "fixed-32": 0.1})
+    assert goal["beats_every_fixed_and_linear"] and goal["tokens_at_most_half"] and goal["met"]
+    assert not suite_goal(r, {"adwin-0.7": 0.6})["met"]
+
+
+def test_final_scores_are_the_last_evaluation_per_problem_and_a_wrong_count_refuses() -> None:
+    initial = [False] * 6
+    final = [True, False, True, True, False, False]  # 3 problems x k=2
+    assert final_eval_scores(initial + final, 3, 2) == [0.5, 1.0, 0.0]
+    with pytest.raises(RuntimeError, match="eval.every"):
+        final_eval_scores(final, 3, 2)
+
+
+def test_unknown_task_is_refused_naming_the_known_ones() -> None:
+    assert parse_tasks("chain-late, chain,chain-late") == ["chain-late", "chain"]
+    with pytest.raises(ValueError, match="chain, chain-drift, chain-late"):
+        parse_tasks("chain,chian")
+
+
+def test_tiny_compare_across_two_tasks_writes_regret_page(tmp_path: Path, monkeypatch) -> None:
+    monkeypatch.setenv("ADWIN_HOME", str(tmp_path / "home"))
+    rc = main(["bench", "compare", "--profile", "tiny", "--tasks", "chain,chain-late",
+               "--methods", "full,fixed-8,adwin-0.7", "--out", str(tmp_path / "out")])
+    assert rc == 0
+    (folder,) = (tmp_path / "out").iterdir()
+    suite = json.loads((folder / "suite.json").read_text())
+    assert set(suite["regret"]) == {"full", "fixed-8", "adwin-0.7"}
+    assert set(suite["regret"]["full"]["per_task"]) == {"chain", "chain-late"}
+    assert min(v["per_task"]["chain"] for v in suite["regret"].values()) == 0.0
+    assert suite["token_ratio_mean"]["full"] == pytest.approx(1.0)
+    for task in ("chain", "chain-late"):
+        res = json.loads((folder / task / "results.json").read_text())
+        assert res["meta"]["task"] == task and {r["task"] for r in res["runs"]} == {task}
+        assert all(len(r["eval_scores"]) == 4 for r in res["runs"])  # the tiny budget's 4 problems, paired
+        assert res["methods"]["fixed-8"]["paired"]["diff_to_full"]["n"] == 4
+        assert (folder / task / "audits.png").read_bytes()[:4] == b"\x89PNG"
+    page = (folder / "index.html").read_text()
+    assert "worst-case regret" in page and "chain-late/index.html" in page and not math.isnan(
+        suite["regret"]["adwin-0.7"]["worst"])

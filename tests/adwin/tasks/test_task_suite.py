@@ -1,0 +1,152 @@
+"""The three built-in tasks: chain-late's rule against an independent implementation, splits disjoint
+for every task, chain-drift's teacher data clean, and the late skill absent from the student init."""
+
+from __future__ import annotations
+
+import dataclasses
+import random
+
+import pytest
+import torch
+from pydantic import ValidationError
+
+from adwin.config import DataConfig
+from adwin.tasks.chain import MOD, Problem, split_problems
+from adwin.tasks.late import verify_late_solution, write_late
+from adwin.tasks.phases import phase_spans
+from adwin.tasks.profiles import PROFILE_SPECS
+from adwin.tasks.sft import encode_example, train_sft
+from adwin.tasks.suite import TASK_NAMES, get_task
+from adwin.tasks.tokenizer import build_tokenizer
+
+
+def reference_late(route: str, x: int, a: int, b: int, n: int) -> str:
+    """chain-late's response written from the task statement, not from the generator's helpers."""
+    lines, results = [], []
+    for k in range(n, 0, -1):
+        if route == "muladd":
+            p = x * a % 10
+            q = (p + b) % 10
+            lines.append(f"{k:02d}:{x}*{a}={p}+{b}={q}")
+        else:
+            p = (x - a) % 10
+            q = p * b % 10
+            lines.append(f"{k:02d}:{x}-{a}={p}*{b}={q}")
+        results.append(q)
+        x = q
+    total = (results[0] + results[-1]) % 10
+    return "\n".join(lines) + f"\nfin:{results[0]}+{results[-1]}={total}\nans={total}"
+
+
+def test_chain_late_solutions_and_answers_match_an_independent_implementation() -> None:
+    task = get_task("chain-late")
+    problems = [p for p in split_problems("eval") if p.n <= task.max_steps]
+    assert len(problems) > 2000
+    for p in problems:
+        want = reference_late(p.route, p.x, p.a, p.b, p.n)
+        assert task.solution(p) == want
+        assert task.answer(p) == want[-1]
+        assert verify_late_solution(p.prompt, want)
+
+
+def test_chain_late_verifier_rejects_a_wrong_closing_line() -> None:
+    p = Problem("muladd", 4, 3, 5, 3)
+    good = reference_late("muladd", 4, 3, 5, 3)  # ...fin:7+3=0\nans=0
+    assert good.endswith("fin:7+3=0\nans=0")
+    for bad in (good.replace("fin:7+3=0", "fin:6+3=9").replace("ans=0", "ans=9"),  # wrong first value
+                good.replace("fin:7+3=0\nans=0", "fin:7+3=1\nans=1"),  # wrong sum
+                good.replace("fin:7+3=0\n", ""),  # no closing line: the chain task's response
+                good.replace("ans=0", "ans=3")):  # the chain answer
+        assert not verify_late_solution(p.prompt, bad)
+
+
+@pytest.mark.parametrize("seed", range(3))
+def test_chain_late_closing_combines_the_written_values_after_planted_mistakes(seed: int) -> None:
+    rng = random.Random(seed)
+    for p in get_task("chain-late").problems(40, seed):
+        text, trained = write_late(p, rng, line_rate=0.3)
+        lines = text.split("\n")
+        first, last = int(lines[0][-1]), int(lines[-3][-1])  # as written, mistakes included
+        assert lines[-2] == f"fin:{first}+{last}={(first + last) % MOD}"
+        assert lines[-1] == f"ans={(first + last) % MOD}"
+        assert all(trained[len(text) - len(lines[-2]) - len(lines[-1]) - 1 :])
+
+
+@pytest.mark.parametrize("name", TASK_NAMES)
+def test_train_and_eval_prompts_are_disjoint_for_every_task(name: str) -> None:
+    task = get_task(name)
+    train = {s.prompt for s in task.samples(3000, seed=0, split="train")}
+    held = {s.prompt for s in task.samples(1000, seed=0, split="eval")}
+    assert train and held and not train & held
+
+
+def test_chain_and_chain_drift_share_problems_and_answers_chain_late_its_own_answers() -> None:
+    chain, drift, late = (get_task(n).samples(200, seed=3, split="eval") for n in TASK_NAMES)
+    assert chain == drift
+    late_problems = {s.prompt for s in late}
+    assert late_problems <= {s.prompt for s in get_task("chain").samples(400, seed=3, split="eval")}
+    assert any(a.answer != b.answer for a, b in zip(chain, late, strict=False) if a.prompt == b.prompt)
+
+
+def _response_labels(task_name: str, n: int, rate: float, student_phase: bool = False) -> list[list[int]]:
+    tok = build_tokenizer()
+    task, rng = get_task(task_name), random.Random(0)
+    out = []
+    for p in task.problems(n, seed=0):
+        ids, labels = encode_example(tok, p, rng, rate, task, student_phase)
+        out.append(labels[len(tok(p.prompt)["input_ids"]) :])
+    return out
+
+
+def test_chain_drift_teacher_trains_on_clean_solutions_only() -> None:
+    rate = PROFILE_SPECS["default"].schedule.noise_line_rate
+    assert rate > 0
+    line_rate = get_task("chain-drift").noise_line_rate
+    assert line_rate == 0.0
+    assert all(-100 not in row for row in _response_labels("chain-drift", 200, line_rate))
+    assert any(-100 in row for row in _response_labels("chain", 200, rate))  # chain plants mistakes
+
+
+def test_student_phase_masks_every_closing_character_and_the_eos() -> None:
+    task = get_task("chain-late")
+    student = _response_labels("chain-late", 50, 0.0, student_phase=True)
+    teacher = _response_labels("chain-late", 50, 0.0)
+    for p, s_row, t_row in zip(task.problems(50, seed=0), student, teacher, strict=True):
+        lo, hi = phase_spans(task.solution(p))["late"]
+        closing = len(task.solution(p)) - len(task.solution(p).split("\n")[-2]) - 6  # start of "fin:"
+        assert all(v == -100 for v in s_row[closing:]) and all(v != -100 for v in s_row[:closing])
+        assert all(v != -100 for v in t_row)
+        assert (lo, hi) == (closing, len(task.solution(p)))  # the late phase is the closing phase
+
+
+def test_student_init_learns_nothing_about_the_closing_rule() -> None:
+    """The student snapshot is the same whatever the closing rule says: a changed closing rule changes
+    the teacher's SFT but not one weight of the student's (on the tiny profile)."""
+    spec = PROFILE_SPECS["tiny"]
+    tok = build_tokenizer()
+    late = get_task("chain-late")
+
+    def other_rule(problem: Problem, rng: random.Random, rate: float, student_phase: bool) -> tuple[str, list[bool]]:
+        text, trained = late.write(problem, rng, rate, student_phase)
+        return text[:-1] + str((int(text[-1]) + 1) % MOD), trained  # a different answer digit
+
+    changed = dataclasses.replace(late, write=other_rule)
+
+    def weights(task: object, student_phase: bool) -> list[torch.Tensor]:
+        model = spec.model.build(len(tok), tok, seed=0)
+        train_sft(model, tok, spec.schedule, seed=0, stop_step=spec.student_step, task=task,  # type: ignore[arg-type]
+                  student_phase=student_phase, progress_desc="test")
+        return [p.detach().clone() for p in model.parameters()]
+
+    same = weights(late, True), weights(changed, True)
+    assert all(torch.equal(a, b) for a, b in zip(*same, strict=True))
+    differ = weights(late, False), weights(changed, False)
+    assert any(not torch.equal(a, b) for a, b in zip(*differ, strict=True))
+
+
+def test_config_names_the_allowed_tasks_and_refuses_builtin_task_for_jsonl() -> None:
+    assert DataConfig(builtin_task="chain-late").builtin_task == "chain-late"
+    with pytest.raises(ValidationError, match="chain, chain-drift, chain-late"):
+        DataConfig(builtin_task="chain-early")
+    with pytest.raises(ValidationError, match="builtin_task"):
+        DataConfig(task="jsonl", path="x.jsonl", builtin_task="chain-late")
