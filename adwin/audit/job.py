@@ -35,7 +35,11 @@ class AuditSettings:
     metric: str = "identity"
     sketch_dim: int | None = None
     seed: int = 0
-    macro: bool = True
+    macro: bool = False  # per-sample cosines: telemetry only, several times the cost (docs/decisions.md)
+    params: str = "all"
+    estimator: str = "batch"
+    ci_level: float | None = None
+    ci_samples: int = 200
     is_method: str = "none"
     is_low: float = 0.5
     is_high: float = 2.0
@@ -75,7 +79,8 @@ def run_audit_job(model: torch.nn.Module, job: AuditJob, optimizer: Any = None) 
     weights, is_metrics = stale_token_weights(model, job.batch, s.is_method, s.is_low, s.is_high, job.version,
                                               level=s.is_level)
     result = audit(model, job.batch, s.candidates, method=s.method, metric=s.metric, optimizer=optimizer,
-                   sketch_dim=s.sketch_dim, seed=s.seed, macro=s.macro, token_weights=weights, **s.extra)
+                   sketch_dim=s.sketch_dim, seed=s.seed, macro=s.macro, token_weights=weights, params=s.params,
+                   estimator=s.estimator, ci_level=s.ci_level, ci_samples=s.ci_samples, **s.extra)
     return AuditOutcome(job.audit_id, job.version, result, is_metrics)
 
 

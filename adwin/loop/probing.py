@@ -77,6 +77,10 @@ class ProbeSide:
     # drift/* diagnostics of an audited batch, from (input_ids, attention_mask, response_mask, routes)
     drift: Callable[[torch.Tensor, torch.Tensor, torch.Tensor, list[str]], dict[str, float]] | None = None
     pending: deque[_Pending] = field(default_factory=deque)
+    # window/changes_per_audit: audits whose decision differed from the window in use, over all decisions
+    window: int | None = None
+    decisions: int = 0
+    changes: int = 0
 
     @property
     def enabled(self) -> bool:
@@ -211,7 +215,7 @@ class ProbeSide:
             res = outcome.result
             out = self.controller.submit_audit(
                 self.run_id, p.ready.audit_id,
-                AuditIn(cosines=res.cosines, macro_cosines=res.macro_cosines or None,
+                AuditIn(cosines=res.cosines, macro_cosines=res.macro_cosines or None, cosine_ci=res.cosine_ci or None,
                         stats={"elapsed_s": res.elapsed_s, "probes": float(len(p.staleness)),
                                "weights_version": float(outcome.version)}),
                 idempotency_key=f"{self.run_id}-audit-{p.ready.audit_id}")
@@ -226,13 +230,19 @@ class ProbeSide:
         m |= outcome.is_metrics | lag_metrics(outcome, version)
         m |= {f"audit/micro_cos_{c}": v for c, v in res.cosines.items()}
         m |= {f"audit/macro_cos_{c}": v for c, v in res.macro_cosines.items()}
+        m |= res.metrics()
         if out.decision is not None:
             m["audit/next_window"] = float(out.decision.window)
+            self.decisions += 1
+            self.changes += int(out.decision.window != self.window)
+            self.window = out.decision.window  # a later audit collected in this step compares with it
+            m["window/changes_per_audit"] = self.changes / self.decisions
         return m
 
     # --- 4. accounting and shutdown -------------------------------------------------------------
 
     def account(self, batch: Batch, window: int) -> dict[str, float]:
+        self.window = window
         return self.ledger.record(batch, window, self.pool.tokens_generated)
 
     def totals(self) -> dict[str, float]:
@@ -246,8 +256,9 @@ class ProbeSide:
 def audit_settings(cfg: TrainConfig) -> AuditSettings:
     a, p = cfg.audit, cfg.probes
     return AuditSettings(candidates=list(cfg.window.candidates), method=a.method, metric=a.metric,
-                         sketch_dim=a.sketch_dim, seed=cfg.seed, is_method=p.is_method, is_low=p.is_low,
-                         is_high=p.is_high, is_level=p.is_level)
+                         sketch_dim=a.sketch_dim, seed=cfg.seed, macro=a.macro, params=a.params,
+                         estimator=a.estimator, ci_level=a.ci_level, ci_samples=a.ci_samples,
+                         is_method=p.is_method, is_low=p.is_low, is_high=p.is_high, is_level=p.is_level)
 
 
 def open_probe_side(cfg: TrainConfig, controller: ControllerAPI, run_id: str, parts: Parts, gen: Sampler,

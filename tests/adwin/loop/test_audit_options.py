@@ -1,0 +1,39 @@
+"""The audit's config options reach the audit the trainer runs, and what it returns reaches the controller."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from trainer_fixtures import tiny_overrides
+
+from adwin.config import AuditConfig, load_config
+from adwin.controller import Controller
+from adwin.loop.probing import audit_settings
+from adwin.loop.trainer import train
+
+FIXED = {"loss"}  # the audit's loss is reverse_kl_pg by definition (one allowed value)
+
+
+def test_every_audit_option_of_the_config_reaches_the_audit_settings(tmp_path: Path) -> None:
+    chosen = {"audit.method": "reference", "audit.metric": "adam", "audit.sketch_dim": 64, "audit.macro": True,
+              "audit.params": "top:1", "audit.estimator": "debiased", "audit.ci_level": 0.8, "audit.ci_samples": 50}
+    cfg = load_config(None, tiny_overrides(tmp_path, **chosen))
+    settings = audit_settings(cfg)
+    for name in set(AuditConfig.model_fields) - FIXED:
+        assert getattr(settings, name) == getattr(cfg.audit, name), name
+    assert {k.split(".")[1] for k in chosen} == set(AuditConfig.model_fields) - FIXED  # none left untested
+
+
+def test_confidence_run_sends_intervals_and_logs_changes_per_audit(tmp_path: Path) -> None:
+    cfg = load_config(None, tiny_overrides(tmp_path, steps=4, name="ci", **{
+        "audit.ci_level": 0.9, "window.confidence": True, "audit.params": "top:1", "probes.backend": "inline"}))
+    controller = Controller()
+    res = train(cfg, controller)
+    audited = [h for h in res.history if "audit/id" in h]
+    assert audited, "a 4-step run with P=2 must audit"
+    for h in audited:
+        for c in cfg.window.candidates:
+            assert h[f"audit/cos_ci_low_{c}"] <= h[f"audit/micro_cos_{c}"] <= h[f"audit/cos_ci_high_{c}"]
+        assert 0.0 <= h["window/changes_per_audit"] <= 1.0
+    stored = [a for a in controller.telemetry(res.run_id).audits if a["state"] == "decided"]
+    assert stored and all(f"cos_ci_low_{cfg.window.candidates[0]}" in a["stats"] for a in stored)
