@@ -15,13 +15,16 @@ never touch the pool or the controller.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import queue
 import threading
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from concurrent.futures import Future
 from dataclasses import dataclass
 from typing import Any, Protocol, runtime_checkable
+
+import torch
 
 from adwin.audit.job import AuditJob, AuditOutcome
 from adwin.probes.pool import Extender, Extension
@@ -90,6 +93,30 @@ def _run_now(fn: Callable[[], Any]) -> Future[Any]:
 _STOP = object()
 
 
+@contextlib.contextmanager
+def own_cuda_stream(stream: torch.cuda.Stream | None) -> Iterator[None]:
+    """Run a worker's job on its own CUDA stream (no-op on CPU).
+
+    Every thread of a process shares one default stream per device, so a worker's kernels would otherwise
+    queue the learner's behind its extension rounds and audits. The job first waits for what the learner
+    has queued so far (its inputs: the weights snapshot, the scored probe batch), and is complete before
+    the job returns, so the learner never reads a half-written result and never reuses memory the worker
+    still reads (the wait blocks the worker thread only).
+    """
+    if stream is None:
+        yield
+        return
+    stream.wait_stream(torch.cuda.default_stream(stream.device))
+    with torch.cuda.stream(stream):
+        yield
+    stream.synchronize()
+
+
+def _cuda_stream() -> torch.cuda.Stream | None:
+    """A stream on the current CUDA device when the process uses CUDA, else None."""
+    return torch.cuda.Stream() if torch.cuda.is_available() and torch.cuda.is_initialized() else None
+
+
 class ThreadWorker:
     """A daemon thread with its own replica: ``load(weights)`` then ``extend`` for each job, in order.
 
@@ -104,6 +131,7 @@ class ThreadWorker:
                  name: str = "probe-worker", audit: Callable[[AuditJob], AuditOutcome] | None = None) -> None:
         self.extend, self.load, self.audit = extend, load, audit
         self._jobs: queue.Queue[Any] = queue.Queue()
+        self.stream: torch.cuda.Stream | None = None  # created by the thread's first job on CUDA
         self._thread = threading.Thread(target=self._loop, name=name, daemon=True)
         self._thread.start()
 
@@ -132,13 +160,16 @@ class ThreadWorker:
             if item is _STOP:
                 return
             job, fut = item
+            if self.stream is None:
+                self.stream = _cuda_stream()
             if isinstance(job, AuditJob):
                 self._audit(job, fut)
                 continue
             try:
-                if job.weights is not None and self.load is not None:
-                    self.load(job.weights)
-                ext = self.extend(job.contexts, job.budgets)
+                with own_cuda_stream(self.stream):
+                    if job.weights is not None and self.load is not None:
+                        self.load(job.weights)
+                    ext = self.extend(job.contexts, job.budgets)
             except BaseException as e:  # noqa: BLE001 - the thread dies; the executor re-issues its probes
                 log.warning("%s died in a round of %d probes (version %d): %r", self._thread.name,
                             len(job.probe_ids), job.version, e)
@@ -150,8 +181,10 @@ class ThreadWorker:
         """An audit that raises (e.g. non-finite cosines) fails its future but leaves the replica usable."""
         assert self.audit is not None
         try:
-            if job.weights is not None and self.load is not None:
-                self.load(job.weights)
-            fut.set_result(self.audit(job))
+            with own_cuda_stream(self.stream):
+                if job.weights is not None and self.load is not None:
+                    self.load(job.weights)
+                out = self.audit(job)
+            fut.set_result(out)
         except Exception as e:  # noqa: BLE001 - the caller decides (a non-finite audit keeps the window)
             fut.set_exception(e)
