@@ -318,12 +318,20 @@ def parse_set(items: Iterable[str]) -> dict[str, Any]:
     return overrides
 
 
+def policy_overrides(name: str, **fields: Any) -> dict[str, Any]:
+    """Dotted overrides that switch the window policy to ``name`` with its ``fields``. A policy that does not
+    audit also unsets ``window.confidence``: a preset that turns it on for ADWIN (configs/default.yaml) must not
+    block a switch to ``full`` or ``fixed`` (setting both by hand is still refused, naming the field)."""
+    out: dict[str, Any] = {"window.policy": name} | {f"window.{k}": v for k, v in fields.items()}
+    if not is_audited(name):
+        out["window.confidence"] = False
+    return out
+
+
 def apply_policy_spec(overrides: dict[str, Any], spec: str) -> dict[str, Any]:
     """Turn ``--window-policy fixed:64`` into dotted overrides for the window section."""
     fields = parse_policy_spec(spec)
-    overrides["window.policy"] = fields.pop("name")
-    for k, v in fields.items():
-        overrides[f"window.{k}"] = v
+    overrides |= policy_overrides(fields.pop("name"), **fields)
     return overrides
 
 

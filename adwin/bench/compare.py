@@ -55,10 +55,14 @@ TINY_OVERRIDES: dict[str, Any] = {  # a budget the test suite can afford (< 60 s
 }
 
 
-QUICK_OVERRIDES: dict[str, Any] = {"eval.n_problems": 64}  # smoke run: half the evaluation problems
+# 16 rollouts per step (8 prompts x 2), not configs/default.yaml's 128: a dozen methods x seeds x tasks must fit
+# the suite's budget (docs/benchmarks.md, "Compare"); the probe batch stays P = 8
+BATCH_OVERRIDES: dict[str, Any] = {"rollout.prompts_per_step": 8, "rollout.samples_per_prompt": 2,
+                                   "probes.offers_per_step": 4}
+QUICK_OVERRIDES: dict[str, Any] = BATCH_OVERRIDES | {"eval.n_problems": 64}  # smoke run: half the problems
 # the full suite: 256 problems x k=3 x 3 seeds = 2,304 samples per method, enough for a paired-difference CI
 # half-width <= 0.03 (compare_tasks.samples_needed(0.03) = 2,135)
-DEFAULT_OVERRIDES: dict[str, Any] = {"eval.n_problems": 256, "eval.k": 3}
+DEFAULT_OVERRIDES: dict[str, Any] = BATCH_OVERRIDES | {"eval.n_problems": 256, "eval.k": 3}
 
 
 @dataclass(frozen=True)
@@ -76,15 +80,16 @@ def fast_opd_schedule(max_len: int) -> int:
 
 
 def all_methods(max_len: int, candidates: list[int]) -> list[Method]:
+    from adwin.config import policy_overrides
+
     s = fast_opd_schedule(max_len)
-    out = [Method("full", "OPD (full rollout)", {"window.policy": "full"}),
-           Method("linear", f"Fast OPD (linear {s}/+{s})",
-                  {"window.policy": "linear", "window.start": s, "window.step": s}, adaptive=True)]
-    out += [Method(f"fixed-{c}", f"Prefix OPD-{c}", {"window.policy": "fixed", "window.window": c}) for c in candidates]
-    out += [Method(f"adwin-{t}", f"ADWIN (tau={t})", {"window.policy": "adwin", "window.threshold": t}, adaptive=True)
+    out = [Method("full", "OPD (full rollout)", policy_overrides("full")),
+           Method("linear", f"Fast OPD (linear {s}/+{s})", policy_overrides("linear", start=s, step=s), adaptive=True)]
+    out += [Method(f"fixed-{c}", f"Prefix OPD-{c}", policy_overrides("fixed", window=c)) for c in candidates]
+    out += [Method(f"adwin-{t}", f"ADWIN (tau={t})", policy_overrides("adwin", threshold=t), adaptive=True)
             for t in THRESHOLDS]
-    out += [Method("surprise", "teacher-surprise horizon", {"window.policy": "surprise"}, adaptive=True),
-            Method("iw-opd", f"IW-OPD (gamma={IW_GAMMA})", {"window.policy": "full", "loss.iw_gamma": IW_GAMMA})]
+    out += [Method("surprise", "teacher-surprise horizon", policy_overrides("surprise"), adaptive=True),
+            Method("iw-opd", f"IW-OPD (gamma={IW_GAMMA})", policy_overrides("full") | {"loss.iw_gamma": IW_GAMMA})]
     return out
 
 

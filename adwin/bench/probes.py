@@ -40,14 +40,14 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def _config(args: argparse.Namespace, variant: str, out: Path, fixed_window: int | None = None) -> Any:
-    from adwin.config import default_config_path, load_config, parse_set
+    from adwin.config import default_config_path, load_config, parse_set, policy_overrides
 
     ov = parse_set(args.set)
     ov |= {"steps": args.steps, "name": f"bench-{variant}", "out_dir": str(out), "eval.every": 0,
            "controller.serve": False, "logging.progress": False, "checkpoint_every": 0}
     base = load_config(args.config or default_config_path(), ov)
     if variant == "fixed":
-        ov |= {"window.policy": "fixed", "window.window": fixed_window or base.window.initial or max(base.window.candidates)}
+        ov |= policy_overrides("fixed", window=fixed_window or base.window.initial or max(base.window.candidates))
     else:
         ov |= {"probes.backend": variant}
     return load_config(args.config or default_config_path(), ov)

@@ -50,3 +50,15 @@ def test_set_items_parse_as_yaml_and_new_candidates_drop_the_presets_initial_win
     assert parse_set(["window.candidates=[8, 16]", "window.initial=8"])["window.initial"] == 8
     with pytest.raises(ValueError, match="KEY=VALUE"):
         parse_set(["window.threshold"])
+
+
+@pytest.mark.parametrize("spec", ["full", "fixed:32", "linear:32:8", "surprise", "adwin"])
+def test_every_window_policy_spec_loads_on_the_default_preset(spec: str) -> None:
+    # configs/default.yaml turns on window.confidence, which only audited policies accept: a switch of policy
+    # (--window-policy, bench compare, bench probes) must not be refused for it
+    from adwin.policies.registry import is_audited
+
+    cfg = load_config("configs/default.yaml", apply_policy_spec({}, spec))
+    assert cfg.window.policy == spec.split(":")[0] and cfg.window.confidence == is_audited(cfg.window.policy)
+    with pytest.raises(ValidationError, match="window.confidence"):  # set by hand on a non-audited policy: refused
+        load_config("configs/default.yaml", {"window.policy": "full", "window.confidence": True})
