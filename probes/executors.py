@@ -47,8 +47,12 @@ def build_executor(backend: str, pool: ProbePool, model: torch.nn.Module, *, eos
         return AsyncProbeExecutor(pool, lambda: InlineWorker(inline, audit_inline), **{**kw, "workers": 1})
     if backend == "thread":
         return AsyncProbeExecutor(pool, _thread_spawner(model, eos, pad_id, temperature, top_p),
-                                  snapshot=lambda: snapshot_weights(model), **kw)
+                                  snapshot=lambda: snapshot_weights(model, _param_device(model)), **kw)
     return _ray_executor(pool, model, eos, pad_id, temperature, top_p, ray_address, ray_num_cpus, kw)
+
+
+def _param_device(model: torch.nn.Module) -> torch.device:
+    return next(model.parameters()).device
 
 
 def _thread_spawner(model: torch.nn.Module, eos: set[int], pad_id: int, temperature: float,

@@ -31,6 +31,8 @@ class ModelExtender:
         self.model.load_state_dict(weights)
 
 
-def snapshot_weights(model: torch.nn.Module) -> dict[str, torch.Tensor]:
-    """A CPU copy of ``model``'s state at a step boundary: the trainer keeps updating its own tensors."""
-    return {k: v.detach().to("cpu", copy=True) for k, v in model.state_dict().items()}
+def snapshot_weights(model: torch.nn.Module, device: str | torch.device = "cpu") -> dict[str, torch.Tensor]:
+    """A copy of ``model``'s state at a step boundary on ``device``: the trainer keeps updating its own
+    tensors. A thread worker on the same GPU takes it on the GPU (a device-to-device copy instead of a round
+    trip through host memory every step); a Ray actor takes it on the CPU."""
+    return {k: v.detach().to(device, copy=True) for k, v in model.state_dict().items()}

@@ -7,7 +7,7 @@ import copy
 
 import pytest
 import torch
-from test_worker_audit import CANDS, _batch, _close, _perturb
+from test_worker_audit import CANDS, _batch, _close
 from tiny_models import make_tiny_llama
 
 from adwin.audit.job import AuditJob, AuditSettings, run_audit_job
@@ -18,11 +18,11 @@ from adwin.probes.workers import ThreadWorker
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 
 
-def _to(batch, device):  # noqa: ANN001, ANN202 - a ProbeBatch's tensors onto the GPU
-    for name, value in vars(batch).items():
-        if isinstance(value, torch.Tensor):
-            setattr(batch, name, value.to(device))
-    return batch
+def _perturb(model: torch.nn.Module, seed: int) -> None:
+    g = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for p in model.parameters():
+            p.add_(0.05 * torch.randn(p.shape, generator=g).to(p.device))
 
 
 def test_thread_worker_audits_on_its_own_stream_and_matches_inline() -> None:
@@ -39,9 +39,10 @@ def test_thread_worker_audits_on_its_own_stream_and_matches_inline() -> None:
         for w in workers:  # record the stream the audit runs on
             audit = w.audit
             w.audit = lambda job, audit=audit: (seen.append(torch.cuda.current_stream()), audit(job))[1]
-        worker = ex.submit_audit(AuditJob(1, 1, _to(_batch(), "cuda"), settings)).result(timeout=120)
+        worker = ex.submit_audit(AuditJob(1, 1, _batch(), settings)).result(timeout=120)
     finally:
         ex.close()
-    inline = run_audit_job(at_v1, AuditJob(1, 1, _to(_batch(), "cuda"), settings))
+    inline = run_audit_job(at_v1, AuditJob(1, 1, _batch(), settings))
     assert seen and all(s != torch.cuda.default_stream() for s in seen)
+    assert all(v.is_cuda for v in ex._weights.values())  # the snapshot stays on the GPU
     assert _close(worker.result.cosines, inline.result.cosines)
