@@ -9,11 +9,12 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 from pathlib import Path
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
+from adwin.objectives.importance import ISMethod
 from adwin.policies.base import WindowConfigError
 from adwin.policies.registry import PolicyName, build_policy, is_audited, parse_policy_spec
 from adwin.tasks.suite import DEFAULT_TASK, TASK_NAMES
@@ -21,6 +22,20 @@ from adwin.tasks.suite import DEFAULT_TASK, TASK_NAMES
 
 class _Strict(BaseModel):
     model_config = ConfigDict(extra="forbid", validate_assignment=True)
+
+
+# The importance-ratio treatment (adwin.objectives.importance), defined once: the training loss (loss.is_*)
+# and the probe audit (probes.is_*) each weight their own stale tokens, so each section has its own values.
+ISMethodField = Annotated[ISMethod, Field(description="old-to-current ratio treatment: none | clip | cap | icepop")]
+ISLowField = Annotated[float, Field(ge=0.0, description="lower ratio bound (clip, icepop)")]
+ISHighField = Annotated[float, Field(gt=0.0, description="upper ratio bound (clip, cap, icepop)")]
+
+
+def check_is_bounds(section: str, method: str, low: float, high: float) -> None:
+    """``importance_weights`` needs ``low <= high``: refuse at load time, naming the section's fields."""
+    if method != "none" and low > high:
+        raise ValueError(f"{section}.is_low ({low}) must be <= {section}.is_high ({high}) with "
+                         f"{section}.is_method={method!r}")
 
 
 class ModelConfig(_Strict):
@@ -120,9 +135,9 @@ class ProbeConfig(_Strict):
         "only at the full horizon (the paper: probes are unfinished prefixes) or always (the audit batch then "
         "samples all rollouts, and a window most rollouts fit into still gets audited)")
     lookahead: int = Field(4, ge=0, le=65_536, description="windowed-FIFO look-ahead over completed probes")
-    is_method: Literal["none", "clip", "cap", "icepop"] = "none"
-    is_low: float = Field(0.5, ge=0.0)
-    is_high: float = Field(2.0, gt=0.0)
+    is_method: ISMethodField = "none"
+    is_low: ISLowField = 0.5
+    is_high: ISHighField = 2.0
     is_level: Literal["token", "prefix"] = Field(
         "token", description="probe IS weight per token: its own ratio (token) or the running product (prefix)")
     ray_address: str | None = None
@@ -130,6 +145,11 @@ class ProbeConfig(_Strict):
     workers: int = Field(1, ge=1, le=1024, description="probe workers (threads or Ray actors), one round each in flight")
     fault_policy: Literal["reissue", "drop"] = Field("reissue", description="probes of a failed worker round")
     max_reissues: int = Field(2, ge=0, le=1000, description="re-issues per probe before it is dropped as lost")
+
+    @model_validator(mode="after")
+    def _is_bounds(self) -> ProbeConfig:
+        check_is_bounds("probes", self.is_method, self.is_low, self.is_high)
+        return self
 
 
 class AuditConfig(_Strict):
@@ -161,6 +181,9 @@ class AuditConfig(_Strict):
         return self
 
 
+BEHAVIOR_LOSSES = ("reverse_kl_pg", "reverse_kl_mc")
+
+
 class LossConfig(_Strict):
     name: Literal[
         "reverse_kl_pg", "reverse_kl_mc", "forward_kl_topk", "forward_kl", "reverse_kl", "jsd", "k2", "k3"
@@ -170,10 +193,11 @@ class LossConfig(_Strict):
     topk: int = Field(20, ge=1, le=1_000_000)
     clip_low: float | None = Field(None, gt=0.0, lt=1.0)
     clip_high: float | None = Field(None, gt=0.0)
-    # old-to-current importance-ratio treatment when behavior logprobs are at hand (async/stale data)
-    is_method: Literal["none", "clip", "cap", "icepop"] = "none"
-    is_low: float = Field(0.5, ge=0.0)
-    is_high: float = Field(2.0, gt=0.0)
+    # old-to-current ratio rho = p_theta / p_behavior on the sampled tokens (behavior: the logprobs recorded
+    # when the tokens were sampled); only the behavior-weighted losses use it (BEHAVIOR_LOSSES)
+    is_method: ISMethodField = "none"
+    is_low: ISLowField = 0.5
+    is_high: ISHighField = 2.0
     mc_samples: int = Field(1, ge=1, le=4096, description="m cached actions per position for reverse_kl_mc")
     iw_gamma: float = Field(0.0, ge=0.0, le=100.0, description="IW-OPD position weight 1 + gamma(1 - cum|A|/total|A|); 0 = off")
 
@@ -183,6 +207,25 @@ class LossConfig(_Strict):
             raise ValueError(f"loss.iw_gamma: IW-OPD weights need a sampled-token loss (reverse_kl_pg, k2, k3), "
                              f"got loss.name={self.name!r}")
         return self
+
+    @model_validator(mode="after")
+    def _ratio_needs_behavior_loss(self) -> LossConfig:
+        check_is_bounds("loss", self.is_method, self.is_low, self.is_high)
+        if (self.clip_low is None) != (self.clip_high is None):
+            raise ValueError("loss.clip_low and loss.clip_high: give both (the PPO clip) or neither")
+        if self.is_method != "none" and self.clip_low is not None:
+            raise ValueError(f"loss.is_method={self.is_method!r} and loss.clip_low/clip_high: use either the PPO "
+                             "clip or an is_method, not both")
+        if self.weights_by_behavior and self.name not in BEHAVIOR_LOSSES:
+            knob = "loss.is_method" if self.is_method != "none" else "loss.clip_low/clip_high"
+            raise ValueError(f"{knob}: only {BEHAVIOR_LOSSES} weight tokens by the old-to-current ratio, got "
+                             f"loss.name={self.name!r}; unset {knob} or pick one of those losses")
+        return self
+
+    @property
+    def weights_by_behavior(self) -> bool:
+        """The loss needs the behavior logprobs of the sampled tokens (an IS treatment or the PPO clip)."""
+        return self.is_method != "none" or self.clip_low is not None
 
 
 class OptimConfig(_Strict):

@@ -18,7 +18,7 @@ from adwin.runtime.guards import is_finite
 from adwin.sampling.data import (
     Prompt,
 )
-from adwin.sampling.rollout import Rows, encode_prompts, eos_ids, generate, layout, pad_id_of
+from adwin.sampling.rollout import Rows, encode_prompts, eos_ids, generate, layout, pad_id_of, response_values
 from adwin.sampling.teacher import Teachers
 
 log = logging.getLogger(__name__)
@@ -32,6 +32,10 @@ class Batch:
     response_ids: list[list[int]]
     finished: list[bool]
     rows: Rows
+    # log p(token) under the sampling weights, one per response token; recorded only when the loss weights
+    # tokens by the old-to-current ratio (loss.is_method, the PPO clip): generation and training forward
+    # differ numerically (kernels, padding, dtype), which those treatments correct
+    behavior_logprobs: list[list[float]] | None = None
 
 
 
@@ -49,8 +53,8 @@ class Sampler:
         ctx = encode_prompts(self.parts.tokenizer, [p.prompt for p in rep], self.cfg.data.max_prompt_len)
         r = self.cfg.rollout
         g = generate(self.parts.student, ctx, [window] * len(ctx), eos=self.eos, pad_id=self.pad,
-                     temperature=r.temperature, top_p=r.top_p)
-        return Batch(rep, ctx, g.response_ids, g.finished, layout(ctx, g.response_ids, self.pad))
+                     temperature=r.temperature, top_p=r.top_p, with_logprobs=self.cfg.loss.weights_by_behavior)
+        return Batch(rep, ctx, g.response_ids, g.finished, layout(ctx, g.response_ids, self.pad), g.logprobs)
 
     def extend(self, contexts: list[list[int]], budgets: list[int]) -> Extension:
         """Probe extension with the newest weights; records behavior logprobs per token."""
@@ -82,6 +86,20 @@ def score_teacher(teachers: Teachers, batch: Batch, cfg: TrainConfig) -> Teacher
     return signal
 
 
+RATIO_METRICS = ("loss/iw_weight_mean", "loss/clip_frac", "loss/logprob_abs_diff")
+
+
+def behavior_rows(batch: Batch, cfg: TrainConfig) -> torch.Tensor | None:
+    """(B, L) behavior logprobs on the response columns when the loss weights by them, else None."""
+    if not cfg.loss.weights_by_behavior:
+        return None
+    if batch.behavior_logprobs is None:
+        raise ValueError("loss.is_method / loss.clip_* need the rollouts' behavior logprobs: sample the batch "
+                         "with Sampler.roll_out under the same config")
+    return response_values([len(p) for p in batch.prompt_ids], batch.behavior_logprobs,
+                           batch.rows.input_ids.shape[1])
+
+
 def optimize(student: torch.nn.Module, optimizer: torch.optim.Optimizer, scheduler: Any, batch: Batch,
              teacher: TeacherSignal, cfg: TrainConfig, window: int) -> tuple[dict[str, float], torch.Tensor]:
     """One AdamW step on the OPD loss over the first ``window`` response tokens.
@@ -91,6 +109,7 @@ def optimize(student: torch.nn.Module, optimizer: torch.optim.Optimizer, schedul
     """
     rows, lc = batch.rows, cfg.loss
     device = next(student.parameters()).device
+    behavior = behavior_rows(batch, cfg)
     optimizer.zero_grad(set_to_none=True)
     logits = student(input_ids=rows.input_ids.to(device), attention_mask=rows.attention_mask.to(device)).logits
     loss, lm = opd_loss(
@@ -100,7 +119,8 @@ def optimize(student: torch.nn.Module, optimizer: torch.optim.Optimizer, schedul
         teacher_topk_ids=None if teacher.topk_ids is None else teacher.topk_ids.to(device),
         teacher_topk_logprobs=None if teacher.topk_logprobs is None else teacher.topk_logprobs.to(device),
         window=window, aggregation=lc.aggregation, beta=lc.jsd_beta, clip_low=lc.clip_low, clip_high=lc.clip_high,
-        iw_gamma=lc.iw_gamma,
+        iw_gamma=lc.iw_gamma, behavior_logprobs=None if behavior is None else behavior.to(device),
+        is_method=lc.is_method, is_low=lc.is_low, is_high=lc.is_high,
     )
     loss.backward()
     clip = cfg.optim.grad_clip if cfg.optim.grad_clip > 0 else float("inf")
@@ -115,11 +135,11 @@ def optimize(student: torch.nn.Module, optimizer: torch.optim.Optimizer, schedul
     with warnings.catch_warnings():  # torch warns when a skipped first step leaves optimizer.step() uncalled
         warnings.filterwarnings("ignore", message=r"Detected call of `lr_scheduler\.step\(\)`")
         scheduler.step()  # the LR schedule follows loop steps, skipped or not
-    behavior = token_logprobs(logits.detach(), rows.input_ids.to(device)).cpu()  # (B, L)
+    current = token_logprobs(logits.detach(), rows.input_ids.to(device)).cpu()  # (B, L)
     metrics = {"loss/total": float(loss.detach()), "loss/teacher_kl": lm.get("loss/teacher_kl", float("nan")),
                "loss/tokens": lm["loss/tokens"], "optim/grad_norm": float(grad_norm), "optim/skipped": float(skip)}
-    metrics |= {k: v for k, v in lm.items() if k == "loss/iw_weight_mean"}  # IW-OPD runs only
-    return metrics, behavior
+    metrics |= {k: v for k, v in lm.items() if k in RATIO_METRICS or k.startswith("loss/is_")}  # when configured
+    return metrics, current
 
 
 

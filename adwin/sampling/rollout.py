@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 
@@ -84,19 +85,39 @@ def left_pad(seqs: Sequence[Sequence[int]], pad_id: int, device: torch.device | 
     return ids.to(device), mask.to(device)
 
 
-def layout(prompts: Sequence[Sequence[int]], responses: Sequence[Sequence[int]], pad_id: int) -> Rows:
-    """Right-padded rows ``prompt + response`` with a response mask; every row holds at least one token."""
+def layout(prompts: Sequence[Sequence[int]], responses: Sequence[Sequence[int]], pad_id: int, *,
+           width: int | None = None) -> Rows:
+    """Right-padded rows ``prompt + response`` with a response mask; every row holds at least one token.
+
+    The one row layout of the project: rollouts, probe batches, adapter batches. ``width`` widens the rows
+    to a fixed length (never narrows them); ``response_values`` lays per-token values on the same columns.
+    """
     lengths = [len(p) + len(r) for p, r in zip(prompts, responses, strict=True)]
-    width = max(max(lengths), 1)
-    ids = torch.full((len(prompts), width), pad_id, dtype=torch.long)
-    attn = torch.zeros_like(ids)
-    resp = torch.zeros_like(ids)
+    width = max(max(lengths), 1, width or 0)
+    ids = torch.full((len(prompts), width), pad_id, dtype=torch.long)  # (B, L)
+    attn = torch.zeros_like(ids)  # (B, L)
+    resp = torch.zeros_like(ids)  # (B, L)
     for b, (p, r) in enumerate(zip(prompts, responses, strict=True)):
         row = list(p) + list(r)
         ids[b, : len(row)] = torch.tensor(row, dtype=torch.long)
         attn[b, : len(row)] = 1
         resp[b, len(p) : len(row)] = 1
     return Rows(ids, attn, resp)
+
+
+def response_values(prompt_lens: Sequence[int], values: Sequence[Sequence[Any]], width: int, *,
+                    fill: float = 0.0, dtype: torch.dtype = torch.float32, trailing: tuple[int, ...] = ()
+                    ) -> torch.Tensor:
+    """(B, width, *trailing) tensor of per-response-token values on ``layout``'s response columns.
+
+    ``values[b][j]`` concerns response token ``j`` of row ``b`` (behavior logprobs, version tags, teacher
+    logprobs; with ``trailing=(m,)`` one list of ``m`` per token); ``fill`` everywhere else.
+    """
+    out = torch.full((len(values), width, *trailing), fill, dtype=dtype)
+    for b, (n_p, vals) in enumerate(zip(prompt_lens, values, strict=True)):
+        if len(vals):
+            out[b, n_p : n_p + len(vals)] = torch.tensor(vals, dtype=dtype)
+    return out
 
 
 @torch.no_grad()

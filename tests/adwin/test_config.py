@@ -22,6 +22,12 @@ def test_defaults_validate():
         ({"window.candidates": [64, 100000]}, "max_len"),
         ({"optim.lr": 0}, "lr"),
         ({"rollout.typo_field": 1}, "typo_field"),
+        ({"loss.name": "k3", "loss.is_method": "icepop"}, "loss.is_method"),
+        ({"loss.name": "forward_kl", "loss.clip_low": 0.2, "loss.clip_high": 0.2}, "loss.clip_low"),
+        ({"loss.clip_low": 0.2}, "loss.clip_high"),
+        ({"loss.is_method": "clip", "loss.clip_low": 0.2, "loss.clip_high": 0.2}, "not both"),
+        ({"loss.is_method": "clip", "loss.is_low": 3.0}, "loss.is_low"),
+        ({"probes.is_method": "icepop", "probes.is_low": 3.0}, "probes.is_low"),
     ],
 )
 def test_invalid_config_fails_naming_the_field(override, field):
