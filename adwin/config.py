@@ -262,7 +262,8 @@ class LoggingConfig(_Strict):
 
 
 class AsyncOPDSection(_Strict):
-    """``scheduler: asyncopd`` knobs (AsyncOPD Appendix G); the sync scheduler ignores them."""
+    """``scheduler: asyncopd`` knobs (AsyncOPD Appendix G); the one source of them (``build_asyncopd`` reads
+    this section). A sync run refuses values other than the defaults: it would ignore them."""
 
     queue_depth: int = Field(4, ge=0, le=4096, description="tau: the feeder holds at most (tau + 1) * B permits")
     rollout_workers: int = Field(1, ge=1, le=1024)
@@ -322,7 +323,18 @@ class TrainConfig(_Strict):
         if self.scheduler == "asyncopd" and self.loss.name not in ASYNCOPD_LOSSES:
             raise ValueError(f"loss.name: scheduler 'asyncopd' trains with {ASYNCOPD_LOSSES} (old-to-current IS "
                              f"on cached behavior logprobs), got {self.loss.name!r}")
+        _asyncopd_needs_its_scheduler(self)
         return self
+
+
+def _asyncopd_needs_its_scheduler(cfg: TrainConfig) -> None:
+    if cfg.scheduler == "asyncopd":
+        return
+    default = AsyncOPDSection()
+    changed = [k for k in AsyncOPDSection.model_fields if getattr(cfg.asyncopd, k) != getattr(default, k)]
+    if changed:
+        raise ValueError(f"asyncopd.{changed[0]}: read only by scheduler 'asyncopd' (got scheduler "
+                         f"{cfg.scheduler!r}); drop it or set scheduler: asyncopd (--scheduler asyncopd)")
 
 
 def load_config(path: str | Path | None = None, overrides: dict[str, Any] | None = None) -> TrainConfig:

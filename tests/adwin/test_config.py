@@ -28,6 +28,8 @@ def test_defaults_validate():
         ({"loss.is_method": "clip", "loss.clip_low": 0.2, "loss.clip_high": 0.2}, "not both"),
         ({"loss.is_method": "clip", "loss.is_low": 3.0}, "loss.is_low"),
         ({"probes.is_method": "icepop", "probes.is_low": 3.0}, "probes.is_low"),
+        ({"asyncopd.queue_depth": 2}, "asyncopd.queue_depth"),
+        ({"asyncopd.workers": "ray"}, "asyncopd.workers"),
     ],
 )
 def test_invalid_config_fails_naming_the_field(override, field):
@@ -56,3 +58,10 @@ def test_set_items_parse_as_yaml_and_new_candidates_drop_the_presets_initial_win
     assert parse_set(["window.candidates=[8, 16]", "window.initial=8"])["window.initial"] == 8
     with pytest.raises(ValueError, match="KEY=VALUE"):
         parse_set(["window.threshold"])
+
+
+def test_asyncopd_knobs_load_under_their_scheduler_and_a_sync_run_reloads_its_own_dump() -> None:
+    cfg = load_config(None, {"scheduler": "asyncopd", "asyncopd.queue_depth": 2})
+    assert cfg.asyncopd.queue_depth == 2
+    sync = TrainConfig()
+    assert TrainConfig.model_validate(sync.model_dump(mode="json")) == sync  # --resume reads config.json back

@@ -9,7 +9,7 @@ import pytest
 import torch
 from tiny_models import make_tiny_llama
 
-from adwin.config import load_config
+from adwin.config import AsyncOPDSection, load_config
 from adwin.controller import Controller
 from adwin.loop.parts import Parts
 from adwin.objectives.losses import opd_loss
@@ -18,7 +18,7 @@ from adwin.sampling.teacher import Teachers
 from adwin.tasks.tokenizer import build_tokenizer
 from adwin.trainer_adapters.asyncopd.hf import HFLearner, HFRolloutEngine, HFTeacherScorer
 from adwin.trainer_adapters.asyncopd.items import StreamItem, TokenOut
-from adwin.trainer_adapters.asyncopd.run import AsyncOPDOptions, build_asyncopd, run_asyncopd
+from adwin.trainer_adapters.asyncopd.run import build_asyncopd, run_asyncopd
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -69,7 +69,7 @@ def test_asyncopd_run_bounds_permits_keeps_prefixes_and_audits_probes(tmp_path: 
     parts = tiny_parts()
     KeepModeProbe.snapshots = {0: {k: v.detach().clone() for k, v in parts.student.state_dict().items()}}
     ctrl = Controller()
-    opts = AsyncOPDOptions(queue_depth=1, rollout_workers=2, worker_batch=8, teacher_batch=8, wait_timeout_s=60,
+    opts = AsyncOPDSection(queue_depth=1, rollout_workers=2, worker_batch=8, teacher_batch=8, wait_timeout_s=60,
                            throughput_warmup=2)
     built = build_asyncopd(cfg, ctrl, parts=parts, options=opts, engine_cls=KeepModeProbe)
     out = run_asyncopd(cfg, ctrl, built=built)
