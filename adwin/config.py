@@ -158,7 +158,6 @@ class AuditConfig(_Strict):
     method: Literal["fast", "reference", "sketch"] = "fast"
     metric: Literal["identity", "adam"] = "identity"
     sketch_dim: int = Field(16_384, ge=1, le=1 << 24)
-    loss: Literal["reverse_kl_pg"] = "reverse_kl_pg"
     params: str = Field("all", description="'all' or 'top:N': gradients of the last N transformer blocks and "
                         "the head only (the backward stops early)")
     estimator: Literal["batch", "debiased"] = Field(

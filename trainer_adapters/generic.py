@@ -96,7 +96,6 @@ class WindowClient:
         self.stats = ClientStats()
         self.last_window: int | None = None
         self.last_step: int | None = None  # the batch forms at it: the controller's reads do not record it
-        self.last_decision: AuditOut | None = None
 
     # --- window -----------------------------------------------------------------------------------
 
@@ -246,7 +245,6 @@ class WindowClient:
         self.stats.audits += 1
         self.stats.audit_s += result.elapsed_s
         self.stats.last_cosines = dict(out.cosines or result.cosines)
-        self.last_decision = out
         return out
 
     def maybe_audit(self, model: torch.nn.Module, score: Score, *, pad_id: int, **audit_kwargs: Any) -> AuditOut | None:
