@@ -23,6 +23,7 @@ import torch
 
 from adwin.audit.alignment import ProbeBatch
 from adwin.controller.schemas import ProbeReportIn
+from adwin.sampling.rollout import layout, response_values
 
 
 @dataclass
@@ -150,24 +151,16 @@ class ProbePool:
 
     def probe_batch(self, probes: Sequence[Probe], pad_id: int,
                     score: Callable[[torch.Tensor, torch.Tensor, list[str]], torch.Tensor]) -> ProbeBatch:
-        """Right-padded rows of complete probes, teacher-scored by ``score(input_ids, attention_mask, routes)``."""
+        """Right-padded rows (``layout``) of complete probes, teacher-scored by ``score(input_ids, attention_mask,
+        routes)``."""
         if not probes:
             raise ValueError("a probe batch needs at least one probe")
-        width = max(len(p.prompt_ids) + len(p.response_ids) for p in probes)
-        shape = (len(probes), width)
-        ids = torch.full(shape, pad_id, dtype=torch.long)  # (B, L)
-        attn, resp = torch.zeros(shape, dtype=torch.long), torch.zeros(shape, dtype=torch.long)  # (B, L)
-        behavior = torch.zeros(shape, dtype=torch.float32)  # (B, L)
-        versions = torch.full(shape, -1, dtype=torch.long)  # (B, L)
-        for b, p in enumerate(probes):
-            n_p, n = len(p.prompt_ids), len(p.prompt_ids) + len(p.response_ids)
-            ids[b, :n] = torch.tensor(p.prompt_ids + p.response_ids, dtype=torch.long)
-            attn[b, :n] = 1
-            resp[b, n_p:n] = 1
-            behavior[b, n_p:n] = torch.tensor(p.behavior_logprobs, dtype=torch.float32)
-            versions[b, n_p:n] = torch.tensor(p.versions, dtype=torch.long)
-        teacher = score(ids, attn, [p.route for p in probes]) * resp  # (B, L)
-        return ProbeBatch(ids, attn, resp, teacher, behavior_logprobs=behavior, versions=versions)
+        rows = layout([p.prompt_ids for p in probes], [p.response_ids for p in probes], pad_id)
+        behavior = response_values(rows, [p.behavior_logprobs for p in probes])  # (B, L)
+        versions = response_values(rows, [p.versions for p in probes], fill=-1, dtype=torch.long)  # (B, L)
+        teacher = score(rows.input_ids, rows.attention_mask, [p.route for p in probes]) * rows.response_mask  # (B, L)
+        return ProbeBatch(rows.input_ids, rows.attention_mask, rows.response_mask, teacher,
+                          behavior_logprobs=behavior, versions=versions)
 
 
 def record_round(stats: RoundStats, probes: Sequence[Probe], added: dict[str, int], step: int, version: int,

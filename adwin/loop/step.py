@@ -13,7 +13,7 @@ from adwin.config import TrainConfig
 from adwin.controller.schemas import WindowOut
 from adwin.loop.parts import Parts
 from adwin.objectives.losses import opd_loss, token_logprobs
-from adwin.probes.pool import Extension
+from adwin.probes.extender import ModelExtender
 from adwin.runtime.guards import is_finite
 from adwin.sampling.data import (
     Prompt,
@@ -40,28 +40,29 @@ class Batch:
 
 
 class Sampler:
-    """Student sampling for rollouts, probe extension and evaluation (transformers ``generate``)."""
+    """Student sampling for rollouts, evaluation and probe extension: all of it through ``generate``."""
 
     def __init__(self, parts: Parts, cfg: TrainConfig) -> None:
         self.parts, self.cfg = parts, cfg
         self.eos = eos_ids(parts.student, parts.tokenizer)
         self.pad = pad_id_of(parts.tokenizer, self.eos)
+        r = cfg.rollout
+        # probe extension with the trainer's own student (the inline probe backend): the extender the probe
+        # workers run on their replicas, sampling like the rollouts and recording behavior logprobs
+        self.extend = ModelExtender(parts.student, self.eos, self.pad, r.temperature, r.top_p)
 
-    def roll_out(self, prompts: list[Prompt], n: int, window: int) -> Batch:
-        """``n`` samples per prompt, at most ``window`` tokens each, then right-padded rows for scoring."""
+    def roll_out(self, prompts: list[Prompt], n: int, window: int, *, evaluation: bool = False) -> Batch:
+        """``n`` samples per prompt, at most ``window`` tokens each, then right-padded rows for scoring.
+
+        ``evaluation`` samples with ``eval.temperature``/``eval.top_p`` and records no behavior logprobs.
+        """
         rep = [p for p in prompts for _ in range(n)]
         ctx = encode_prompts(self.parts.tokenizer, [p.prompt for p in rep], self.cfg.data.max_prompt_len)
-        r = self.cfg.rollout
+        s = self.cfg.eval if evaluation else self.cfg.rollout
+        record = self.cfg.loss.weights_by_behavior and not evaluation
         g = generate(self.parts.student, ctx, [window] * len(ctx), eos=self.eos, pad_id=self.pad,
-                     temperature=r.temperature, top_p=r.top_p, with_logprobs=self.cfg.loss.weights_by_behavior)
+                     temperature=s.temperature, top_p=s.top_p, with_logprobs=record)
         return Batch(rep, ctx, g.response_ids, g.finished, layout(ctx, g.response_ids, self.pad), g.logprobs)
-
-    def extend(self, contexts: list[list[int]], budgets: list[int]) -> Extension:
-        """Probe extension with the newest weights; records behavior logprobs per token."""
-        r = self.cfg.rollout
-        g = generate(self.parts.student, contexts, budgets, eos=self.eos, pad_id=self.pad,
-                     temperature=r.temperature, top_p=r.top_p, with_logprobs=True)
-        return Extension(g.response_ids, g.logprobs or [[] for _ in contexts], g.finished)
 
 
 @dataclass
@@ -96,8 +97,7 @@ def behavior_rows(batch: Batch, cfg: TrainConfig) -> torch.Tensor | None:
     if batch.behavior_logprobs is None:
         raise ValueError("loss.is_method / loss.clip_* need the rollouts' behavior logprobs: sample the batch "
                          "with Sampler.roll_out under the same config")
-    return response_values([len(p) for p in batch.prompt_ids], batch.behavior_logprobs,
-                           batch.rows.input_ids.shape[1])
+    return response_values(batch.rows, batch.behavior_logprobs)
 
 
 def optimize(student: torch.nn.Module, optimizer: torch.optim.Optimizer, scheduler: Any, batch: Batch,
