@@ -14,7 +14,7 @@ from adwin.loop.parts import build_optimizer
 from adwin.loop.step import Batch, Sampler, TeacherSignal, optimize
 from adwin.objectives.losses import token_logprobs
 from adwin.sampling.data import Prompt
-from adwin.sampling.rollout import layout
+from adwin.sampling.rollout import encode_prompts, generate, layout
 from adwin.tasks.tokenizer import build_tokenizer
 
 PROMPTS = [[1, 5, 6], [1, 7]]
@@ -86,3 +86,18 @@ def test_rollouts_record_behavior_logprobs_only_when_the_loss_weights_by_them(me
     assert (batch.behavior_logprobs is not None) == recorded
     if recorded:
         assert [len(x) for x in batch.behavior_logprobs] == [len(r) for r in batch.response_ids]
+
+
+def test_evaluation_rollouts_decode_with_the_eval_settings() -> None:
+    cfg = load_config(None, {"eval.temperature": 0.0, "data.max_prompt_len": 16})
+    tok = build_tokenizer()
+    gen = Sampler(SimpleNamespace(student=make_tiny_llama(vocab_size=max(64, len(tok)), seed=4), tokenizer=tok),  # type: ignore[arg-type]
+                  cfg)
+    prompts = [Prompt("a", "1+2="), Prompt("b", "3+4=")]
+    runs = []
+    for seed in range(2):
+        torch.manual_seed(seed)
+        runs.append(gen.roll_out(prompts, 1, 6, evaluation=True).response_ids)
+    greedy = generate(gen.parts.student, encode_prompts(tok, [p.prompt for p in prompts], 16), [6, 6], eos=gen.eos,
+                      pad_id=gen.pad, temperature=0.0).response_ids
+    assert runs[0] == runs[1] == greedy
