@@ -329,6 +329,9 @@ class TrainConfig(_Strict):
 def _asyncopd_needs_its_scheduler(cfg: TrainConfig) -> None:
     if cfg.scheduler == "asyncopd":
         return
+    if cfg.loss.name == "reverse_kl_mc":  # the sync step has no cached MC actions: it would fail at step 0
+        raise ValueError("loss.name: 'reverse_kl_mc' trains on the MC actions the AsyncOPD rollout engines "
+                         "cache; set scheduler: asyncopd (--scheduler asyncopd) or pick another loss")
     default = AsyncOPDSection()
     changed = [k for k in AsyncOPDSection.model_fields if getattr(cfg.asyncopd, k) != getattr(default, k)]
     if changed:

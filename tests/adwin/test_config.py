@@ -30,6 +30,7 @@ def test_defaults_validate():
         ({"probes.is_method": "icepop", "probes.is_low": 3.0}, "probes.is_low"),
         ({"asyncopd.queue_depth": 2}, "asyncopd.queue_depth"),
         ({"asyncopd.workers": "ray"}, "asyncopd.workers"),
+        ({"loss.name": "reverse_kl_mc"}, "scheduler: asyncopd"),
     ],
 )
 def test_invalid_config_fails_naming_the_field(override, field):
