@@ -33,7 +33,7 @@ def tiny_parts(seed: int = 0) -> Parts:
 
 def tiny_cfg(tmp: Path, **extra: object):
     ov: dict[str, object] = {
-        "steps": 5, "out_dir": str(tmp / "runs"), "name": "aopd",
+        "steps": 5, "out_dir": str(tmp / "runs"), "name": "aopd", "scheduler": "asyncopd",
         "rollout.prompts_per_step": 2, "rollout.samples_per_prompt": 2, "rollout.max_response_len": 12,
         "data.max_prompt_len": 8,
         "window.candidates": [4, 8], "probes.batch_size": 2, "probes.offers_per_step": 2,
@@ -174,6 +174,6 @@ def test_learner_pg_variant_uses_realized_tokens_without_mc_cache() -> None:
 
 
 def test_run_refuses_losses_without_an_importance_corrected_estimator(tmp_path: Path) -> None:
-    cfg = tiny_cfg(tmp_path, **{"loss.name": "forward_kl"})
+    cfg = tiny_cfg(tmp_path, **{"loss.name": "forward_kl", "scheduler": "sync"})  # the config alone would refuse it
     with pytest.raises(ValueError, match="asyncopd"):
         build_asyncopd(cfg, Controller(), parts=tiny_parts())
