@@ -9,11 +9,12 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 from pathlib import Path
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
+from adwin.objectives.importance import ISMethod
 from adwin.policies.base import WindowConfigError
 from adwin.policies.registry import PolicyName, build_policy, is_audited, parse_policy_spec
 from adwin.tasks.suite import DEFAULT_TASK, TASK_NAMES
@@ -21,6 +22,20 @@ from adwin.tasks.suite import DEFAULT_TASK, TASK_NAMES
 
 class _Strict(BaseModel):
     model_config = ConfigDict(extra="forbid", validate_assignment=True)
+
+
+# The importance-ratio treatment (adwin.objectives.importance), defined once: the training loss (loss.is_*)
+# and the probe audit (probes.is_*) each weight their own stale tokens, so each section has its own values.
+ISMethodField = Annotated[ISMethod, Field(description="old-to-current ratio treatment: none | clip | cap | icepop")]
+ISLowField = Annotated[float, Field(ge=0.0, description="lower ratio bound (clip, icepop)")]
+ISHighField = Annotated[float, Field(gt=0.0, description="upper ratio bound (clip, cap, icepop)")]
+
+
+def check_is_bounds(section: str, method: str, low: float, high: float) -> None:
+    """``importance_weights`` needs ``low <= high``: refuse at load time, naming the section's fields."""
+    if method != "none" and low > high:
+        raise ValueError(f"{section}.is_low ({low}) must be <= {section}.is_high ({high}) with "
+                         f"{section}.is_method={method!r}")
 
 
 class ModelConfig(_Strict):
@@ -120,9 +135,9 @@ class ProbeConfig(_Strict):
         "only at the full horizon (the paper: probes are unfinished prefixes) or always (the audit batch then "
         "samples all rollouts, and a window most rollouts fit into still gets audited)")
     lookahead: int = Field(4, ge=0, le=65_536, description="windowed-FIFO look-ahead over completed probes")
-    is_method: Literal["none", "clip", "cap", "icepop"] = "none"
-    is_low: float = Field(0.5, ge=0.0)
-    is_high: float = Field(2.0, gt=0.0)
+    is_method: ISMethodField = "none"
+    is_low: ISLowField = 0.5
+    is_high: ISHighField = 2.0
     is_level: Literal["token", "prefix"] = Field(
         "token", description="probe IS weight per token: its own ratio (token) or the running product (prefix)")
     ray_address: str | None = None
@@ -131,6 +146,11 @@ class ProbeConfig(_Strict):
     fault_policy: Literal["reissue", "drop"] = Field("reissue", description="probes of a failed worker round")
     max_reissues: int = Field(2, ge=0, le=1000, description="re-issues per probe before it is dropped as lost")
 
+    @model_validator(mode="after")
+    def _is_bounds(self) -> ProbeConfig:
+        check_is_bounds("probes", self.is_method, self.is_low, self.is_high)
+        return self
+
 
 class AuditConfig(_Strict):
     """How the alignment audit runs (``adwin.audit``); cost and agreement of each option in docs/benchmarks.md."""
@@ -138,7 +158,6 @@ class AuditConfig(_Strict):
     method: Literal["fast", "reference", "sketch"] = "fast"
     metric: Literal["identity", "adam"] = "identity"
     sketch_dim: int = Field(16_384, ge=1, le=1 << 24)
-    loss: Literal["reverse_kl_pg"] = "reverse_kl_pg"
     params: str = Field("all", description="'all' or 'top:N': gradients of the last N transformer blocks and "
                         "the head only (the backward stops early)")
     estimator: Literal["batch", "debiased"] = Field(
@@ -147,12 +166,23 @@ class AuditConfig(_Strict):
     ci_level: float | None = Field(None, gt=0.0, lt=1.0, description="bootstrap interval per candidate cosine; "
                                    "None = no interval (window.confidence needs one)")
     ci_samples: int = Field(200, ge=10, le=100_000, description="bootstrap resamples of the probe batch")
+    @model_validator(mode="before")
+    @classmethod
+    def _retired_loss(cls, data: Any) -> Any:
+        # run folders written before audit.loss was removed carry its one value; --resume must still load them
+        if isinstance(data, dict) and data.get("loss") == "reverse_kl_pg":
+            data = {k: v for k, v in data.items() if k != "loss"}
+        return data
+
     @model_validator(mode="after")
     def _check_params(self) -> AuditConfig:
         from adwin.audit.params import parse_audit_params
 
         parse_audit_params(self.params)  # raises naming audit.params
         return self
+
+
+BEHAVIOR_LOSSES = ("reverse_kl_pg", "reverse_kl_mc")
 
 
 class LossConfig(_Strict):
@@ -164,10 +194,11 @@ class LossConfig(_Strict):
     topk: int = Field(20, ge=1, le=1_000_000)
     clip_low: float | None = Field(None, gt=0.0, lt=1.0)
     clip_high: float | None = Field(None, gt=0.0)
-    # old-to-current importance-ratio treatment when behavior logprobs are at hand (async/stale data)
-    is_method: Literal["none", "clip", "cap", "icepop"] = "none"
-    is_low: float = Field(0.5, ge=0.0)
-    is_high: float = Field(2.0, gt=0.0)
+    # old-to-current ratio rho = p_theta / p_behavior on the sampled tokens (behavior: the logprobs recorded
+    # when the tokens were sampled); only the behavior-weighted losses use it (BEHAVIOR_LOSSES)
+    is_method: ISMethodField = "none"
+    is_low: ISLowField = 0.5
+    is_high: ISHighField = 2.0
     mc_samples: int = Field(1, ge=1, le=4096, description="m cached actions per position for reverse_kl_mc")
     iw_gamma: float = Field(0.0, ge=0.0, le=100.0, description="IW-OPD position weight 1 + gamma(1 - cum|A|/total|A|); 0 = off")
 
@@ -177,6 +208,25 @@ class LossConfig(_Strict):
             raise ValueError(f"loss.iw_gamma: IW-OPD weights need a sampled-token loss (reverse_kl_pg, k2, k3), "
                              f"got loss.name={self.name!r}")
         return self
+
+    @model_validator(mode="after")
+    def _ratio_needs_behavior_loss(self) -> LossConfig:
+        check_is_bounds("loss", self.is_method, self.is_low, self.is_high)
+        if (self.clip_low is None) != (self.clip_high is None):
+            raise ValueError("loss.clip_low and loss.clip_high: give both (the PPO clip) or neither")
+        if self.is_method != "none" and self.clip_low is not None:
+            raise ValueError(f"loss.is_method={self.is_method!r} and loss.clip_low/clip_high: use either the PPO "
+                             "clip or an is_method, not both")
+        if self.weights_by_behavior and self.name not in BEHAVIOR_LOSSES:
+            knob = "loss.is_method" if self.is_method != "none" else "loss.clip_low/clip_high"
+            raise ValueError(f"{knob}: only {BEHAVIOR_LOSSES} weight tokens by the old-to-current ratio, got "
+                             f"loss.name={self.name!r}; unset {knob} or pick one of those losses")
+        return self
+
+    @property
+    def weights_by_behavior(self) -> bool:
+        """The loss needs the behavior logprobs of the sampled tokens (an IS treatment or the PPO clip)."""
+        return self.is_method != "none" or self.clip_low is not None
 
 
 class OptimConfig(_Strict):
@@ -213,7 +263,8 @@ class LoggingConfig(_Strict):
 
 
 class AsyncOPDSection(_Strict):
-    """``scheduler: asyncopd`` knobs (AsyncOPD Appendix G); the sync scheduler ignores them."""
+    """``scheduler: asyncopd`` knobs (AsyncOPD Appendix G); the one source of them (``build_asyncopd`` reads
+    this section). A sync run refuses values other than the defaults: it would ignore them."""
 
     queue_depth: int = Field(4, ge=0, le=4096, description="tau: the feeder holds at most (tau + 1) * B permits")
     rollout_workers: int = Field(1, ge=1, le=1024)
@@ -273,7 +324,21 @@ class TrainConfig(_Strict):
         if self.scheduler == "asyncopd" and self.loss.name not in ASYNCOPD_LOSSES:
             raise ValueError(f"loss.name: scheduler 'asyncopd' trains with {ASYNCOPD_LOSSES} (old-to-current IS "
                              f"on cached behavior logprobs), got {self.loss.name!r}")
+        _asyncopd_needs_its_scheduler(self)
         return self
+
+
+def _asyncopd_needs_its_scheduler(cfg: TrainConfig) -> None:
+    if cfg.scheduler == "asyncopd":
+        return
+    if cfg.loss.name == "reverse_kl_mc":  # the sync step has no cached MC actions: it would fail at step 0
+        raise ValueError("loss.name: 'reverse_kl_mc' trains on the MC actions the AsyncOPD rollout engines "
+                         "cache; set scheduler: asyncopd (--scheduler asyncopd) or pick another loss")
+    default = AsyncOPDSection()
+    changed = [k for k in AsyncOPDSection.model_fields if getattr(cfg.asyncopd, k) != getattr(default, k)]
+    if changed:
+        raise ValueError(f"asyncopd.{changed[0]}: read only by scheduler 'asyncopd' (got scheduler "
+                         f"{cfg.scheduler!r}); drop it or set scheduler: asyncopd (--scheduler asyncopd)")
 
 
 def load_config(path: str | Path | None = None, overrides: dict[str, Any] | None = None) -> TrainConfig:

@@ -1,4 +1,5 @@
-"""An ``Extender`` over a transformers causal LM: what probe workers run on their own student replica."""
+"""The ``Extender`` over a transformers causal LM (``adwin.sampling.rollout.generate``): what probe workers run
+on their own student replica, and what the trainer's inline backend runs on its student (``Sampler.extend``)."""
 
 from __future__ import annotations
 

@@ -3,11 +3,10 @@
 Each probe keeps its tokens (prompt ids, response ids), the student version that produced each
 response token (the version tag: number of optimizer steps applied when the token was sampled) and the
 behavior log-probability of each token at sampling time. The controller decides *what* happens to probes
-(``ProbePlanOut``: how far active probes may extend, which must be force-completed); an executor does it
-and returns one ``ProbeReportIn`` per probe. The trainer uses ``adwin.probes.async_executor`` (inline,
-thread or Ray workers behind one interface, built by ``adwin.probes.executors.build_executor``), which
-applies results through ``ProbePool.apply`` and ``record_round``; ``InlineProbeExecutor`` is the minimal
-synchronous ``ProbeExecutor`` (one plan, one round, in the caller's thread).
+(``ProbePlanOut``: how far active probes may extend, which must be force-completed); the executor
+(``adwin.probes.async_executor``: inline, thread or Ray workers behind one interface, built by
+``adwin.probes.executors.build_executor``) does it, applies results through ``ProbePool.apply`` and
+``record_round`` and returns one ``ProbeReportIn`` per probe.
 
 The pool knows nothing about models: extension goes through an ``Extender`` callable, so the same pool
 serves an HF ``generate`` backend, a vLLM engine or a test double.
@@ -18,12 +17,13 @@ from __future__ import annotations
 import threading
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
-from typing import Protocol, runtime_checkable
+from typing import Protocol
 
 import torch
 
 from adwin.audit.alignment import ProbeBatch
-from adwin.controller.schemas import ProbePlanOut, ProbeReportIn
+from adwin.controller.schemas import ProbeReportIn
+from adwin.sampling.rollout import layout, response_values
 
 
 @dataclass
@@ -117,10 +117,6 @@ class ProbePool:
         with self._lock:
             return list(self._probes.values())
 
-    def staleness(self, version_now: int) -> list[int]:
-        with self._lock:
-            return [p.staleness(version_now) for p in self._probes.values()]
-
     def evict_complete_past(self, version_now: int, limit: int) -> int:
         """Drop finished probes whose staleness is past ``limit``: no audit may take them any more."""
         with self._lock:
@@ -137,7 +133,7 @@ class ProbePool:
     def apply(self, probes: Sequence[Probe], ext: Extension, version: int, *, force: bool) -> dict[str, int]:
         """Append one extension per probe (tagged ``version``); returns tokens added by probe id.
 
-        Called from one thread at a time (the trainer's, or the inline executor's); a probe that left the
+        Called from one thread at a time (the trainer's); a probe that left the
         pool meanwhile (dropped) is skipped.
         """
         added: dict[str, int] = {}
@@ -155,62 +151,16 @@ class ProbePool:
 
     def probe_batch(self, probes: Sequence[Probe], pad_id: int,
                     score: Callable[[torch.Tensor, torch.Tensor, list[str]], torch.Tensor]) -> ProbeBatch:
-        """Right-padded rows of complete probes, teacher-scored by ``score(input_ids, attention_mask, routes)``."""
+        """Right-padded rows (``layout``) of complete probes, teacher-scored by ``score(input_ids, attention_mask,
+        routes)``."""
         if not probes:
             raise ValueError("a probe batch needs at least one probe")
-        width = max(len(p.prompt_ids) + len(p.response_ids) for p in probes)
-        shape = (len(probes), width)
-        ids = torch.full(shape, pad_id, dtype=torch.long)  # (B, L)
-        attn, resp = torch.zeros(shape, dtype=torch.long), torch.zeros(shape, dtype=torch.long)  # (B, L)
-        behavior = torch.zeros(shape, dtype=torch.float32)  # (B, L)
-        versions = torch.full(shape, -1, dtype=torch.long)  # (B, L)
-        for b, p in enumerate(probes):
-            n_p, n = len(p.prompt_ids), len(p.prompt_ids) + len(p.response_ids)
-            ids[b, :n] = torch.tensor(p.prompt_ids + p.response_ids, dtype=torch.long)
-            attn[b, :n] = 1
-            resp[b, n_p:n] = 1
-            behavior[b, n_p:n] = torch.tensor(p.behavior_logprobs, dtype=torch.float32)
-            versions[b, n_p:n] = torch.tensor(p.versions, dtype=torch.long)
-        teacher = score(ids, attn, [p.route for p in probes]) * resp  # (B, L)
-        return ProbeBatch(ids, attn, resp, teacher, behavior_logprobs=behavior, versions=versions)
-
-
-@runtime_checkable
-class ProbeExecutor(Protocol):
-    def run_round(self, plan: ProbePlanOut, weights_version: int) -> RoundStats:
-        """Carry out one controller plan with weights ``weights_version``; return its reports."""
-        ...
-
-
-class InlineProbeExecutor:
-    """Runs each round synchronously in the caller's thread (the CPU default)."""
-
-    def __init__(self, pool: ProbePool, extend: Extender) -> None:
-        self.pool = pool
-        self.extend = extend
-
-    def run_round(self, plan: ProbePlanOut, weights_version: int) -> RoundStats:
-        stats = RoundStats()
-        forced = [pid for pid in plan.force_complete if pid in self.pool]
-        forced_set = set(forced)
-        active = [pid for pid in plan.active if pid in self.pool and pid not in forced_set]
-        for pid in [*plan.force_complete, *plan.active]:
-            if pid not in self.pool and not any(r.probe_id == pid for r in stats.reports):
-                stats.dropped += 1  # unknown here (e.g. lost with a restarted worker): the controller drops it
-                stats.reports.append(ProbeReportIn(probe_id=pid, step=plan.step, tokens_added=0,
-                                                   version=weights_version, dropped=True))
-        # Forced probes run to the horizon in their own call so that ordinary ones stop at extend_by.
-        self._extend(forced, None, plan.step, weights_version, stats, force=True)
-        self._extend(active, plan.extend_by, plan.step, weights_version, stats, force=False)
-        return stats
-
-    def _extend(self, ids: list[str], cap: int | None, step: int, version: int, stats: RoundStats, *, force: bool) -> None:
-        probes = [self.pool.get(pid) for pid in ids]
-        todo = [p for p in probes if not p.finished]
-        budgets = [self.pool.budget(p, cap) for p in todo]
-        ext = self.extend([p.prompt_ids + p.response_ids for p in todo], budgets) if todo else None
-        added = self.pool.apply(todo, ext, version, force=force) if ext is not None else {}
-        record_round(stats, probes, added, step, version, force=force)
+        rows = layout([p.prompt_ids for p in probes], [p.response_ids for p in probes], pad_id)
+        behavior = response_values(rows, [p.behavior_logprobs for p in probes])  # (B, L)
+        versions = response_values(rows, [p.versions for p in probes], fill=-1, dtype=torch.long)  # (B, L)
+        teacher = score(rows.input_ids, rows.attention_mask, [p.route for p in probes]) * rows.response_mask  # (B, L)
+        return ProbeBatch(rows.input_ids, rows.attention_mask, rows.response_mask, teacher,
+                          behavior_logprobs=behavior, versions=versions)
 
 
 def record_round(stats: RoundStats, probes: Sequence[Probe], added: dict[str, int], step: int, version: int,

@@ -46,6 +46,7 @@ from adwin.controller.schemas import (
     StepMetricsIn,
 )
 from adwin.objectives.losses import token_logprobs
+from adwin.sampling.rollout import generate, layout, response_values
 
 logger = logging.getLogger(__name__)
 
@@ -96,7 +97,6 @@ class WindowClient:
         self.stats = ClientStats()
         self.last_window: int | None = None
         self.last_step: int | None = None  # the batch forms at it: the controller's reads do not record it
-        self.last_decision: AuditOut | None = None
 
     # --- window -----------------------------------------------------------------------------------
 
@@ -246,7 +246,6 @@ class WindowClient:
         self.stats.audits += 1
         self.stats.audit_s += result.elapsed_s
         self.stats.last_cosines = dict(out.cosines or result.cosines)
-        self.last_decision = out
         return out
 
     def maybe_audit(self, model: torch.nn.Module, score: Score, *, pad_id: int, **audit_kwargs: Any) -> AuditOut | None:
@@ -308,31 +307,20 @@ def pack(
     pad_id: int,
     versions: Sequence[Sequence[int]] | None = None,
 ) -> ProbeBatch:
-    """Right-padded, teacher-scored ``ProbeBatch`` of prompt + response rows.
+    """Right-padded (``adwin.sampling.rollout.layout``), teacher-scored ``ProbeBatch`` of prompt + response rows.
 
     The same layout serves a training step (``input_ids``, ``response_mask``, ``teacher_logprobs``)
     and an audit. ``versions`` tags each response token with the student version that produced it.
     """
     if not prompts:
         raise ValueError("pack needs at least one row")
-    width = max(len(p) + len(r) for p, r in zip(prompts, responses, strict=True))
-    shape = (len(prompts), width)
-    ids = torch.full(shape, pad_id, dtype=torch.long)  # (B, L)
-    attn = torch.zeros(shape, dtype=torch.long)  # (B, L)
-    resp = torch.zeros(shape, dtype=torch.long)  # (B, L)
-    tags = torch.full(shape, -1, dtype=torch.long)  # (B, L)
-    for b, (p, r) in enumerate(zip(prompts, responses, strict=True)):
-        n_p, n = len(p), len(p) + len(r)
-        if n_p == 0:
-            raise ValueError("each row needs at least one prompt token (column 0 has no predictor)")
-        ids[b, :n] = torch.tensor([*p, *r], dtype=torch.long)
-        attn[b, :n] = 1
-        resp[b, n_p:n] = 1
-        if versions is not None:
-            tags[b, n_p:n] = torch.tensor(list(versions[b]), dtype=torch.long)
+    if any(len(p) == 0 for p in prompts):
+        raise ValueError("each row needs at least one prompt token (column 0 has no predictor)")
+    rows = layout(prompts, responses, pad_id)
+    tags = None if versions is None else response_values(rows, versions, fill=-1, dtype=torch.long)  # (B, L)
     with torch.no_grad():
-        teacher = score(ids, attn).float() * resp  # (B, L), 0 off the response
-    return ProbeBatch(ids, attn, resp, teacher, versions=tags if versions is not None else None)
+        teacher = score(rows.input_ids, rows.attention_mask).float() * rows.response_mask  # (B, L), 0 off the response
+    return ProbeBatch(rows.input_ids, rows.attention_mask, rows.response_mask, teacher, versions=tags)
 
 
 def build_probe_batch(probes: Sequence[HeldProbe], score: Score, *, pad_id: int) -> ProbeBatch:
@@ -363,38 +351,17 @@ def hf_extender(
     eos_ids: Iterable[int],
     generation_kwargs: dict[str, Any] | None = None,
 ) -> Extend:
-    """``Extend`` from an HF causal LM: one left-padded sampled ``generate`` call per round.
+    """``Extend`` from an HF causal LM: one ``adwin.sampling.rollout.generate`` call per round.
 
-    Every context gets ``max(budgets)`` new tokens at most; each is then cut to its own budget and
-    just after its first EOS (the EOS is kept: it is a trained token).
+    Sampling follows ``generation_kwargs`` (HF ``generate`` arguments, e.g. the host trainer's
+    ``temperature``/``top_p``/``top_k``) over ``do_sample=True`` and the model's generation config. Each
+    context is cut to its own budget and just after its first EOS (kept: it is a trained token).
     """
     eos = {int(e) for e in eos_ids}
+    sampling = {"do_sample": True, **(generation_kwargs or {})}
 
     def extend(contexts: list[list[int]], budgets: list[int]) -> tuple[list[list[int]], list[bool]]:
-        if not contexts or max(budgets) <= 0:
-            return [[] for _ in contexts], [False] * len(contexts)
-        device = next(model.parameters()).device
-        width = max(len(c) for c in contexts)
-        ids = torch.full((len(contexts), width), pad_id, dtype=torch.long)  # (B, T) left-padded
-        am = torch.zeros_like(ids)  # (B, T)
-        for b, c in enumerate(contexts):
-            ids[b, width - len(c):] = torch.tensor(c, dtype=torch.long)
-            am[b, width - len(c):] = 1
-        kwargs = {"do_sample": True, **(generation_kwargs or {})}
-        kwargs.update(max_new_tokens=max(budgets), pad_token_id=pad_id, eos_token_id=sorted(eos))
-        was_training = model.training
-        model.eval()
-        try:
-            with torch.no_grad():
-                out = model.generate(input_ids=ids.to(device), attention_mask=am.to(device), **kwargs)  # (B, T + n)
-        finally:
-            model.train(was_training)
-        tokens, finished = [], []
-        for b, budget in enumerate(budgets):
-            row = out[b, width:].tolist()[:budget]
-            cut = next((i for i, t in enumerate(row) if t in eos), None)
-            tokens.append(row if cut is None else row[: cut + 1])
-            finished.append(cut is not None)
-        return tokens, finished
+        g = generate(model, contexts, budgets, eos=eos, pad_id=pad_id, sampling=sampling)
+        return g.response_ids, g.finished
 
     return extend

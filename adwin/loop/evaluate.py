@@ -11,7 +11,6 @@ from adwin.config import TrainConfig
 from adwin.loop.parts import Parts
 from adwin.loop.step import Sampler
 from adwin.objectives.losses import token_logprobs
-from adwin.sampling.rollout import encode_prompts, generate, layout
 
 log = logging.getLogger(__name__)
 
@@ -35,12 +34,10 @@ def _evaluate(parts: Parts, cfg: TrainConfig, gen: Sampler, chunk: int) -> dict[
     correct, kl_sum, kl_tokens, lengths = [], 0.0, 0.0, []
     for i in range(0, len(problems), chunk):
         part = problems[i : i + chunk]
-        ctx = encode_prompts(parts.tokenizer, [p.prompt for p in part], cfg.data.max_prompt_len)
-        g = generate(parts.student, ctx, [cfg.rollout.max_response_len] * len(ctx), eos=gen.eos, pad_id=gen.pad,
-                     temperature=e.temperature, top_p=e.top_p)
+        g = gen.roll_out(part, 1, cfg.rollout.max_response_len, evaluation=True)
         texts = parts.tokenizer.batch_decode(g.response_ids, skip_special_tokens=True)
         correct += [parts.checker(txt, p.answer) for txt, p in zip(texts, part, strict=True) if p.answer is not None]
-        rows = layout(ctx, g.response_ids, gen.pad)
+        rows = g.rows
         dev = next(parts.student.parameters()).device
         logits = parts.student(input_ids=rows.input_ids.to(dev), attention_mask=rows.attention_mask.to(dev)).logits
         s_lp = token_logprobs(logits, rows.input_ids.to(dev)).cpu()  # (b, L)

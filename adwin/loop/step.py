@@ -13,12 +13,12 @@ from adwin.config import TrainConfig
 from adwin.controller.schemas import WindowOut
 from adwin.loop.parts import Parts
 from adwin.objectives.losses import opd_loss, token_logprobs
-from adwin.probes.pool import Extension
+from adwin.probes.extender import ModelExtender
 from adwin.runtime.guards import is_finite
 from adwin.sampling.data import (
     Prompt,
 )
-from adwin.sampling.rollout import Rows, encode_prompts, eos_ids, generate, layout, pad_id_of
+from adwin.sampling.rollout import Rows, encode_prompts, eos_ids, generate, layout, pad_id_of, response_values
 from adwin.sampling.teacher import Teachers
 
 log = logging.getLogger(__name__)
@@ -32,32 +32,37 @@ class Batch:
     response_ids: list[list[int]]
     finished: list[bool]
     rows: Rows
+    # log p(token) under the sampling weights, one per response token; recorded only when the loss weights
+    # tokens by the old-to-current ratio (loss.is_method, the PPO clip): generation and training forward
+    # differ numerically (kernels, padding, dtype), which those treatments correct
+    behavior_logprobs: list[list[float]] | None = None
 
 
 
 class Sampler:
-    """Student sampling for rollouts, probe extension and evaluation (transformers ``generate``)."""
+    """Student sampling for rollouts, evaluation and probe extension: all of it through ``generate``."""
 
     def __init__(self, parts: Parts, cfg: TrainConfig) -> None:
         self.parts, self.cfg = parts, cfg
         self.eos = eos_ids(parts.student, parts.tokenizer)
         self.pad = pad_id_of(parts.tokenizer, self.eos)
+        r = cfg.rollout
+        # probe extension with the trainer's own student (the inline probe backend): the extender the probe
+        # workers run on their replicas, sampling like the rollouts and recording behavior logprobs
+        self.extend = ModelExtender(parts.student, self.eos, self.pad, r.temperature, r.top_p)
 
-    def roll_out(self, prompts: list[Prompt], n: int, window: int) -> Batch:
-        """``n`` samples per prompt, at most ``window`` tokens each, then right-padded rows for scoring."""
+    def roll_out(self, prompts: list[Prompt], n: int, window: int, *, evaluation: bool = False) -> Batch:
+        """``n`` samples per prompt, at most ``window`` tokens each, then right-padded rows for scoring.
+
+        ``evaluation`` samples with ``eval.temperature``/``eval.top_p`` and records no behavior logprobs.
+        """
         rep = [p for p in prompts for _ in range(n)]
         ctx = encode_prompts(self.parts.tokenizer, [p.prompt for p in rep], self.cfg.data.max_prompt_len)
-        r = self.cfg.rollout
+        s = self.cfg.eval if evaluation else self.cfg.rollout
+        record = self.cfg.loss.weights_by_behavior and not evaluation
         g = generate(self.parts.student, ctx, [window] * len(ctx), eos=self.eos, pad_id=self.pad,
-                     temperature=r.temperature, top_p=r.top_p)
-        return Batch(rep, ctx, g.response_ids, g.finished, layout(ctx, g.response_ids, self.pad))
-
-    def extend(self, contexts: list[list[int]], budgets: list[int]) -> Extension:
-        """Probe extension with the newest weights; records behavior logprobs per token."""
-        r = self.cfg.rollout
-        g = generate(self.parts.student, contexts, budgets, eos=self.eos, pad_id=self.pad,
-                     temperature=r.temperature, top_p=r.top_p, with_logprobs=True)
-        return Extension(g.response_ids, g.logprobs or [[] for _ in contexts], g.finished)
+                     temperature=s.temperature, top_p=s.top_p, with_logprobs=record)
+        return Batch(rep, ctx, g.response_ids, g.finished, layout(ctx, g.response_ids, self.pad), g.logprobs)
 
 
 @dataclass
@@ -82,6 +87,19 @@ def score_teacher(teachers: Teachers, batch: Batch, cfg: TrainConfig) -> Teacher
     return signal
 
 
+RATIO_METRICS = ("loss/iw_weight_mean", "loss/clip_frac", "loss/logprob_abs_diff")
+
+
+def behavior_rows(batch: Batch, cfg: TrainConfig) -> torch.Tensor | None:
+    """(B, L) behavior logprobs on the response columns when the loss weights by them, else None."""
+    if not cfg.loss.weights_by_behavior:
+        return None
+    if batch.behavior_logprobs is None:
+        raise ValueError("loss.is_method / loss.clip_* need the rollouts' behavior logprobs: sample the batch "
+                         "with Sampler.roll_out under the same config")
+    return response_values(batch.rows, batch.behavior_logprobs)
+
+
 def optimize(student: torch.nn.Module, optimizer: torch.optim.Optimizer, scheduler: Any, batch: Batch,
              teacher: TeacherSignal, cfg: TrainConfig, window: int) -> tuple[dict[str, float], torch.Tensor]:
     """One AdamW step on the OPD loss over the first ``window`` response tokens.
@@ -91,6 +109,7 @@ def optimize(student: torch.nn.Module, optimizer: torch.optim.Optimizer, schedul
     """
     rows, lc = batch.rows, cfg.loss
     device = next(student.parameters()).device
+    behavior = behavior_rows(batch, cfg)
     optimizer.zero_grad(set_to_none=True)
     logits = student(input_ids=rows.input_ids.to(device), attention_mask=rows.attention_mask.to(device)).logits
     loss, lm = opd_loss(
@@ -100,7 +119,8 @@ def optimize(student: torch.nn.Module, optimizer: torch.optim.Optimizer, schedul
         teacher_topk_ids=None if teacher.topk_ids is None else teacher.topk_ids.to(device),
         teacher_topk_logprobs=None if teacher.topk_logprobs is None else teacher.topk_logprobs.to(device),
         window=window, aggregation=lc.aggregation, beta=lc.jsd_beta, clip_low=lc.clip_low, clip_high=lc.clip_high,
-        iw_gamma=lc.iw_gamma,
+        iw_gamma=lc.iw_gamma, behavior_logprobs=None if behavior is None else behavior.to(device),
+        is_method=lc.is_method, is_low=lc.is_low, is_high=lc.is_high,
     )
     loss.backward()
     clip = cfg.optim.grad_clip if cfg.optim.grad_clip > 0 else float("inf")
@@ -115,11 +135,11 @@ def optimize(student: torch.nn.Module, optimizer: torch.optim.Optimizer, schedul
     with warnings.catch_warnings():  # torch warns when a skipped first step leaves optimizer.step() uncalled
         warnings.filterwarnings("ignore", message=r"Detected call of `lr_scheduler\.step\(\)`")
         scheduler.step()  # the LR schedule follows loop steps, skipped or not
-    behavior = token_logprobs(logits.detach(), rows.input_ids.to(device)).cpu()  # (B, L)
+    current = token_logprobs(logits.detach(), rows.input_ids.to(device)).cpu()  # (B, L)
     metrics = {"loss/total": float(loss.detach()), "loss/teacher_kl": lm.get("loss/teacher_kl", float("nan")),
                "loss/tokens": lm["loss/tokens"], "optim/grad_norm": float(grad_norm), "optim/skipped": float(skip)}
-    metrics |= {k: v for k, v in lm.items() if k == "loss/iw_weight_mean"}  # IW-OPD runs only
-    return metrics, behavior
+    metrics |= {k: v for k, v in lm.items() if k in RATIO_METRICS or k.startswith("loss/is_")}  # when configured
+    return metrics, current
 
 
 

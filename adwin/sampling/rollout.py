@@ -8,8 +8,9 @@ response token). A sample is *finished* when it emitted EOS within its budget, e
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 
@@ -84,19 +85,43 @@ def left_pad(seqs: Sequence[Sequence[int]], pad_id: int, device: torch.device | 
     return ids.to(device), mask.to(device)
 
 
-def layout(prompts: Sequence[Sequence[int]], responses: Sequence[Sequence[int]], pad_id: int) -> Rows:
-    """Right-padded rows ``prompt + response`` with a response mask; every row holds at least one token."""
+def layout(prompts: Sequence[Sequence[int]], responses: Sequence[Sequence[int]], pad_id: int, *,
+           width: int | None = None) -> Rows:
+    """Right-padded rows ``prompt + response`` with a response mask; every row holds at least one token.
+
+    The one row layout of the project: rollouts, probe batches, adapter batches. ``width`` widens the rows
+    to a fixed length (never narrows them); ``response_values`` lays per-token values on the same columns.
+    """
     lengths = [len(p) + len(r) for p, r in zip(prompts, responses, strict=True)]
-    width = max(max(lengths), 1)
-    ids = torch.full((len(prompts), width), pad_id, dtype=torch.long)
-    attn = torch.zeros_like(ids)
-    resp = torch.zeros_like(ids)
+    width = max(max(lengths), 1, width or 0)
+    ids = torch.full((len(prompts), width), pad_id, dtype=torch.long)  # (B, L)
+    attn = torch.zeros_like(ids)  # (B, L)
+    resp = torch.zeros_like(ids)  # (B, L)
     for b, (p, r) in enumerate(zip(prompts, responses, strict=True)):
         row = list(p) + list(r)
         ids[b, : len(row)] = torch.tensor(row, dtype=torch.long)
         attn[b, : len(row)] = 1
         resp[b, len(p) : len(row)] = 1
     return Rows(ids, attn, resp)
+
+
+def response_values(rows: Rows, values: Sequence[Sequence[Any]], *, fill: float = 0.0,
+                    dtype: torch.dtype = torch.float32, trailing: tuple[int, ...] = ()) -> torch.Tensor:
+    """(B, L, *trailing) tensor of per-response-token values on the response columns of ``rows``.
+
+    ``values[b][j]`` concerns response token ``j`` of row ``b`` (behavior logprobs, version tags, teacher
+    logprobs; with ``trailing=(m,)`` one list of ``m`` per token), one entry per response token; ``fill``
+    everywhere else.
+    """
+    n_resp = rows.response_mask.sum(dim=1).tolist()  # (B,)
+    n_prompt = (rows.attention_mask.sum(dim=1) - rows.response_mask.sum(dim=1)).tolist()  # (B,)
+    out = torch.full((*rows.input_ids.shape, *trailing), fill, dtype=dtype)
+    for b, (n_p, n_r, vals) in enumerate(zip(n_prompt, n_resp, values, strict=True)):
+        if len(vals) != n_r:
+            raise ValueError(f"row {b}: {len(vals)} values for {n_r} response tokens")
+        if n_r:
+            out[b, n_p : n_p + n_r] = torch.tensor(vals, dtype=dtype)
+    return out
 
 
 @torch.no_grad()
@@ -110,11 +135,19 @@ def generate(
     temperature: float = 1.0,
     top_p: float = 1.0,
     with_logprobs: bool = False,
+    sampling: Mapping[str, Any] | None = None,
 ) -> Generation:
     """Continue each context by at most ``budgets[b]`` tokens (batched ``generate``, left-padded).
 
-    ``temperature == 0`` decodes greedily. Rows are cut at their first EOS (kept) or their budget.
+    The one student generator: rollouts, evaluation, probe extension (``adwin.probes.extender``) and the
+    generic adapter's ``hf_extender`` all call it. ``temperature == 0`` decodes greedily; ``top_k`` is off
+    so ``temperature``/``top_p`` alone define the sampling distribution. ``sampling`` replaces those with
+    HF ``generate`` arguments taken verbatim (an adapter following its host trainer's settings). Rows are
+    cut at their first EOS (kept) or their budget. The model samples in eval mode (no dropout: tokens come
+    from the policy the loss and the audit evaluate) and gets its previous mode back.
     """
+    if sampling is not None and (temperature != 1.0 or top_p != 1.0):
+        raise ValueError("give temperature/top_p or sampling (HF generate arguments), not both")
     n = len(contexts)
     if n == 0:
         return Generation([], [], [] if with_logprobs else None)
@@ -122,26 +155,26 @@ def generate(
     if max_new <= 0:
         return Generation([[] for _ in range(n)], [False] * n, [[] for _ in range(n)] if with_logprobs else None)
     device = next(model.parameters()).device
-    ids, mask = left_pad(contexts, pad_id, device)
-    sampling = {"do_sample": True, "temperature": temperature, "top_p": top_p, "top_k": 0} if temperature > 0 else {
-        "do_sample": False
-    }
-    out = model.generate(  # type: ignore[operator]
-        input_ids=ids,
-        attention_mask=mask,
-        max_new_tokens=max_new,
-        pad_token_id=pad_id,
-        eos_token_id=sorted(eos),
-        return_dict_in_generate=True,
-        output_logits=with_logprobs,
-        **sampling,
-    )
+    ids, mask = left_pad(contexts, pad_id, device)  # (B, T)
+    if sampling is None:
+        sampling = {"do_sample": True, "temperature": temperature, "top_p": top_p, "top_k": 0} if temperature > 0 \
+            else {"do_sample": False}
+    was_training = model.training
+    model.eval()
+    try:
+        out = model.generate(  # type: ignore[operator]
+            input_ids=ids, attention_mask=mask,
+            **{**sampling, "max_new_tokens": max_new, "pad_token_id": pad_id, "eos_token_id": sorted(eos),
+               "return_dict_in_generate": True, "output_logits": with_logprobs},
+        )
+    finally:
+        model.train(was_training)
     new = out.sequences[:, ids.shape[1] :].tolist()  # (B, n_new)
     step_lp = None
     if with_logprobs and out.logits:
         logits = torch.stack(out.logits, dim=1).float()  # (B, n_new, V)
         step_lp = torch.log_softmax(logits, dim=-1).gather(-1, out.sequences[:, ids.shape[1] :, None]).squeeze(-1)
-        step_lp = step_lp.tolist()
+        step_lp = step_lp.tolist()  # (B, n_new)
     responses, finished, logprobs = [], [], []
     for b in range(n):
         row = new[b][: max(budgets[b], 0)]

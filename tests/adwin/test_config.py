@@ -22,6 +22,15 @@ def test_defaults_validate():
         ({"window.candidates": [64, 100000]}, "max_len"),
         ({"optim.lr": 0}, "lr"),
         ({"rollout.typo_field": 1}, "typo_field"),
+        ({"loss.name": "k3", "loss.is_method": "icepop"}, "loss.is_method"),
+        ({"loss.name": "forward_kl", "loss.clip_low": 0.2, "loss.clip_high": 0.2}, "loss.clip_low"),
+        ({"loss.clip_low": 0.2}, "loss.clip_high"),
+        ({"loss.is_method": "clip", "loss.clip_low": 0.2, "loss.clip_high": 0.2}, "not both"),
+        ({"loss.is_method": "clip", "loss.is_low": 3.0}, "loss.is_low"),
+        ({"probes.is_method": "icepop", "probes.is_low": 3.0}, "probes.is_low"),
+        ({"asyncopd.queue_depth": 2}, "asyncopd.queue_depth"),
+        ({"asyncopd.workers": "ray"}, "asyncopd.workers"),
+        ({"loss.name": "reverse_kl_mc"}, "scheduler: asyncopd"),
     ],
 )
 def test_invalid_config_fails_naming_the_field(override, field):
@@ -62,3 +71,9 @@ def test_every_window_policy_spec_loads_on_the_default_preset(spec: str) -> None
     assert cfg.window.policy == spec.split(":")[0] and cfg.window.confidence == is_audited(cfg.window.policy)
     with pytest.raises(ValidationError, match="window.confidence"):  # set by hand on a non-audited policy: refused
         load_config("configs/default.yaml", {"window.policy": "full", "window.confidence": True})
+
+def test_asyncopd_knobs_load_under_their_scheduler_and_a_sync_run_reloads_its_own_dump() -> None:
+    cfg = load_config(None, {"scheduler": "asyncopd", "asyncopd.queue_depth": 2})
+    assert cfg.asyncopd.queue_depth == 2
+    sync = TrainConfig()
+    assert TrainConfig.model_validate(sync.model_dump(mode="json")) == sync  # --resume reads config.json back

@@ -1,5 +1,6 @@
-"""The inline probe pool against the real controller: version tags, forced completion at S,
-submission-order batches. Extension goes through a scripted extender (the pool is model-agnostic)."""
+"""The probe pool against the real controller, driven by the executor the trainer runs
+(``AsyncProbeExecutor`` with an inline worker): version tags, forced completion at S, submission-order
+batches. Extension goes through a scripted extender (the pool is model-agnostic)."""
 
 from __future__ import annotations
 
@@ -7,8 +8,10 @@ import pytest
 import torch
 
 from adwin.controller import Controller
-from adwin.controller.schemas import OfferIn, PolicyIn, ProbeOfferItem, ProbePlanOut, RunIn
-from adwin.probes.pool import Extension, InlineProbeExecutor, Probe, ProbeExecutor, ProbePool
+from adwin.controller.schemas import OfferIn, PolicyIn, ProbeOfferItem, RunIn
+from adwin.probes.async_executor import AdvanceStats, AsyncProbeExecutor
+from adwin.probes.pool import Extension, Probe, ProbePool
+from adwin.probes.workers import InlineWorker
 
 EOS = 2
 MAX_LEN = 12
@@ -47,27 +50,24 @@ def _offer(ctl: Controller, run_id: str, pool: ProbePool, step: int, ids: list[s
         pool.add(Probe(i, [tok, 5], [9, 9], [step, step], [-0.1, -0.2], "default", submitted_step=step))
 
 
-def _round(ctl: Controller, run_id: str, ex: InlineProbeExecutor, version: int) -> ProbePlanOut:
-    plan = ctl.probe_plan(run_id, version)
-    stats = ex.run_round(plan, version)
-    for r in stats.reports:
-        ctl.report_probe(run_id, r)
-    return plan
+def _executor(pool: ProbePool, extender: ScriptedExtender) -> AsyncProbeExecutor:
+    return AsyncProbeExecutor(pool, lambda: InlineWorker(extender))
 
 
-def test_inline_executor_implements_the_protocol() -> None:
-    assert isinstance(InlineProbeExecutor(ProbePool(4), ScriptedExtender()), ProbeExecutor)
+def _round(ctl: Controller, run_id: str, ex: AsyncProbeExecutor, version: int) -> AdvanceStats:
+    """One step's probe round at ``version`` (plan, extension, reports), as the trainer runs it."""
+    return ex.advance(ctl, run_id, version)
 
 
 def test_version_tags_record_the_weights_of_every_round() -> None:
     ctl, run_id = _setup(s=5)
     pool = ProbePool(MAX_LEN)
-    ex = InlineProbeExecutor(pool, ScriptedExtender())
+    ex = _executor(pool, ScriptedExtender())
     _offer(ctl, run_id, pool, 0, ["a"], [1])
-    plan1 = _round(ctl, run_id, ex, 1)
+    _round(ctl, run_id, ex, 1)
     _round(ctl, run_id, ex, 2)
     probe = pool.get("a")
-    w = plan1.extend_by
+    w = ctl.get_window(run_id, 1).window
     assert w == 4  # ADWIN starts at the largest candidate; a round extends by at most the window
     assert probe.versions == [0, 0] + [1] * w + [2] * w
     assert probe.behavior_logprobs == [-0.1, -0.2] + [-1.0] * (2 * w)
@@ -78,15 +78,14 @@ def test_probe_reaching_staleness_s_is_force_completed_to_the_horizon() -> None:
     s = 3
     ctl, run_id = _setup(s=s, p=1)
     pool = ProbePool(MAX_LEN)
-    ex = InlineProbeExecutor(pool, ScriptedExtender())
+    ex = _executor(pool, ScriptedExtender())
     _offer(ctl, run_id, pool, 0, ["a"], [1])
     for version in range(1, s):
-        plan = _round(ctl, run_id, ex, version)
-        assert plan.force_complete == []
+        assert _round(ctl, run_id, ex, version).forced == 0
     assert not pool.get("a").finished
-    plan = _round(ctl, run_id, ex, s)
+    stats = _round(ctl, run_id, ex, s)
     probe = pool.get("a")
-    assert plan.force_complete == ["a"]
+    assert stats.forced == 1 and [r.probe_id for r in stats.reports if r.forced] == ["a"]
     assert probe.finished and probe.forced and len(probe.response_ids) == MAX_LEN
     assert probe.staleness(s) == s  # consumed at the limit, never beyond
     batch = ctl.next_probe_batch(run_id)
@@ -96,7 +95,7 @@ def test_probe_reaching_staleness_s_is_force_completed_to_the_horizon() -> None:
 def test_batches_follow_submission_order_even_when_later_probes_finish_first() -> None:
     ctl, run_id = _setup(p=2, s=4, lookahead=0)
     pool = ProbePool(MAX_LEN)
-    ex = InlineProbeExecutor(pool, ScriptedExtender(eos_for={3}))
+    ex = _executor(pool, ScriptedExtender(eos_for={3}))
     _offer(ctl, run_id, pool, 0, ["a", "b"], [1, 1])  # long probes, submitted first
     _offer(ctl, run_id, pool, 1, ["c", "d"], [3, 3])  # emit EOS in their first round
     _round(ctl, run_id, ex, 1)
@@ -119,10 +118,13 @@ def test_batches_follow_submission_order_even_when_later_probes_finish_first() -
 
 
 def test_unknown_probe_in_plan_is_reported_dropped() -> None:
+    ctl, run_id = _setup()
     pool = ProbePool(MAX_LEN)
-    ex = InlineProbeExecutor(pool, ScriptedExtender())
-    stats = ex.run_round(ProbePlanOut(step=1, extend_by=4, active=["ghost"], force_complete=[]), 1)
-    assert [(r.probe_id, r.dropped) for r in stats.reports] == [("ghost", True)]
+    accepted = ctl.offer_probes(run_id, OfferIn(step=0, offers=[
+        ProbeOfferItem(sample_id="ghost", prompt_id="p", response_len=2, version=0)])).accepted
+    assert accepted == ["ghost"]  # the controller holds it, this pool never did (e.g. a restarted trainer)
+    stats = _round(ctl, run_id, _executor(pool, ScriptedExtender()), 1)
+    assert [(r.probe_id, r.dropped) for r in stats.reports] == [("ghost", True)] and stats.dropped == 1
 
 
 def test_pool_rejects_untagged_tokens_and_duplicates() -> None:

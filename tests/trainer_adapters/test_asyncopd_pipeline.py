@@ -9,7 +9,7 @@ import pytest
 import torch
 from tiny_models import make_tiny_llama
 
-from adwin.config import load_config
+from adwin.config import AsyncOPDSection, load_config
 from adwin.controller import Controller
 from adwin.loop.parts import Parts
 from adwin.objectives.losses import opd_loss
@@ -18,7 +18,7 @@ from adwin.sampling.teacher import Teachers
 from adwin.tasks.tokenizer import build_tokenizer
 from adwin.trainer_adapters.asyncopd.hf import HFLearner, HFRolloutEngine, HFTeacherScorer
 from adwin.trainer_adapters.asyncopd.items import StreamItem, TokenOut
-from adwin.trainer_adapters.asyncopd.run import AsyncOPDOptions, build_asyncopd, run_asyncopd
+from adwin.trainer_adapters.asyncopd.run import build_asyncopd, run_asyncopd
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -33,7 +33,7 @@ def tiny_parts(seed: int = 0) -> Parts:
 
 def tiny_cfg(tmp: Path, **extra: object):
     ov: dict[str, object] = {
-        "steps": 5, "out_dir": str(tmp / "runs"), "name": "aopd",
+        "steps": 5, "out_dir": str(tmp / "runs"), "name": "aopd", "scheduler": "asyncopd",
         "rollout.prompts_per_step": 2, "rollout.samples_per_prompt": 2, "rollout.max_response_len": 12,
         "data.max_prompt_len": 8,
         "window.candidates": [4, 8], "probes.batch_size": 2, "probes.offers_per_step": 2,
@@ -69,7 +69,7 @@ def test_asyncopd_run_bounds_permits_keeps_prefixes_and_audits_probes(tmp_path: 
     parts = tiny_parts()
     KeepModeProbe.snapshots = {0: {k: v.detach().clone() for k, v in parts.student.state_dict().items()}}
     ctrl = Controller()
-    opts = AsyncOPDOptions(queue_depth=1, rollout_workers=2, worker_batch=8, teacher_batch=8, wait_timeout_s=60,
+    opts = AsyncOPDSection(queue_depth=1, rollout_workers=2, worker_batch=8, teacher_batch=8, wait_timeout_s=60,
                            throughput_warmup=2)
     built = build_asyncopd(cfg, ctrl, parts=parts, options=opts, engine_cls=KeepModeProbe)
     out = run_asyncopd(cfg, ctrl, built=built)
@@ -174,6 +174,6 @@ def test_learner_pg_variant_uses_realized_tokens_without_mc_cache() -> None:
 
 
 def test_run_refuses_losses_without_an_importance_corrected_estimator(tmp_path: Path) -> None:
-    cfg = tiny_cfg(tmp_path, **{"loss.name": "forward_kl"})
+    cfg = tiny_cfg(tmp_path, **{"loss.name": "forward_kl", "scheduler": "sync"})  # the config alone would refuse it
     with pytest.raises(ValueError, match="asyncopd"):
         build_asyncopd(cfg, Controller(), parts=tiny_parts())

@@ -8,8 +8,9 @@ import pytest
 import torch
 from test_asyncopd_pipeline import tiny_cfg, tiny_parts
 
+from adwin.config import AsyncOPDSection
 from adwin.controller import Controller
-from adwin.trainer_adapters.asyncopd.run import AsyncOPDOptions, build_asyncopd, run_asyncopd
+from adwin.trainer_adapters.asyncopd.run import build_asyncopd, run_asyncopd
 
 ray = pytest.importorskip("ray", reason="Ray is an optional extra: pip install 'adwin[ray]'")
 pytestmark = pytest.mark.timeout(240)
@@ -22,7 +23,7 @@ def test_ray_actor_engines_take_every_sync_and_keep_the_permit_bound(tmp_path: P
     try:
         cfg = tiny_cfg(tmp_path, steps=3)
         parts = tiny_parts()
-        opts = AsyncOPDOptions(queue_depth=1, rollout_workers=2, worker_batch=8, teacher_batch=8,
+        opts = AsyncOPDSection(queue_depth=1, rollout_workers=2, worker_batch=8, teacher_batch=8,
                                wait_timeout_s=90, throughput_warmup=1, workers="ray")
         built = build_asyncopd(cfg, Controller(), parts=parts, options=opts)
         seen: list[tuple[int, float, list[tuple[int, float]]]] = []

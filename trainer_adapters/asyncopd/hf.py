@@ -30,7 +30,7 @@ from adwin.audit.alignment import ProbeBatch, audit
 from adwin.backends.logprob_gap import logprob_gap
 from adwin.controller.schemas import AuditIn
 from adwin.objectives.losses import action_logprobs, opd_loss, token_logprobs
-from adwin.sampling.rollout import Rows, layout, left_pad
+from adwin.sampling.rollout import Rows, layout, left_pad, response_values
 from adwin.sampling.teacher import Teachers
 from adwin.trainer_adapters.asyncopd.items import StreamItem, TokenOut
 from adwin.trainer_adapters.hooks import Auditor, StampedItem
@@ -38,38 +38,24 @@ from adwin.trainer_adapters.hooks import Auditor, StampedItem
 
 def _rows(items: Sequence[StreamItem], pad_id: int, width: int | None) -> Rows:
     """Right-padded prompt+response rows, widened to ``width`` when given (B, L)."""
-    rows = layout([it.prompt_ids for it in items], [it.tokens for it in items], pad_id)
-    if width is None or rows.input_ids.shape[1] >= width:
-        return rows
-    extra = width - rows.input_ids.shape[1]
-    pad = torch.nn.functional.pad
-    return Rows(pad(rows.input_ids, (0, extra), value=pad_id), pad(rows.attention_mask, (0, extra)),
-                pad(rows.response_mask, (0, extra)))
+    return layout([it.prompt_ids for it in items], [it.tokens for it in items], pad_id, width=width)
 
 
-def _per_action(items: Sequence[StreamItem], width: int, field: str, fill: float) -> torch.Tensor:
+def _per_action(items: Sequence[StreamItem], rows: Rows, field: str, fill: float) -> torch.Tensor:
     """(B, L, m) tensor of a per-token, per-action list field, aligned with ``input_ids``."""
     m = max((len(it.mc_actions[0]) for it in items if it.mc_actions), default=1)
     dtype = torch.long if field == "mc_actions" else torch.float32
-    out = torch.full((len(items), width, m), fill, dtype=dtype)
-    for b, it in enumerate(items):
-        vals = getattr(it, field)
-        if vals:
-            n_p = len(it.prompt_ids)
-            out[b, n_p : n_p + len(vals)] = torch.tensor(vals, dtype=dtype)
-    return out
+    # an item without cached actions (m = 0, or a probe) keeps ``fill`` on its response columns
+    vals = [getattr(it, field) or [[fill] * m] * it.response_len for it in items]
+    return response_values(rows, vals, fill=fill, dtype=dtype, trailing=(m,))
 
 
-def _per_token(items: Sequence[StreamItem], width: int, field: str) -> torch.Tensor:
+def _per_token(items: Sequence[StreamItem], rows: Rows, field: str) -> torch.Tensor:
     """(B, L) tensor of a per-token list field (behavior or teacher logprobs), aligned with ``input_ids``."""
-    out = torch.zeros((len(items), width))
-    for b, it in enumerate(items):
-        vals = getattr(it, field)
-        if vals is None:
-            raise ValueError(f"item {it.request_id} has no {field}")
-        n_p = len(it.prompt_ids)
-        out[b, n_p : n_p + len(vals)] = torch.tensor(vals, dtype=torch.float32)
-    return out
+    missing = next((it.request_id for it in items if getattr(it, field) is None), None)
+    if missing is not None:
+        raise ValueError(f"item {missing} has no {field}")
+    return response_values(rows, [getattr(it, field) for it in items])
 
 
 class HFRolloutEngine:
@@ -120,7 +106,7 @@ class HFTeacherScorer:
         realized = token_logprobs(logits, rows.input_ids)  # (B, L)
         mc = None
         if any(it.mc_actions for it in items):
-            acts = _per_action(items, rows.input_ids.shape[1], "mc_actions", -1)  # (B, L, m)
+            acts = _per_action(items, rows, "mc_actions", -1)  # (B, L, m)
             mc = action_logprobs(logits, acts)  # (B, L, m)
         for b, it in enumerate(items):
             n_p, n = len(it.prompt_ids), it.response_len
@@ -160,12 +146,12 @@ class HFLearner:
         L = rows.input_ids.shape[1]
         self.shapes.append((len(items), L))
         if mc:
-            actions = _per_action(items, L, "mc_actions", -1)  # (B, L, m)
-            behavior = _per_action(items, L, "mc_logprobs", 0.0)  # (B, L, m)
-            teacher = _per_action(items, L, "teacher_mc_logprobs", 0.0)  # (B, L, m)
+            actions = _per_action(items, rows, "mc_actions", -1)  # (B, L, m)
+            behavior = _per_action(items, rows, "mc_logprobs", 0.0)  # (B, L, m)
+            teacher = _per_action(items, rows, "teacher_mc_logprobs", 0.0)  # (B, L, m)
         else:
             actions = None
-            behavior, teacher = _per_token(items, L, "logprobs"), _per_token(items, L, "teacher_logprobs")  # (B, L)
+            behavior, teacher = _per_token(items, rows, "logprobs"), _per_token(items, rows, "teacher_logprobs")  # (B, L)
         device = next(self.student.parameters()).device
         self.student.train()
         self.optimizer.zero_grad(set_to_none=True)
@@ -186,7 +172,7 @@ class HFLearner:
         out |= {k: float(v) for k, v in lm.items() if k != "loss/value"}
         # |log p_theta - log p_behavior| of the realized tokens: staleness plus any rollout-engine mismatch
         train_lp = token_logprobs(logits.detach(), ids).cpu()  # (B, L)
-        out |= logprob_gap(train_lp, _per_token(items, L, "logprobs"), rows.response_mask)
+        out |= logprob_gap(train_lp, _per_token(items, rows, "logprobs"), rows.response_mask)
         return out
 
     def weights(self) -> dict[str, torch.Tensor]:
@@ -198,16 +184,12 @@ def probe_batch(items: Sequence[StampedItem], pad_id: int) -> ProbeBatch:
     """Right-padded rows of completed probes with their teacher/behavior logprobs and version tags."""
     its: list[StreamItem] = list(items)  # type: ignore[arg-type]
     rows = _rows(its, pad_id, None)
-    shape = tuple(rows.input_ids.shape)
-    teacher, behavior = torch.zeros(shape), torch.zeros(shape)  # (B, L)
-    versions = torch.full(shape, -1, dtype=torch.long)  # (B, L)
-    for b, it in enumerate(its):
-        if it.teacher_logprobs is None:
-            raise ValueError(f"probe {it.request_id} reached the audit unscored")
-        n_p, n = len(it.prompt_ids), it.response_len
-        teacher[b, n_p : n_p + n] = torch.tensor(it.teacher_logprobs)
-        behavior[b, n_p : n_p + n] = torch.tensor(it.logprobs)
-        versions[b, n_p : n_p + n] = torch.tensor(it.token_versions)
+    unscored = next((it.request_id for it in its if it.teacher_logprobs is None), None)
+    if unscored is not None:
+        raise ValueError(f"probe {unscored} reached the audit unscored")
+    teacher = _per_token(its, rows, "teacher_logprobs")  # (B, L)
+    behavior = _per_token(its, rows, "logprobs")  # (B, L)
+    versions = response_values(rows, [it.token_versions for it in its], fill=-1, dtype=torch.long)  # (B, L)
     return ProbeBatch(rows.input_ids, rows.attention_mask, rows.response_mask, teacher,
                       behavior_logprobs=behavior, versions=versions)
 

@@ -7,8 +7,8 @@ student (``HFRolloutEngine``); the teacher stage; the MC reverse-KL learner on t
 the ``adwin`` policy). B = ``rollout.prompts_per_step * rollout.samples_per_prompt`` samples per update,
 m = ``loss.mc_samples`` cached actions per position.
 
-Scheduler options come from the ``options`` argument when given, else from the config's ``asyncopd``
-section (defaults: paper's queue depth tau = 4). ``asyncopd.workers: ray`` runs each rollout worker's
+Scheduler options are the config's ``asyncopd`` section (``AsyncOPDSection``; defaults: the paper's queue
+depth tau = 4), or the ``options`` argument when given (another ``AsyncOPDSection``). ``asyncopd.workers: ray`` runs each rollout worker's
 engine in a Ray actor (``ray_engine``); the scheduler's worker threads stay on the driver.
 """
 
@@ -20,11 +20,11 @@ import logging
 import threading
 import time
 from collections.abc import Callable
-from dataclasses import asdict, dataclass, fields
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from adwin.config import TrainConfig
+from adwin.config import AsyncOPDSection, TrainConfig
 from adwin.controller.api import ControllerAPI
 from adwin.loop.parts import Parts, build_optimizer, load_parts, open_loggers, run_spec, seed_everything
 from adwin.policies.registry import is_audited
@@ -41,30 +41,6 @@ from adwin.trainer_adapters.asyncopd.scheduler import AsyncOPDScheduler, Schedul
 from adwin.trainer_adapters.hooks import ControllerWindowHooks
 
 log = logging.getLogger(__name__)
-
-
-@dataclass
-class AsyncOPDOptions:
-    """Scheduler knobs; the field names are what a ``cfg.asyncopd`` config section would hold."""
-
-    queue_depth: int = 4  # tau: (tau + 1) * B permits
-    rollout_workers: int = 1
-    worker_batch: int = 16  # active requests per rollout worker (continuous batching)
-    teacher_batch: int = 16
-    pad_to_horizon: bool = True  # learner tensors padded to max prompt + max response length
-    throughput_warmup: int = 5  # learner updates left out of the throughput (paper: 5)
-    wait_timeout_s: float = 600.0  # no progress for this long: fail instead of hanging
-    workers: str = "thread"  # thread | ray: where the rollout engines run
-    ray_address: str | None = None
-
-
-def resolve_options(cfg: TrainConfig, options: AsyncOPDOptions | None) -> AsyncOPDOptions:
-    section = getattr(cfg, "asyncopd", None)
-    if options is not None or section is None:
-        return options or AsyncOPDOptions()
-    raw = section.model_dump() if hasattr(section, "model_dump") else dict(section)
-    known = {f.name for f in fields(AsyncOPDOptions)}
-    return AsyncOPDOptions(**{k: v for k, v in raw.items() if k in known})
 
 
 def prompt_source(parts: Parts, max_prompt_len: int) -> Callable[[], PromptSpec]:
@@ -87,7 +63,7 @@ class AsyncOPDRun:
     hooks: ControllerWindowHooks
     learner: HFLearner
     engines: list[Any]
-    options: AsyncOPDOptions
+    options: AsyncOPDSection
     run_id: str
     run_dir: Path
     lr_scheduler: Any
@@ -96,13 +72,13 @@ class AsyncOPDRun:
 
 
 def build_asyncopd(cfg: TrainConfig, controller: ControllerAPI, *, parts: Parts | None = None,
-                   options: AsyncOPDOptions | None = None, profile: str = "default",
+                   options: AsyncOPDSection | None = None, profile: str = "default",
                    engine_cls: type[HFRolloutEngine] = HFRolloutEngine) -> AsyncOPDRun:
     """Register the run and build the stages; ``engine_cls`` is the seam for another rollout engine."""
     if cfg.loss.name not in LEARNER_LOSSES:
         raise ValueError(f"--scheduler asyncopd trains with {LEARNER_LOSSES} (old-to-current IS on cached "
                          f"behavior logprobs), not loss.name={cfg.loss.name!r}")
-    opts = resolve_options(cfg, options)
+    opts = options or cfg.asyncopd
     parts = parts or load_parts(cfg, profile)
     seed_everything(cfg.seed)
     run_id = controller.register_run(run_spec(cfg)).run_id
@@ -125,11 +101,9 @@ def build_asyncopd(cfg: TrainConfig, controller: ControllerAPI, *, parts: Parts 
 
         engines, close = ray_engines(parts.student, opts.rollout_workers, engine_kw, seed=cfg.seed,
                                      address=opts.ray_address, engine_cls=engine_cls)
-    elif opts.workers == "thread":
+    else:  # "thread" (AsyncOPDSection.workers admits nothing else)
         engines = [engine_cls(copy.deepcopy(parts.student), **engine_kw, seed=cfg.seed + 1000 * i)
                    for i in range(opts.rollout_workers)]
-    else:
-        raise ValueError(f"asyncopd.workers must be 'thread' or 'ray', got {opts.workers!r}")
     lc = cfg.loss
     learner = HFLearner(parts.student, optimizer, lr_scheduler, pad_id=pad, width=width, loss=lc.name,
                         aggregation=lc.aggregation,
@@ -152,7 +126,7 @@ def build_asyncopd(cfg: TrainConfig, controller: ControllerAPI, *, parts: Parts 
 
 
 def run_asyncopd(cfg: TrainConfig, controller: ControllerAPI, *, parts: Parts | None = None,
-                 options: AsyncOPDOptions | None = None, profile: str = "default",
+                 options: AsyncOPDSection | None = None, profile: str = "default",
                  on_step: Callable[[int, dict[str, Any]], None] | None = None,
                  built: AsyncOPDRun | None = None,
                  enrich: Callable[[int, dict[str, float]], dict[str, float]] | None = None) -> dict[str, Any]:
@@ -184,7 +158,7 @@ def run_asyncopd(cfg: TrainConfig, controller: ControllerAPI, *, parts: Parts | 
         sinks.close()
         if b.close is not None:
             b.close()
-    out |= {"run_id": b.run_id, "run_dir": str(b.run_dir), "scheduler": "asyncopd", "options": asdict(b.options),
+    out |= {"run_id": b.run_id, "run_dir": str(b.run_dir), "scheduler": "asyncopd", "options": b.options.model_dump(),
             "batch_size": b.scheduler.cfg.batch_size, "loss": cfg.loss.name,
             "mc_samples": cfg.loss.mc_samples if cfg.loss.name == "reverse_kl_mc" else 0,
             "probes": dict(b.hooks.counts), "learner_shapes": sorted(set(b.learner.shapes)),

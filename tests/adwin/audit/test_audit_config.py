@@ -34,3 +34,10 @@ def test_confidence_reaches_the_policy() -> None:
                      threshold=w.threshold, options=w.policy_options())
     assert isinstance(p, AdaptiveWindow) and p.confidence
     assert cfg.audit.params == "top:2" and not cfg.audit.macro
+
+
+def test_a_run_config_written_with_the_retired_audit_loss_still_loads() -> None:
+    # config.json of runs made before audit.loss was removed (its only value was reverse_kl_pg): --resume
+    assert load_config(None, {"audit.loss": "reverse_kl_pg"}).audit.method == "fast"
+    with pytest.raises(ValidationError, match="loss"):
+        load_config(None, {"audit.loss": "k3"})

@@ -2,10 +2,12 @@ from __future__ import annotations
 
 import pytest
 import torch
+from hypothesis import given
+from hypothesis import strategies as st
 from tiny_models import make_tiny_llama
 
 from adwin.objectives.losses import token_logprobs
-from adwin.sampling.rollout import generate, layout, left_pad
+from adwin.sampling.rollout import generate, layout, left_pad, response_values
 
 EOS = {2}
 
@@ -73,3 +75,47 @@ def test_generation_is_reproducible_under_a_seed(temperature: float) -> None:
         torch.manual_seed(11)
         outs.append(generate(model, [[1, 5], [1, 6]], [7, 7], eos=EOS, pad_id=0, temperature=temperature).response_ids)
     assert outs[0] == outs[1]
+
+
+def test_generation_samples_in_eval_mode_and_restores_the_training_mode() -> None:
+    model = make_tiny_llama(seed=3)
+    model.config.attention_dropout = 0.5  # dropout the policy must not sample with
+    for layer in model.model.layers:
+        layer.self_attn.attention_dropout = 0.5
+    contexts = [[1, 5, 6], [1, 7, 8, 9]]
+    want = generate(model, contexts, [8, 8], eos=EOS, pad_id=0, temperature=0.0).response_ids  # eval mode
+    model.train()
+    for seed in range(3):
+        torch.manual_seed(seed)
+        assert generate(model, contexts, [8, 8], eos=EOS, pad_id=0, temperature=0.0).response_ids == want
+    assert model.training
+
+
+def test_verbatim_sampling_arguments_exclude_temperature_and_top_p() -> None:
+    with pytest.raises(ValueError, match="not both"):
+        generate(make_tiny_llama(), [[1, 5]], [2], eos=EOS, pad_id=0, temperature=0.5, sampling={"do_sample": True})
+
+
+def test_layout_widens_rows_to_a_fixed_width() -> None:
+    rows = layout([[1, 5], [1]], [[9], [7, 2]], pad_id=0, width=6)
+    assert rows.input_ids.tolist() == [[1, 5, 9, 0, 0, 0], [1, 7, 2, 0, 0, 0]]
+    assert rows.response_mask.tolist() == [[0, 0, 1, 0, 0, 0], [0, 1, 1, 0, 0, 0]]
+
+
+@given(st.lists(st.tuples(st.integers(1, 4), st.integers(0, 4)), min_size=1, max_size=5))
+def test_response_values_sit_on_the_response_columns_and_fill_the_rest(shape: list[tuple[int, int]]) -> None:
+    prompts = [[1] * n_p for n_p, _ in shape]
+    responses = [[3] * n_r for _, n_r in shape]
+    values = [[float(10 * b + j) for j in range(n_r)] for b, (_, n_r) in enumerate(shape)]
+    rows = layout(prompts, responses, pad_id=0)
+    out = response_values(rows, values, fill=-7.0)
+    for b, (n_p, n_r) in enumerate(shape):
+        want = [-7.0] * n_p + values[b] + [-7.0] * (rows.input_ids.shape[1] - n_p - n_r)
+        assert out[b].tolist() == want
+    assert torch.equal(out != -7.0, rows.response_mask.bool())
+
+
+def test_response_values_refuse_a_count_that_is_not_one_per_response_token() -> None:
+    rows = layout([[1, 5]], [[9, 2]], pad_id=0)
+    with pytest.raises(ValueError, match="1 values for 2 response tokens"):
+        response_values(rows, [[0.5]])
