@@ -85,7 +85,8 @@ def test_linear_policy_sets_completion_lengths_and_logs_window_metrics(tmp_path:
     audited = [d for d in tel.decisions if d["audit_id"] is not None]
     assert audited and all(d["reason"] == "schedule" for d in audited)
     assert any("window/cos@4" in r for r in rows)
-    assert [s["step"] for s in tel.steps] == [1, 2, 3, 4]  # on_log -> report_step
+    # on_log -> report_step, keyed by the step that used the window (cb.windows' keys), not global_step after it
+    assert [s["step"] for s in tel.steps] == sorted(cb.windows) == [0, 1, 2, 3]
 
 
 def test_fixed_policy_caps_every_rollout(tmp_path: Path) -> None:
