@@ -146,3 +146,36 @@ def test_complete_probes_the_controller_expires_are_forgotten_not_held_forever()
     assert hooks.poll_audit(3) == {}
     assert hooks.counts["expired"] == 1, "past S the controller expires it; the hooks let it go too"
     assert ctrl.telemetry(run).probes["expired"] == 1
+
+
+def _training(rid: str, reason: str, n: int, window: int = 8) -> Done:
+    return Done(rid, window=window, max_tokens=window, is_probe=False, finish_reason=reason, response_len=n)
+
+
+@pytest.mark.parametrize(("offer_finished", "expected"), [("always", ["t-eos"]), ("at_horizon", [])])
+def test_training_items_that_finished_inside_the_window_are_offered_per_the_offer_rule(offer_finished, expected) -> None:
+    ctrl, run = setup(max_active_probes=8)
+    hooks = ControllerWindowHooks(ctrl, run, max_len=16, offer_finished=offer_finished)
+    hooks.on_sync(0)
+    items = [_training("t-eos", "eos", 5), _training("t-cut", "window", 8)]  # a window-cut item is never offered
+    assert hooks.offer_complete(items, 0) == len(expected)
+    assert sorted(hooks._complete) == expected
+    assert ctrl.telemetry(run).probes.get("complete", 0) == len(expected)
+
+
+def test_at_the_horizon_finished_and_full_length_training_items_fill_an_audit_batch() -> None:
+    ctrl, run = setup(max_active_probes=8)
+    audited: list[list[str]] = []
+    hooks = ControllerWindowHooks(ctrl, run, max_len=16, offer_finished="at_horizon",
+                                  auditor=lambda items: audited.append([i.request_id for i in items])
+                                  or AuditIn(cosines={4: 0.9, 8: 0.99}))
+    hooks.on_sync(0)
+    items = [_training("h-eos", "eos", 5, window=16), _training("h-full", "horizon", 16, window=16)]
+    assert hooks.offer_complete(items, 0) == 2
+    assert hooks.poll_audit(0)["audit/next_window"] == 4.0 and audited == [["h-eos", "h-full"]]
+
+
+def test_hooks_refuse_an_unknown_offer_rule() -> None:
+    ctrl, run = setup()
+    with pytest.raises(ValueError, match="offer_finished"):
+        ControllerWindowHooks(ctrl, run, max_len=16, offer_finished="sometimes")
