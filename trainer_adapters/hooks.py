@@ -56,6 +56,7 @@ from dataclasses import dataclass, field
 from typing import Protocol, runtime_checkable
 
 from adwin.controller.api import ControllerAPI, ControllerError, ProbeConflict
+from adwin.controller.feasibility import expiry_warning
 from adwin.controller.schemas import AuditIn, OfferIn, ProbeOfferItem, ProbeReportIn, StepMetricsIn
 from adwin.probes.offers import OFFER_FINISHED, is_complete, offer_indices
 from adwin.runtime.metrics_log import numeric
@@ -208,6 +209,8 @@ class ControllerWindowHooks:
                                       else offers_per_version)
         self.max_audits_per_poll = max_audits_per_poll
         self.staleness_limit = int(spec.get("staleness_limit", 1 << 30))
+        self.probe_batch_size = int(spec.get("probe_batch_size", 1))
+        self._expiry_warned = False
         self._lock = threading.Lock()
         self._window = 0
         self._version = -1
@@ -339,6 +342,12 @@ class ControllerWindowHooks:
             for pid in gone:
                 del self._complete[pid]
             self.counts["expired"] += len(gone)
+            warning = None if self._expiry_warned else expiry_warning(
+                self.counts["expired"], self.counts["accepted"], probe_batch_size=self.probe_batch_size,
+                staleness_limit=self.staleness_limit)
+            self._expiry_warned = self._expiry_warned or warning is not None
+        if warning:
+            log.warning("run %s: %s", self.run_id, warning)
 
     def on_step(self, step: int, metrics: Mapping[str, float]) -> None:
         if self.report_steps:

@@ -12,7 +12,7 @@ from hypothesis import strategies as st
 from adwin.config import TrainConfig, load_config
 from adwin.controller import Controller
 from adwin.controller.api import InvalidInput
-from adwin.controller.feasibility import expiry_warning, infeasibility, max_alive_probes
+from adwin.controller.feasibility import expiry_warning, infeasibility, max_alive_probes, spec_infeasibility
 from adwin.controller.schemas import PolicyIn, RunIn
 from adwin.loop.parts import run_spec as train_run_spec
 
@@ -69,7 +69,9 @@ def test_register_refuses_an_unfillable_batch_with_a_422_naming_the_fields(api) 
 
 
 def test_the_runin_defaults_are_feasible_for_an_adwin_run() -> None:
-    assert Controller().register_run(RunIn(policy=PolicyIn(candidates=[4, 8], max_len=16))).run_id
+    spec = RunIn(policy=PolicyIn(candidates=[4, 8], max_len=16))
+    assert spec_infeasibility(spec.model_dump(mode="json"), audited=True) is None  # P=64 by 4 offers x 6 steps was not
+    assert Controller().register_run(spec).run_id
 
 
 @pytest.mark.parametrize("path", [None, *CONFIGS], ids=lambda p: "defaults" if p is None else p.name)

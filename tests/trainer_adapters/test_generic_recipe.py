@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 import re
 from collections.abc import Iterator
 from pathlib import Path
@@ -209,3 +210,18 @@ def test_finished_probes_past_the_staleness_limit_are_forgotten_like_the_control
     assert client.metrics()["probe/expired"] == 1.0
     assert ctrl.next_probe_batch(client.run_id) is None
     assert ctrl.telemetry(client.run_id).probes["expired"] == 1
+
+
+def test_expiring_most_probes_warns_once_with_the_cause_and_the_fix(caplog) -> None:
+    ctrl = Controller()
+    spec = RunIn(policy=PolicyIn(name="fixed", window=2, candidates=[2, 4], max_len=10), staleness_limit=1,
+                 probe_batch_size=20, offers_per_step=8)
+    client = WindowClient(ctrl, spec)
+    with caplog.at_level(logging.WARNING, logger="adwin.trainer_adapters.generic"):
+        for start in (0, 3):
+            client.offer(start, [[5]] * 8, [[9, 9]] * 8, version=start, window=2)
+            client.extend_probes(start + 1, _fake_extend(8), version=start + 1)  # staleness 1 = S: forced complete
+            client.extend_probes(start + 2, _fake_extend(8), version=start + 2)  # past S: expired, no batch of 20
+    assert client.stats.expired == 16
+    warnings = [r.getMessage() for r in caplog.records if "expired before an audit batch" in r.getMessage()]
+    assert len(warnings) == 1 and "probe_batch_size=20" in warnings[0] and "staleness_limit=1" in warnings[0]

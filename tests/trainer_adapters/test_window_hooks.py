@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 from dataclasses import dataclass, field
 
 import pytest
@@ -179,3 +180,21 @@ def test_hooks_refuse_an_unknown_offer_rule() -> None:
     ctrl, run = setup()
     with pytest.raises(ValueError, match="offer_finished"):
         ControllerWindowHooks(ctrl, run, max_len=16, offer_finished="sometimes")
+
+
+def test_hooks_warn_once_when_most_probes_expire(caplog) -> None:
+    ctrl = Controller()
+    run = ctrl.register_run(RunIn(policy=PolicyIn(name="fixed", window=4, max_len=16), probe_batch_size=20,
+                                  offers_per_step=8, staleness_limit=1)).run_id
+    hooks = ControllerWindowHooks(ctrl, run, max_len=16, probing=True,
+                                  auditor=lambda items: AuditIn(cosines={4: 0.9}))
+    with caplog.at_level(logging.WARNING, logger="adwin.trainer_adapters.hooks"):
+        for v in (0, 3):
+            hooks.on_sync(v)
+            for i in range(8):
+                assert hooks.plan_request(f"r{v}-{i}", "p", v).is_probe
+                hooks.on_probe_complete(Done(f"r{v}-{i}", behavior_version=v, newest_version=v), v)
+            hooks.poll_audit(v + 2)  # past S=1: no batch of 20 can take them
+    assert hooks.counts["expired"] == 16
+    warnings = [r.getMessage() for r in caplog.records if "expired before an audit batch" in r.getMessage()]
+    assert len(warnings) == 1 and "probe_batch_size=20" in warnings[0]
