@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import logging
 import re
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -47,17 +46,6 @@ def _namespace(steps: int) -> dict:
         "PAD": PAD,
         "EOS": EOS,
     }
-
-
-@pytest.fixture
-def remote_url() -> Iterator[str]:
-    from adwin.controller.app import serve_in_thread
-
-    ctrl = Controller()
-    url, stop = serve_in_thread(ctrl, "127.0.0.1", 0)
-    yield url
-    stop()
-    ctrl.close()
 
 
 def _check_recipe_ran(ns: dict) -> None:

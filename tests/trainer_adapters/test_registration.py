@@ -16,17 +16,6 @@ from adwin.trainer_adapters.hooks import ControllerWindowHooks
 from adwin.trainer_adapters.registration import resilient, spec_key
 
 
-@pytest.fixture(scope="module")
-def served() -> Iterator[str]:
-    from adwin.controller.app import serve_in_thread
-
-    ctrl = Controller()
-    url, stop = serve_in_thread(ctrl, "127.0.0.1", 0)
-    yield url
-    stop()
-    ctrl.close()
-
-
 @pytest.fixture(params=["embedded", "remote"])
 def api(request: pytest.FixtureRequest) -> Iterator[object]:
     if request.param == "embedded":
@@ -34,7 +23,7 @@ def api(request: pytest.FixtureRequest) -> Iterator[object]:
         return
     from adwin.controller.remote import RemoteController
 
-    client = RemoteController(request.getfixturevalue("served"), retries=1, backoff=0.01, timeout=10.0)
+    client = RemoteController(request.getfixturevalue("remote_url"), retries=1, backoff=0.01, timeout=10.0)
     yield client
     client.close()
 
