@@ -4,9 +4,10 @@ An audited run (``policies.registry.is_audited``) decides its window only from b
 probes. Two specs make that impossible, and the run would silently train on a fixed window:
 
 * **Too few probes alive.** A probe offered at step ``t`` expires once the run passes ``t + S``
-  (``staleness_limit``), so at most ``offers_per_step * (S + 1)`` probes are ever alive together, and
-  never more than ``max_active_probes``. An adapter that sees only ``rollouts_per_step`` rollouts a step
-  cannot offer more than those. ``P`` above that bound never fills.
+  (``staleness_limit``), so at most ``offers_per_step * (S + 1)`` probes are ever alive together. An
+  adapter that sees only ``rollouts_per_step`` rollouts a step cannot offer more than those. ``P`` above
+  that bound never fills. (``max_active_probes`` bounds only the probes still being extended: complete
+  probes free their slot, so it slows a batch but never makes one impossible.)
 * **No candidate below the horizon.** A window equal to ``max_len`` truncates nothing: with every
   candidate ``>= max_len`` the audit has no shorter window to choose.
 
@@ -26,16 +27,14 @@ EXPIRY_WARN_FRACTION = 0.1
 EXPIRY_MIN_ACCEPTED = 8  # below this a couple of expired probes say nothing about the spec
 
 
-def max_alive_probes(offers_per_step: int, staleness_limit: int, max_active_probes: int,
-                     rollouts_per_step: int | None = None) -> int:
+def max_alive_probes(offers_per_step: int, staleness_limit: int, rollouts_per_step: int | None = None) -> int:
     """The most probes that can be alive (offered, not yet expired) at one time."""
     per_step = offers_per_step if rollouts_per_step is None else min(offers_per_step, rollouts_per_step)
-    return min(max_active_probes, per_step * (staleness_limit + 1))
+    return per_step * (staleness_limit + 1)
 
 
 def infeasibility(*, audited: bool, candidates: Sequence[int], max_len: int, probe_batch_size: int,
-                  offers_per_step: int, staleness_limit: int, max_active_probes: int,
-                  rollouts_per_step: int | None = None) -> str | None:
+                  offers_per_step: int, staleness_limit: int, rollouts_per_step: int | None = None) -> str | None:
     """Why an audited run could never form a probe batch, or None when it can (always None unaudited)."""
     if not audited:
         return None
@@ -43,10 +42,9 @@ def infeasibility(*, audited: bool, candidates: Sequence[int], max_len: int, pro
     if not any(c < max_len for c in candidates):
         problems.append(f"no policy.candidates entry is below policy.max_len={max_len} (got {list(candidates)}): "
                         f"add a candidate of at most {max_len - 1}, or raise policy.max_len")
-    alive = max_alive_probes(offers_per_step, staleness_limit, max_active_probes, rollouts_per_step)
+    alive = max_alive_probes(offers_per_step, staleness_limit, rollouts_per_step)
     if probe_batch_size > alive:
-        by = [f"offers_per_step={offers_per_step}", f"staleness_limit={staleness_limit}",
-              f"max_active_probes={max_active_probes}"]
+        by = [f"offers_per_step={offers_per_step}", f"staleness_limit={staleness_limit}"]
         if rollouts_per_step is not None:
             by.append(f"rollouts_per_step={rollouts_per_step}")
         fix = f"set probe_batch_size <= {alive}" if alive > 0 else "set offers_per_step >= 1"
@@ -61,8 +59,7 @@ def spec_infeasibility(spec: dict, *, audited: bool, rollouts_per_step: int | No
     return infeasibility(
         audited=audited, candidates=[int(c) for c in policy.get("candidates") or []], max_len=int(policy["max_len"]),
         probe_batch_size=int(spec["probe_batch_size"]), offers_per_step=int(spec["offers_per_step"]),
-        staleness_limit=int(spec["staleness_limit"]), max_active_probes=int(spec["max_active_probes"]),
-        rollouts_per_step=rollouts_per_step,
+        staleness_limit=int(spec["staleness_limit"]), rollouts_per_step=rollouts_per_step,
     )
 
 

@@ -19,29 +19,29 @@ from adwin.loop.parts import run_spec as train_run_spec
 CONFIGS = sorted((Path(__file__).resolve().parents[2] / "configs").glob("*.yaml"))
 
 
-@given(p=st.integers(1, 200), k=st.integers(0, 20), s=st.integers(1, 12), cap=st.integers(1, 300),
-       rollouts=st.none() | st.integers(0, 30))
-def test_a_batch_is_feasible_exactly_when_p_fits_the_probes_alive_within_s(p, k, s, cap, rollouts) -> None:
+@given(p=st.integers(1, 200), k=st.integers(0, 20), s=st.integers(1, 12), rollouts=st.none() | st.integers(0, 30))
+def test_a_batch_is_feasible_exactly_when_p_fits_the_probes_alive_within_s(p, k, s, rollouts) -> None:
     per_step = k if rollouts is None else min(k, rollouts)
-    alive = min(cap, per_step * (s + 1))  # offered at versions v-S..v are the only ones a batch at v may hold
+    alive = per_step * (s + 1)  # offered at versions v-S..v are the only ones a batch at v may hold
     problem = infeasibility(audited=True, candidates=[4, 8], max_len=16, probe_batch_size=p, offers_per_step=k,
-                            staleness_limit=s, max_active_probes=cap, rollouts_per_step=rollouts)
+                            staleness_limit=s, rollouts_per_step=rollouts)
     assert (problem is None) == (p <= alive)
     if problem is not None:
         assert "probe_batch_size" in problem and (f"<= {alive}" in problem or "offers_per_step >= 1" in problem)
     assert infeasibility(audited=False, candidates=[4, 8], max_len=16, probe_batch_size=p, offers_per_step=k,
-                         staleness_limit=s, max_active_probes=cap, rollouts_per_step=rollouts) is None
+                         staleness_limit=s, rollouts_per_step=rollouts) is None
 
 
 def test_the_issues_trl_numbers_give_48_probes_alive() -> None:
-    assert max_alive_probes(64, 5, 256, rollouts_per_step=8) == 48  # probe_count=64, TRL batch 8, S=5
+    assert max_alive_probes(64, 5, rollouts_per_step=8) == 48  # probe_count=64, TRL batch 8, S=5
 
 
 def test_the_largest_feasible_batch_really_forms_at_the_controller() -> None:
+    """Even with max_active_probes below P: complete probes free their slot."""
     ctrl = Controller()
     k, s = 2, 2
-    rid = ctrl.register_run(run_spec(probe_batch_size=max_alive_probes(k, s, 256), offers_per_step=k,
-                                     staleness_limit=s, lookahead=0)).run_id
+    rid = ctrl.register_run(run_spec(probe_batch_size=max_alive_probes(k, s), offers_per_step=k,
+                                     staleness_limit=s, lookahead=0, max_active_probes=k)).run_id
     for step in range(s + 1):
         accepted = ctrl.offer_probes(rid, offers(step, k, prefix=f"v{step}-")).accepted
         for pid in accepted:
@@ -51,7 +51,7 @@ def test_the_largest_feasible_batch_really_forms_at_the_controller() -> None:
 
 
 def test_no_candidate_below_the_horizon_is_named_with_the_largest_workable_candidate() -> None:
-    fields = dict(audited=True, max_len=16, probe_batch_size=2, offers_per_step=4, staleness_limit=5, max_active_probes=32)
+    fields = dict(audited=True, max_len=16, probe_batch_size=2, offers_per_step=4, staleness_limit=5)
     problem = infeasibility(candidates=[16], **fields)
     assert problem is not None and "policy.candidates" in problem and "at most 15" in problem
     assert infeasibility(candidates=[8, 16], **fields) is None  # 8 truncates: the audit has a choice
