@@ -61,7 +61,7 @@ from adwin.controller.schemas import AuditIn, OfferIn, ProbeOfferItem, ProbeRepo
 from adwin.probes.offers import OFFER_FINISHED, is_complete, offer_indices
 from adwin.runtime.metrics_log import numeric
 from adwin.runtime.resilient_controller import controller_metrics
-from adwin.trainer_adapters.registration import resilient
+from adwin.trainer_adapters.registration import check_feasible, resilient
 
 log = logging.getLogger(__name__)
 
@@ -204,7 +204,10 @@ class ControllerWindowHooks:
         self.controller, self.run_id, self.max_len = resilient(controller, resilient_controller), run_id, max_len
         controller = self.controller
         self.auditor, self.probing, self.report_steps = auditor, probing, report_steps
-        spec = controller.get_run(run_id).spec
+        run = controller.get_run(run_id)
+        if probing:
+            check_feasible(run)  # a run whose probes can never form a batch fails before the pipeline starts
+        spec = run.spec
         self.offers_per_version = int(spec.get("offers_per_step", 0) if offers_per_version is None
                                       else offers_per_version)
         self.max_audits_per_poll = max_audits_per_poll

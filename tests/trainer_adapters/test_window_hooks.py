@@ -198,3 +198,18 @@ def test_hooks_warn_once_when_most_probes_expire(caplog) -> None:
     assert hooks.counts["expired"] == 16
     warnings = [r.getMessage() for r in caplog.records if "expired before an audit batch" in r.getMessage()]
     assert len(warnings) == 1 and "probe_batch_size=20" in warnings[0]
+
+
+def test_hooks_refuse_a_run_that_can_never_audit_before_the_pipeline_starts() -> None:
+    from types import SimpleNamespace
+
+    from adwin.controller.schemas import RunOut
+
+    # a run stored before the controller checked feasibility (an older database): P=20, 1 offer x 3 steps
+    spec = RunIn(run_id="old", policy=PolicyIn(candidates=[4, 8], max_len=16), probe_batch_size=20,
+                 offers_per_step=1, staleness_limit=2).model_dump(mode="json")
+    old = RunOut(run_id="old", name="old", created_at=0.0, policy_state={}, spec=spec)
+    stub = SimpleNamespace(get_run=lambda run_id: old)
+    with pytest.raises(ValueError, match="probe_batch_size=20 can never fill"):
+        ControllerWindowHooks(stub, "old", max_len=16, resilient_controller=False)
+    assert ControllerWindowHooks(stub, "old", max_len=16, probing=False, resilient_controller=False).probing is False
