@@ -116,3 +116,12 @@ def test_a_sigkilled_controller_leaves_trl_training_on_the_last_window(tmp_path:
         api.close()
         killer.proc.send_signal(signal.SIGKILL)
         killer.proc.wait(timeout=30)
+
+
+def test_gradient_accumulation_counts_toward_the_rollouts_a_step_can_offer(tmp_path: Path) -> None:
+    """One generation batch is per_device_train_batch_size x gradient_accumulation_steps rollouts."""
+    with pytest.raises(ValueError, match=r"rollouts_per_step=4"):
+        AdwinCallback(Controller(), "acc1", candidates=[4, 8], probe_count=40).attach(make_trainer(tmp_path, steps=1))
+    trainer = make_trainer(tmp_path, steps=1, gradient_accumulation_steps=2)  # 8 rollouts x 6 steps >= 40
+    cb = AdwinCallback(Controller(), "acc2", candidates=[4, 8], probe_count=40).attach(trainer)
+    assert cb.client is not None and cb.client.probe_batch_size == 40
