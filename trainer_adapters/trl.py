@@ -17,10 +17,10 @@ generation batch, inside the first ``training_step`` of an optimizer step, i.e. 
 Probes: every ``probe_every`` optimizer steps, ``on_step_end`` (after ``optimizer.step`` and
 ``zero_grad``) takes the step's rollouts from ``trainer._buffered_inputs``, offers them by the one offer
 rule (``probes.offers.offer_indices``: unfinished prefixes, plus finished and full-length rollouts as
-complete probes per ``offer_finished``, default ``"always"``; capped by ``probe_count``), and continues the accepted prefixes to the full horizon in one second,
-full-length ``generate`` call with the updated student. Continuing the trainer's own prefixes rather
-than sampling fresh full-length rollouts is deliberate: the prefix tokens are already paid for, and the
-audit then measures the truncation of exactly the rollouts the trainer trains on (same prompts, same
+complete probes per ``offer_finished``, default ``"always"``; capped by ``probe_count``), and continues
+the accepted prefixes to the full horizon in one second, full-length ``generate`` call with the updated
+student (complete probes need none). Continuing the trainer's own prefixes rather than sampling fresh
+full-length rollouts is deliberate: the prefix tokens are already paid for, and the audit then measures the truncation of exactly the rollouts the trainer trains on (same prompts, same
 prefix distribution), which is the quantity ADWIN's decision is about. The prefix was sampled by the
 pre-step weights and the continuation by the post-step weights: staleness 1, below any limit ``S``.
 
@@ -61,6 +61,7 @@ from transformers import TrainerCallback, TrainerControl, TrainerState, Training
 
 from adwin.controller.api import ControllerAPI
 from adwin.controller.schemas import AuditOut, PolicyIn, RunIn
+from adwin.probes.offers import OFFER_FINISHED
 from adwin.runtime.resilient_controller import controller_metrics
 from adwin.trainer_adapters.generic import WindowClient, hf_extender, teacher_scorer
 
@@ -95,6 +96,8 @@ class AdwinCallback(TrainerCallback):
     ) -> None:
         if probe_every < 1 or probe_count < 0:
             raise ValueError(f"probe_every must be >= 1 and probe_count >= 0, got {probe_every}, {probe_count}")
+        if offer_finished not in OFFER_FINISHED:
+            raise ValueError(f"offer_finished must be one of {OFFER_FINISHED}, got {offer_finished!r}")
         self.controller = controller
         self.run = run
         self.candidates = candidates
@@ -186,13 +189,10 @@ class AdwinCallback(TrainerCallback):
     def on_train_end(
         self, args: TrainingArguments, state: TrainerState, control: TrainerControl, **kwargs: Any
     ) -> None:
-        left = self._client().close(self.drain_timeout_s)
-        if left:
-            logger.warning("run %s: %d controller write(s) were not delivered (controller still away after "
-                           "drain_timeout_s=%.0f)", self.client.run_id if self.client else "?", left, self.drain_timeout_s)
+        self._client().close(self.drain_timeout_s)  # degraded mode: an ERROR names the writes still undelivered
 
     def probe_cycle(self, rollout_step: int) -> AuditOut | None:
-        """Offer the step's unfinished rollouts, finish the held probes, audit a ready batch."""
+        """Offer the step's rollouts (offer rule), finish the held probes, audit a ready batch."""
         client, tr = self._client(), self.trainer
         version = rollout_step + 1  # weights after that step's optimizer update
         t0 = time.perf_counter()

@@ -125,3 +125,8 @@ def test_gradient_accumulation_counts_toward_the_rollouts_a_step_can_offer(tmp_p
     trainer = make_trainer(tmp_path, steps=1, gradient_accumulation_steps=2)  # 8 rollouts x 6 steps >= 40
     cb = AdwinCallback(Controller(), "acc2", candidates=[4, 8], probe_count=40).attach(trainer)
     assert cb.client is not None and cb.client.probe_batch_size == 40
+
+
+def test_an_unknown_offer_rule_fails_when_the_callback_is_built() -> None:
+    with pytest.raises(ValueError, match="offer_finished"):
+        AdwinCallback(Controller(), "x", candidates=[4, 8], offer_finished="finished-only")
