@@ -20,8 +20,9 @@ rule (``probes.offers.offer_indices``: unfinished prefixes, plus finished and fu
 complete probes per ``offer_finished``, default ``"always"``; capped by ``probe_count``), and continues
 the accepted prefixes to the full horizon in one second, full-length ``generate`` call with the updated
 student (complete probes need none). Continuing the trainer's own prefixes rather than sampling fresh
-full-length rollouts is deliberate: the prefix tokens are already paid for, and the audit then measures the truncation of exactly the rollouts the trainer trains on (same prompts, same
-prefix distribution), which is the quantity ADWIN's decision is about. The prefix was sampled by the
+full-length rollouts is deliberate: the prefix tokens are already paid for, and the audit then measures
+the truncation of exactly the rollouts the trainer trains on (same prompts, same prefix distribution),
+which is the quantity ADWIN's decision is about. The prefix was sampled by the
 pre-step weights and the continuation by the post-step weights: staleness 1, below any limit ``S``.
 
 When the controller has ``P`` complete probes, the teacher scores them, ``adwin.audit.alignment.audit`` runs
