@@ -89,7 +89,7 @@ class WindowClient:
     finished inside the window as complete probes, so a window most rollouts fit into keeps auditing;
     ``"at_horizon"`` is the paper's rule (unfinished prefixes only, finished ones at the full horizon).
     ``resume=True`` continues a run id registered with another spec instead of raising ``RunConflict``.
-    ``resilient=True`` (default) trains on through a controller outage (``ResilientController``); call
+    ``resilient_controller=True`` (default) trains on through a controller outage (``ResilientController``); call
     ``close()`` at the end to deliver the writes buffered meanwhile. ``rollouts_per_step`` (when known)
     lets the feasibility check count the rollouts a step can offer at most.
     """
