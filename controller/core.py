@@ -30,6 +30,7 @@ from typing import Any
 
 from adwin.controller.api import InvalidInput, RunConflict
 from adwin.controller.audits import AuditAggregator
+from adwin.controller.feasibility import spec_infeasibility
 from adwin.controller.scheduler import ProbeScheduler
 from adwin.controller.schemas import MAX_INT, RunIn, RunOut, StepMetricsIn, TelemetryOut, WindowOut
 from adwin.controller.state import PROBE_STATES, RunState, check_finite
@@ -75,6 +76,9 @@ class Controller(ProbeScheduler, AuditAggregator):
                     validate_candidates(p.candidates, p.max_len)
                 except WindowConfigError as e:
                     raise InvalidInput(f"policy: {e}") from e
+        infeasible = spec_infeasibility(spec.model_dump(mode="json"), audited=policy.audited)
+        if infeasible:  # an audited run that can never form a probe batch would silently keep one window
+            raise InvalidInput(infeasible)
 
         def apply() -> tuple[Any, Callable[[], None] | None]:
             run_id = spec.run_id or f"run-{uuid.uuid4().hex[:12]}"

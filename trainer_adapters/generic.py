@@ -34,6 +34,7 @@ import torch
 
 from adwin.audit.alignment import AuditResult, ProbeBatch, audit
 from adwin.controller.api import ControllerAPI
+from adwin.controller.feasibility import expiry_warning
 from adwin.controller.schemas import (
     AuditIn,
     AuditOut,
@@ -46,7 +47,10 @@ from adwin.controller.schemas import (
     StepMetricsIn,
 )
 from adwin.objectives.losses import token_logprobs
+from adwin.probes.offers import OFFER_FINISHED, is_complete, offer_indices
+from adwin.runtime.resilient_controller import controller_metrics, drain_controller
 from adwin.sampling.rollout import generate, layout, response_values
+from adwin.trainer_adapters.registration import check_feasible, register, resilient
 
 logger = logging.getLogger(__name__)
 
@@ -80,19 +84,32 @@ class ClientStats:
 
 
 class WindowClient:
-    """The controller, seen from one training process: window, probes, audits, step metrics."""
+    """The controller, seen from one training process: window, probes, audits, step metrics.
 
-    def __init__(self, controller: ControllerAPI, run: str | RunIn) -> None:
-        self.controller = controller
-        if isinstance(run, RunIn):
-            out = controller.register_run(run, idempotency_key=None if run.run_id is None else f"register:{run.run_id}")
-        else:
-            out = controller.get_run(run)
+    ``offer_finished`` (``probes.offers``): ``"always"`` (the adapters' default) also offers rollouts that
+    finished inside the window as complete probes, so a window most rollouts fit into keeps auditing;
+    ``"at_horizon"`` is the paper's rule (unfinished prefixes only, finished ones at the full horizon).
+    ``resume=True`` continues a run id registered with another spec instead of raising ``RunConflict``.
+    ``resilient_controller=True`` (default) trains on through a controller outage (``ResilientController``); call
+    ``close()`` at the end to deliver the writes buffered meanwhile. ``rollouts_per_step`` (when known)
+    lets the feasibility check count the rollouts a step can offer at most.
+    """
+
+    def __init__(self, controller: ControllerAPI, run: str | RunIn, *, offer_finished: str = "always",
+                 resume: bool = False, resilient_controller: bool = True, rollouts_per_step: int | None = None) -> None:
+        if offer_finished not in OFFER_FINISHED:
+            raise ValueError(f"offer_finished must be one of {OFFER_FINISHED}, got {offer_finished!r}")
+        self.offer_finished = offer_finished
+        self.controller = resilient(controller, resilient_controller)
+        out = register(self.controller, run, resume=resume)
+        check_feasible(out, rollouts_per_step=rollouts_per_step)
         self.run_id = out.run_id
         policy = out.spec["policy"]
         self.candidates: list[int] = [int(c) for c in policy.get("candidates") or []]
         self.max_len: int = int(policy["max_len"])
         self.staleness_limit: int = int(out.spec.get("staleness_limit", 1 << 30))
+        self.probe_batch_size: int = int(out.spec.get("probe_batch_size", 1))
+        self._expiry_warned = False
         self.probes: dict[str, HeldProbe] = {}
         self.stats = ClientStats()
         self.last_window: int | None = None
@@ -117,25 +134,32 @@ class WindowClient:
         version: int,
         finished: Sequence[bool] | None = None,
         prompt_keys: Sequence[str] | None = None,
+        window: int | None = None,
+        limit: int | None = None,
     ) -> list[str]:
-        """Offer this step's unfinished rollouts; returns the accepted probe ids (kept in ``probes``).
+        """Offer this step's rollouts by ``probes.offers.offer_indices``; returns the accepted probe ids.
 
-        Finished rollouts (EOS) and rollouts already at the full horizon are never offered: they have
-        nothing left to continue. ``prompt_keys`` groups rollouts of one prompt (stratified selection);
-        by default each prompt's token ids are the key.
+        ``finished[i]``: rollout ``i`` ended (EOS). Unfinished prefixes are offered for continuation;
+        finished and full-length ones per ``offer_finished``, as already complete probes (reported
+        complete at the next ``extend_probes``, no tokens generated). ``window`` is the cap these
+        rollouts were generated under (default: the last ``window()``); ``limit`` caps the offers.
+        ``prompt_keys`` groups rollouts of one prompt (stratified selection); by default each prompt's
+        token ids are the key.
         """
         if not self.candidates:
             return []  # nothing to audit without candidates
         done = list(finished) if finished is not None else [False] * len(responses)
+        cap = window if window is not None else self.last_window if self.last_window is not None else self.max_len
+        chosen = offer_indices(done, cap, self.max_len, self.offer_finished)[:limit]
         items: list[ProbeOfferItem] = []
         by_id: dict[str, HeldProbe] = {}
-        for i, (p, r) in enumerate(zip(prompts, responses, strict=True)):
-            if done[i] or len(r) >= self.max_len:
-                continue
+        for i in chosen:
+            p, r = prompts[i], responses[i]
             sid = f"{self.run_id}:{step}:{i}"
             key = prompt_keys[i] if prompt_keys is not None else _prompt_key(p)
             items.append(ProbeOfferItem(sample_id=sid, prompt_id=key, response_len=len(r), version=version))
-            by_id[sid] = HeldProbe(list(map(int, p)), list(map(int, r)), [version] * len(r))
+            by_id[sid] = HeldProbe(list(map(int, p)), list(map(int, r)), [version] * len(r),
+                                   finished=is_complete(done[i], len(r), self.max_len))
         if not items:
             return []
         out = self.controller.offer_probes(
@@ -174,6 +198,11 @@ class WindowClient:
         for pid in gone:
             del self.probes[pid]
         self.stats.expired += len(gone)
+        warning = expiry_warning(self.stats.expired, self.stats.accepted, probe_batch_size=self.probe_batch_size,
+                                 staleness_limit=self.staleness_limit)
+        if warning and not self._expiry_warned:
+            self._expiry_warned = True
+            logger.warning("run %s: %s", self.run_id, warning)
         return len(gone)
 
     def extend_probes(self, step: int, extend: Extend, *, version: int, to_full: bool = False) -> int:
@@ -187,7 +216,12 @@ class WindowClient:
         self.forget_expired(version)
         plan = self.probe_plan(step)
         forced = set(plan.force_complete)
-        ids = [pid for pid in plan.active if pid in self.probes]
+        held = [pid for pid in plan.active if pid in self.probes]
+        for pid in held:  # offered complete (finished inside the window): nothing to generate
+            if self.probes[pid].finished:
+                self.report(step, pid, 0, version, finished=True)
+                self.stats.completed += 1
+        ids = [pid for pid in held if not self.probes[pid].finished]
         if not ids:
             return 0
         budgets = []
@@ -288,7 +322,12 @@ class WindowClient:
         })
         for c, v in s.last_cosines.items():
             out[f"window/cos@{c}"] = float(v)
+        out.update(controller_metrics(self.controller))  # controller/* gauges in degraded mode
         return out
+
+    def close(self, timeout_s: float = 30.0) -> int:
+        """End of run: deliver the writes buffered during a controller outage (bounded); returns those left."""
+        return drain_controller(self.controller, timeout_s)
 
 
 def _prompt_key(prompt: Sequence[int]) -> str:

@@ -32,6 +32,10 @@ Contract, in pipeline order:
    ``[(token_index, new_version), ...]`` after the first token's ``behavior_version``.
 4. ``on_probe_complete(item, version)`` by the train dispatcher when a probe leaves the pipeline; the
    hooks report it to the controller (tokens, newest version, finished/forced) and keep it for its audit.
+   ``offer_complete(items, version)`` by the learner for the training items of each batch: items that
+   finished inside their window (EOS) or reached the horizon are offered as already complete probes by
+   the one offer rule (``probes.offers.offer_indices``, ``offer_finished``; window-cut items are not:
+   this pipeline never continues a training request).
 5. ``poll_audit(version)`` by the learner between updates: when the controller has a batch of P
    completed probes ready (windowed FIFO), the hooks hand the items to an *auditor* (which runs
    ``adwin.audit.alignment.audit`` under the current learner weights) and submit its ``AuditIn``; the next
@@ -52,8 +56,12 @@ from dataclasses import dataclass, field
 from typing import Protocol, runtime_checkable
 
 from adwin.controller.api import ControllerAPI, ControllerError, ProbeConflict
+from adwin.controller.feasibility import expiry_warning
 from adwin.controller.schemas import AuditIn, OfferIn, ProbeOfferItem, ProbeReportIn, StepMetricsIn
+from adwin.probes.offers import OFFER_FINISHED, is_complete, offer_indices
 from adwin.runtime.metrics_log import numeric
+from adwin.runtime.resilient_controller import controller_metrics
+from adwin.trainer_adapters.registration import check_feasible, resilient
 
 log = logging.getLogger(__name__)
 
@@ -115,6 +123,8 @@ class WindowHooks(Protocol):
 
     def on_probe_complete(self, item: StampedItem, version: int) -> None: ...
 
+    def offer_complete(self, items: Sequence[StampedItem], version: int) -> int: ...
+
     def poll_audit(self, version: int) -> dict[str, float]: ...
 
     def on_step(self, step: int, metrics: Mapping[str, float]) -> None: ...
@@ -155,6 +165,9 @@ class StaticWindowHooks:
             self.completed.append(item)
             self._pending.append(item)
 
+    def offer_complete(self, items: Sequence[StampedItem], version: int) -> int:
+        return 0  # probes here are every probe_every-th request only
+
     def poll_audit(self, version: int) -> dict[str, float]:
         with self._lock:
             if self.auditor is None or len(self._pending) < self.probe_batch_size:
@@ -175,19 +188,32 @@ class ControllerWindowHooks:
     (defaults to the run's ``offers_per_step``); the controller still has the last word. Every write
     carries an idempotency key derived from the request id or the version, so a retried call counts once.
     ``report_steps`` forwards ``on_step`` metrics to ``report_step`` (off when another logger does it).
+    ``offer_finished`` (default ``"always"``, as every adapter) is the rule ``offer_complete`` applies.
+    ``resilient_controller`` (default True) keeps the pipeline on the last window while the controller is
+    away (``ResilientController``); ``metrics()`` gives its ``controller/*`` gauges.
     Thread-safe: the feeder calls ``plan_request`` while the learner thread calls the rest.
     """
 
     def __init__(self, controller: ControllerAPI, run_id: str, *, max_len: int, auditor: Auditor | None = None,
                  probing: bool = True, offers_per_version: int | None = None, report_steps: bool = True,
-                 max_audits_per_poll: int = 1) -> None:
-        self.controller, self.run_id, self.max_len = controller, run_id, max_len
+                 max_audits_per_poll: int = 1, offer_finished: str = "always",
+                 resilient_controller: bool = True) -> None:
+        if offer_finished not in OFFER_FINISHED:
+            raise ValueError(f"offer_finished must be one of {OFFER_FINISHED}, got {offer_finished!r}")
+        self.offer_finished = offer_finished
+        self.controller, self.run_id, self.max_len = resilient(controller, resilient_controller), run_id, max_len
+        controller = self.controller
         self.auditor, self.probing, self.report_steps = auditor, probing, report_steps
-        spec = controller.get_run(run_id).spec
+        run = controller.get_run(run_id)
+        if probing:
+            check_feasible(run)  # a run whose probes can never form a batch fails before the pipeline starts
+        spec = run.spec
         self.offers_per_version = int(spec.get("offers_per_step", 0) if offers_per_version is None
                                       else offers_per_version)
         self.max_audits_per_poll = max_audits_per_poll
         self.staleness_limit = int(spec.get("staleness_limit", 1 << 30))
+        self.probe_batch_size = int(spec.get("probe_batch_size", 1))
+        self._expiry_warned = False
         self._lock = threading.Lock()
         self._window = 0
         self._version = -1
@@ -235,8 +261,9 @@ class ControllerWindowHooks:
                 self._exhausted = True
         return RequestPlan(self.max_len if probe else window, probe, window)
 
-    def on_probe_complete(self, item: StampedItem, version: int) -> None:
-        report = ProbeReportIn(probe_id=item.request_id, step=version, tokens_added=item.response_len,
+    def on_probe_complete(self, item: StampedItem, version: int, *, tokens_added: int | None = None) -> None:
+        added = item.response_len if tokens_added is None else tokens_added  # 0: offered with its tokens
+        report = ProbeReportIn(probe_id=item.request_id, step=version, tokens_added=added,
                                version=item.newest_version, finished=True, forced=item.forced)
         try:
             self.controller.report_probe(self.run_id, report,
@@ -249,6 +276,34 @@ class ControllerWindowHooks:
         with self._lock:
             self._complete[item.request_id] = item
             self.counts["reported"] += 1
+
+    def offer_complete(self, items: Sequence[StampedItem], version: int) -> int:
+        """Offer training items that need no continuation as complete probes; returns how many were accepted."""
+        if not self.probing:
+            return 0
+        done = [it.finish_reason == "eos" for it in items]
+        chosen = [it for it, d in zip(items, done, strict=True) if not it.is_probe
+                  and offer_indices([d], it.window, self.max_len, self.offer_finished)
+                  and is_complete(d, it.response_len, self.max_len)]
+        if not chosen:
+            return 0
+        offer = OfferIn(step=version, offers=[ProbeOfferItem(sample_id=it.request_id, prompt_id=it.prompt_id,
+                                                             response_len=it.response_len, version=it.behavior_version)
+                                              for it in chosen])
+        out = self.controller.offer_probes(self.run_id, offer,
+                                           idempotency_key=f"{self.run_id}-acomplete-{chosen[0].request_id}")
+        accepted = set(out.accepted)
+        with self._lock:
+            self.counts["offered"] += len(chosen)
+            self.counts["accepted"] += len(accepted)
+        for it in chosen:
+            if it.request_id in accepted:
+                self.on_probe_complete(it, version, tokens_added=0)
+        return len(accepted)
+
+    def metrics(self) -> dict[str, float]:
+        """``controller/*`` gauges of degraded mode (empty without the wrapper)."""
+        return controller_metrics(self.controller)
 
     def poll_audit(self, version: int) -> dict[str, float]:
         if self.auditor is None:
@@ -290,6 +345,12 @@ class ControllerWindowHooks:
             for pid in gone:
                 del self._complete[pid]
             self.counts["expired"] += len(gone)
+            warning = None if self._expiry_warned else expiry_warning(
+                self.counts["expired"], self.counts["accepted"], probe_batch_size=self.probe_batch_size,
+                staleness_limit=self.staleness_limit)
+            self._expiry_warned = self._expiry_warned or warning is not None
+        if warning:
+            log.warning("run %s: %s", self.run_id, warning)
 
     def on_step(self, step: int, metrics: Mapping[str, float]) -> None:
         if self.report_steps:

@@ -15,12 +15,14 @@ generation batch, inside the first ``training_step`` of an optimizer step, i.e. 
 ``on_step_begin`` sets all four to the controller's window. Nothing else is patched.
 
 Probes: every ``probe_every`` optimizer steps, ``on_step_end`` (after ``optimizer.step`` and
-``zero_grad``) takes the step's rollouts from ``trainer._buffered_inputs``, offers the unfinished ones
-(capped by ``probe_count``), and continues the accepted prefixes to the full horizon in one second,
-full-length ``generate`` call with the updated student. Continuing the trainer's own prefixes rather
-than sampling fresh full-length rollouts is deliberate: the prefix tokens are already paid for, and the
-audit then measures the truncation of exactly the rollouts the trainer trains on (same prompts, same
-prefix distribution), which is the quantity ADWIN's decision is about. The prefix was sampled by the
+``zero_grad``) takes the step's rollouts from ``trainer._buffered_inputs``, offers them by the one offer
+rule (``probes.offers.offer_indices``: unfinished prefixes, plus finished and full-length rollouts as
+complete probes per ``offer_finished``, default ``"always"``; capped by ``probe_count``), and continues
+the accepted prefixes to the full horizon in one second, full-length ``generate`` call with the updated
+student (complete probes need none). Continuing the trainer's own prefixes rather than sampling fresh
+full-length rollouts is deliberate: the prefix tokens are already paid for, and the audit then measures
+the truncation of exactly the rollouts the trainer trains on (same prompts, same prefix distribution),
+which is the quantity ADWIN's decision is about. The prefix was sampled by the
 pre-step weights and the continuation by the post-step weights: staleness 1, below any limit ``S``.
 
 When the controller has ``P`` complete probes, the teacher scores them, ``adwin.audit.alignment.audit`` runs
@@ -37,6 +39,14 @@ averages into every logged row, so ``window/*`` and ``probe/*`` reach ``log_hist
 reporting integration; mutating ``logs`` in ``on_log`` would be too late (transformers appends to
 ``log_history`` and calls the reporters before user callbacks).
 
+Robustness (docs/adapters.md): ``attach`` refuses a run whose probes can never form a batch with this
+trainer's rollouts per step (``controller/feasibility.py``); a reused run id with another spec is a
+``RunConflict`` unless ``resume=True``; a controller that goes away mid-run is survived by default
+(``ResilientController``: the last window stays, writes are buffered, ``controller/*`` gauges reach
+``log_history``, and ``on_train_end`` delivers the buffer within ``drain_timeout_s``). Telemetry rows
+(``report_step``) are keyed by the optimizer step that used the window: step ``t`` ran under
+``windows[t]``.
+
 Single process only: ``RunIn.world_size`` > 1 would need every rank to audit its shard and submit a
 sketch; the callback refuses ``num_processes > 1``.
 """
@@ -52,6 +62,8 @@ from transformers import TrainerCallback, TrainerControl, TrainerState, Training
 
 from adwin.controller.api import ControllerAPI
 from adwin.controller.schemas import AuditOut, PolicyIn, RunIn
+from adwin.probes.offers import OFFER_FINISHED
+from adwin.runtime.resilient_controller import controller_metrics
 from adwin.trainer_adapters.generic import WindowClient, hf_extender, teacher_scorer
 
 logger = logging.getLogger(__name__)
@@ -78,9 +90,15 @@ class AdwinCallback(TrainerCallback):
         audit_method: str = "fast",
         audit_metric: str = "identity",
         report_steps: bool = True,
+        offer_finished: str = "always",
+        resume: bool = False,
+        resilient_controller: bool = True,
+        drain_timeout_s: float = 30.0,
     ) -> None:
         if probe_every < 1 or probe_count < 0:
             raise ValueError(f"probe_every must be >= 1 and probe_count >= 0, got {probe_every}, {probe_count}")
+        if offer_finished not in OFFER_FINISHED:
+            raise ValueError(f"offer_finished must be one of {OFFER_FINISHED}, got {offer_finished!r}")
         self.controller = controller
         self.run = run
         self.candidates = candidates
@@ -90,6 +108,10 @@ class AdwinCallback(TrainerCallback):
         self.audit_method = audit_method
         self.audit_metric = audit_metric
         self.report_steps = report_steps
+        self.offer_finished = offer_finished
+        self.resume = resume
+        self.resilient_controller = resilient_controller
+        self.drain_timeout_s = drain_timeout_s
         self.trainer: Any = None
         self.client: WindowClient | None = None
         self.decisions: list[AuditOut] = []
@@ -112,7 +134,13 @@ class AdwinCallback(TrainerCallback):
                 run_id=run, name=run, policy=policy,
                 probe_batch_size=max(1, self.probe_count), offers_per_step=self.probe_count,
             )
-        self.client = WindowClient(self.controller, run)
+        args = trainer.args
+        rollouts = args.per_device_train_batch_size * args.gradient_accumulation_steps  # one generation batch
+        self.client = WindowClient(
+            self.controller, run, offer_finished=self.offer_finished, resume=self.resume,
+            resilient_controller=self.resilient_controller,
+            rollouts_per_step=min(rollouts, self.probe_count) if self.probe_count > 0 else 0,
+        )
         if self.client.max_len != trainer.args.max_completion_length:
             logger.warning(
                 "run %s: policy max_len %d differs from max_completion_length %s; probes run to max_len",
@@ -154,19 +182,25 @@ class AdwinCallback(TrainerCallback):
     ) -> None:
         rollout_step = state.global_step - 1  # the step whose rollouts are buffered
         if (rollout_step % self.probe_every == 0 and self.probe_count > 0) or self._client().probes:
-            self.probe_cycle(rollout_step)
+            self.probe_cycle(rollout_step)  # logs the controller/* gauges with the client's metrics
+        else:
+            for key, value in controller_metrics(self._client().controller).items():
+                self._log(key, value)
+
+    def on_train_end(
+        self, args: TrainingArguments, state: TrainerState, control: TrainerControl, **kwargs: Any
+    ) -> None:
+        self._client().close(self.drain_timeout_s)  # degraded mode: an ERROR names the writes still undelivered
 
     def probe_cycle(self, rollout_step: int) -> AuditOut | None:
-        """Offer the step's unfinished rollouts, finish the held probes, audit a ready batch."""
+        """Offer the step's rollouts (offer rule), finish the held probes, audit a ready batch."""
         client, tr = self._client(), self.trainer
         version = rollout_step + 1  # weights after that step's optimizer update
         t0 = time.perf_counter()
         if rollout_step % self.probe_every == 0 and self.probe_count > 0:
             prompts, responses, finished = self._rollouts()
-            order = [i for i in range(len(responses)) if not finished[i]][: self.probe_count]
-            client.offer(
-                rollout_step, [prompts[i] for i in order], [responses[i] for i in order], version=rollout_step
-            )
+            client.offer(rollout_step, prompts, responses, version=rollout_step, finished=finished,
+                         window=self.windows.get(rollout_step), limit=self.probe_count)
         student = tr.accelerator.unwrap_model(tr.model)
         extend = hf_extender(
             student, pad_id=tr._tokenizer.pad_token_id, eos_ids=tr.eos_token_ids,
@@ -220,5 +254,6 @@ class AdwinCallback(TrainerCallback):
     ) -> None:
         if self.report_steps and logs and self.client is not None and "loss" in logs:
             numeric = {k: v for k, v in logs.items() if isinstance(v, (int, float)) and not isinstance(v, bool)}
-            self.client.report_step(state.global_step, numeric)
+            # global_step already counts the step just logged; the row belongs to the step that used windows[t]
+            self.client.report_step(state.global_step - 1, numeric)
 

@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
+import logging
 import re
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -46,17 +46,6 @@ def _namespace(steps: int) -> dict:
         "PAD": PAD,
         "EOS": EOS,
     }
-
-
-@pytest.fixture
-def remote_url() -> Iterator[str]:
-    from adwin.controller.app import serve_in_thread
-
-    ctrl = Controller()
-    url, stop = serve_in_thread(ctrl, "127.0.0.1", 0)
-    yield url
-    stop()
-    ctrl.close()
 
 
 def _check_recipe_ran(ns: dict) -> None:
@@ -112,13 +101,44 @@ def _fake_extend(token: int, eos_after: int | None = None):
     return extend
 
 
-def test_offer_skips_finished_and_full_rollouts_and_holds_accepted_ones() -> None:
+def test_offer_with_the_papers_rule_skips_finished_rollouts_below_the_horizon() -> None:
     ctrl = Controller()
-    client = WindowClient(ctrl, RunIn(policy=PolicyIn(candidates=[2, 4], max_len=6), offers_per_step=8))
-    accepted = client.offer(0, [[5], [6], [7]], [[9, 9], [9, EOS], [9] * 6], version=0, finished=[False, True, False])
+    client = WindowClient(ctrl, RunIn(policy=PolicyIn(candidates=[2, 4], max_len=6), offers_per_step=8),
+                          offer_finished="at_horizon")
+    accepted = client.offer(0, [[5], [6]], [[9, 9], [9, EOS]], version=0, finished=[False, True], window=4)
     assert accepted == [f"{client.run_id}:0:0"]
     assert client.probes[accepted[0]].response_ids == [9, 9]
-    assert client.probes[accepted[0]].versions == [0, 0]
+    assert client.probes[accepted[0]].versions == [0, 0] and not client.probes[accepted[0]].finished
+
+
+@pytest.mark.parametrize("offer_finished", ["at_horizon", "always"])
+def test_offer_at_the_full_horizon_offers_finished_and_full_length_rollouts_as_complete(offer_finished: str) -> None:
+    ctrl = Controller()
+    client = WindowClient(ctrl, RunIn(policy=PolicyIn(candidates=[2, 4], max_len=6), offers_per_step=8,
+                                      probe_batch_size=2), offer_finished=offer_finished)
+    accepted = client.offer(0, [[6], [7]], [[9, EOS], [9] * 6], version=0, finished=[True, False], window=6)
+    assert accepted == [f"{client.run_id}:0:0", f"{client.run_id}:0:1"]
+    assert all(client.probes[pid].finished for pid in accepted)
+    calls: list[int] = []
+    assert client.extend_probes(1, lambda c, b: (calls.append(len(c)), ([[]] * len(c), [False] * len(c)))[1],
+                                version=1) == 0
+    assert calls == []  # complete probes generate nothing
+    assert ctrl.telemetry(client.run_id).probes["complete"] == 2
+    assert ctrl.next_probe_batch(client.run_id, step=1) is not None
+
+
+def test_offer_always_offers_finished_rollouts_below_the_horizon_too() -> None:
+    ctrl = Controller()
+    client = WindowClient(ctrl, RunIn(policy=PolicyIn(candidates=[2, 4], max_len=6), offers_per_step=8))
+    accepted = client.offer(0, [[5], [6]], [[9, 9], [9, EOS]], version=0, finished=[False, True], window=4)
+    assert accepted == [f"{client.run_id}:0:0", f"{client.run_id}:0:1"]
+    assert [client.probes[pid].finished for pid in accepted] == [False, True]
+    assert client.offer(1, [[5], [6]], [[9, 9], [9, 9]], version=1, window=4, limit=1) == [f"{client.run_id}:1:0"]
+
+
+def test_offer_finished_must_name_a_rule() -> None:
+    with pytest.raises(ValueError, match="offer_finished"):
+        WindowClient(Controller(), RunIn(policy=PolicyIn(candidates=[2, 4], max_len=6)), offer_finished="never")
 
 
 def test_extend_probes_grows_by_window_and_forces_stale_probes_to_full_length() -> None:
@@ -178,3 +198,18 @@ def test_finished_probes_past_the_staleness_limit_are_forgotten_like_the_control
     assert client.metrics()["probe/expired"] == 1.0
     assert ctrl.next_probe_batch(client.run_id) is None
     assert ctrl.telemetry(client.run_id).probes["expired"] == 1
+
+
+def test_expiring_most_probes_warns_once_with_the_cause_and_the_fix(caplog) -> None:
+    ctrl = Controller()
+    spec = RunIn(policy=PolicyIn(name="fixed", window=2, candidates=[2, 4], max_len=10), staleness_limit=1,
+                 probe_batch_size=20, offers_per_step=8)
+    client = WindowClient(ctrl, spec)
+    with caplog.at_level(logging.WARNING, logger="adwin.trainer_adapters.generic"):
+        for start in (0, 3):
+            client.offer(start, [[5]] * 8, [[9, 9]] * 8, version=start, window=2)
+            client.extend_probes(start + 1, _fake_extend(8), version=start + 1)  # staleness 1 = S: forced complete
+            client.extend_probes(start + 2, _fake_extend(8), version=start + 2)  # past S: expired, no batch of 20
+    assert client.stats.expired == 16
+    warnings = [r.getMessage() for r in caplog.records if "expired before an audit batch" in r.getMessage()]
+    assert len(warnings) == 1 and "probe_batch_size=20" in warnings[0] and "staleness_limit=1" in warnings[0]

@@ -7,7 +7,8 @@ from pathlib import Path
 
 import pytest
 import torch
-from tiny_models import make_tiny_llama
+from trl_fixtures import make_trainer as _trainer
+from trl_fixtures import rows as _rows
 
 from adwin.controller import Controller
 from adwin.controller.schemas import PolicyIn, RunIn
@@ -18,40 +19,6 @@ datasets = pytest.importorskip("datasets")
 from adwin.trainer_adapters.trl import AdwinCallback  # noqa: E402
 
 MAX_LEN = 16
-
-
-def _tokenizer():
-    from tokenizers import Tokenizer, models, pre_tokenizers
-    from transformers import PreTrainedTokenizerFast
-
-    words = ["<pad>", "<bos>", "<eos>", "<unk>"] + [f"w{i}" for i in range(60)]  # ids match make_tiny_llama
-    tok = Tokenizer(models.WordLevel({w: i for i, w in enumerate(words)}, unk_token="<unk>"))
-    tok.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
-    return PreTrainedTokenizerFast(
-        tokenizer_object=tok, pad_token="<pad>", bos_token="<bos>", eos_token="<eos>", unk_token="<unk>",
-        padding_side="left",
-    )
-
-
-def _trainer(tmp_path: Path, steps: int):
-    from trl import DistillationConfig, DistillationTrainer
-
-    prompts = [" ".join(f"w{(i * 7 + j) % 60}" for j in range(3 + i % 3)) for i in range(4 * steps)]
-    args = DistillationConfig(
-        output_dir=str(tmp_path / "out"), per_device_train_batch_size=4, max_steps=steps,
-        max_completion_length=MAX_LEN, logging_steps=1, report_to=[], save_strategy="no",
-        gradient_checkpointing=False, bf16=False, use_cpu=True, learning_rate=1e-3, seed=0,
-        disable_tqdm=True,
-    )
-    return DistillationTrainer(
-        model=make_tiny_llama(seed=0), teacher_model=make_tiny_llama(seed=1), args=args,
-        train_dataset=datasets.Dataset.from_dict({"prompt": prompts}), processing_class=_tokenizer(),
-    )
-
-
-def _rows(trainer) -> list[dict]:
-    return [r for r in trainer.state.log_history if "loss" in r]
-
 
 class _GradSpy:
     """Runs after AdwinCallback (added later): records every parameter's .grad state at on_step_end."""
@@ -85,7 +52,8 @@ def test_linear_policy_sets_completion_lengths_and_logs_window_metrics(tmp_path:
     audited = [d for d in tel.decisions if d["audit_id"] is not None]
     assert audited and all(d["reason"] == "schedule" for d in audited)
     assert any("window/cos@4" in r for r in rows)
-    assert [s["step"] for s in tel.steps] == [1, 2, 3, 4]  # on_log -> report_step
+    # on_log -> report_step, keyed by the step that used the window (cb.windows' keys), not global_step after it
+    assert [s["step"] for s in tel.steps] == sorted(cb.windows) == [0, 1, 2, 3]
 
 
 def test_fixed_policy_caps_every_rollout(tmp_path: Path) -> None:

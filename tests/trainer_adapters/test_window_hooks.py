@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 from dataclasses import dataclass, field
 
 import pytest
@@ -146,3 +147,69 @@ def test_complete_probes_the_controller_expires_are_forgotten_not_held_forever()
     assert hooks.poll_audit(3) == {}
     assert hooks.counts["expired"] == 1, "past S the controller expires it; the hooks let it go too"
     assert ctrl.telemetry(run).probes["expired"] == 1
+
+
+def _training(rid: str, reason: str, n: int, window: int = 8) -> Done:
+    return Done(rid, window=window, max_tokens=window, is_probe=False, finish_reason=reason, response_len=n)
+
+
+@pytest.mark.parametrize(("offer_finished", "expected"), [("always", ["t-eos"]), ("at_horizon", [])])
+def test_training_items_that_finished_inside_the_window_are_offered_per_the_offer_rule(offer_finished, expected) -> None:
+    ctrl, run = setup(max_active_probes=8)
+    hooks = ControllerWindowHooks(ctrl, run, max_len=16, offer_finished=offer_finished)
+    hooks.on_sync(0)
+    items = [_training("t-eos", "eos", 5), _training("t-cut", "window", 8)]  # a window-cut item is never offered
+    assert hooks.offer_complete(items, 0) == len(expected)
+    assert sorted(hooks._complete) == expected
+    assert ctrl.telemetry(run).probes.get("complete", 0) == len(expected)
+
+
+def test_at_the_horizon_finished_and_full_length_training_items_fill_an_audit_batch() -> None:
+    ctrl, run = setup(max_active_probes=8)
+    audited: list[list[str]] = []
+    hooks = ControllerWindowHooks(ctrl, run, max_len=16, offer_finished="at_horizon",
+                                  auditor=lambda items: audited.append([i.request_id for i in items])
+                                  or AuditIn(cosines={4: 0.9, 8: 0.99}))
+    hooks.on_sync(0)
+    items = [_training("h-eos", "eos", 5, window=16), _training("h-full", "horizon", 16, window=16)]
+    assert hooks.offer_complete(items, 0) == 2
+    assert hooks.poll_audit(0)["audit/next_window"] == 4.0 and audited == [["h-eos", "h-full"]]
+
+
+def test_hooks_refuse_an_unknown_offer_rule() -> None:
+    ctrl, run = setup()
+    with pytest.raises(ValueError, match="offer_finished"):
+        ControllerWindowHooks(ctrl, run, max_len=16, offer_finished="sometimes")
+
+
+def test_hooks_warn_once_when_most_probes_expire(caplog) -> None:
+    ctrl = Controller()
+    run = ctrl.register_run(RunIn(policy=PolicyIn(name="fixed", window=4, max_len=16), probe_batch_size=20,
+                                  offers_per_step=8, staleness_limit=1)).run_id
+    hooks = ControllerWindowHooks(ctrl, run, max_len=16, probing=True,
+                                  auditor=lambda items: AuditIn(cosines={4: 0.9}))
+    with caplog.at_level(logging.WARNING, logger="adwin.trainer_adapters.hooks"):
+        for v in (0, 3):
+            hooks.on_sync(v)
+            for i in range(8):
+                assert hooks.plan_request(f"r{v}-{i}", "p", v).is_probe
+                hooks.on_probe_complete(Done(f"r{v}-{i}", behavior_version=v, newest_version=v), v)
+            hooks.poll_audit(v + 2)  # past S=1: no batch of 20 can take them
+    assert hooks.counts["expired"] == 16
+    warnings = [r.getMessage() for r in caplog.records if "expired before an audit batch" in r.getMessage()]
+    assert len(warnings) == 1 and "probe_batch_size=20" in warnings[0]
+
+
+def test_hooks_refuse_a_run_that_can_never_audit_before_the_pipeline_starts() -> None:
+    from types import SimpleNamespace
+
+    from adwin.controller.schemas import RunOut
+
+    # a run stored before the controller checked feasibility (an older database): P=20, 1 offer x 3 steps
+    spec = RunIn(run_id="old", policy=PolicyIn(candidates=[4, 8], max_len=16), probe_batch_size=20,
+                 offers_per_step=1, staleness_limit=2).model_dump(mode="json")
+    old = RunOut(run_id="old", name="old", created_at=0.0, policy_state={}, spec=spec)
+    stub = SimpleNamespace(get_run=lambda run_id: old)
+    with pytest.raises(ValueError, match="probe_batch_size=20 can never fill"):
+        ControllerWindowHooks(stub, "old", max_len=16, resilient_controller=False)
+    assert ControllerWindowHooks(stub, "old", max_len=16, probing=False, resilient_controller=False).probing is False

@@ -28,6 +28,7 @@ from adwin.config import AsyncOPDSection, TrainConfig
 from adwin.controller.api import ControllerAPI
 from adwin.loop.parts import Parts, build_optimizer, load_parts, open_loggers, run_spec, seed_everything
 from adwin.policies.registry import is_audited
+from adwin.runtime.resilient_controller import controller_metrics, drain_controller
 from adwin.sampling.rollout import encode_prompts, eos_ids, pad_id_of
 from adwin.trainer_adapters.asyncopd.hf import (
     LEARNER_LOSSES,
@@ -114,7 +115,7 @@ def build_asyncopd(cfg: TrainConfig, controller: ControllerAPI, *, parts: Parts 
                            metric=cfg.audit.metric, optimizer=optimizer, sketch_dim=cfg.audit.sketch_dim,
                            seed=cfg.seed) if probing else None
     hooks = ControllerWindowHooks(controller, run_id, max_len=r.max_response_len, auditor=auditor,
-                                  probing=probing, report_steps=False)
+                                  probing=probing, report_steps=False, offer_finished=cfg.probes.offer_finished)
     scfg = SchedulerConfig(batch_size=r.prompts_per_step * r.samples_per_prompt, queue_depth=opts.queue_depth,
                            samples_per_prompt=r.samples_per_prompt, max_response_len=r.max_response_len,
                            worker_batch=opts.worker_batch, teacher_batch=opts.teacher_batch,
@@ -140,7 +141,8 @@ def run_asyncopd(cfg: TrainConfig, controller: ControllerAPI, *, parts: Parts | 
     The per-step history is under ``"history"``; ``"logged"`` holds the rows as logged.
     """
     b = built or build_asyncopd(cfg, controller, parts=parts, options=options, profile=profile)
-    sinks = open_loggers(cfg, b.run_dir, controller, b.run_id)  # JSONL + the controller's step telemetry
+    ctl = b.hooks.controller  # the hooks' degraded-mode wrapper: telemetry survives an outage too
+    sinks = open_loggers(cfg, b.run_dir, ctl, b.run_id)  # JSONL + the controller's step telemetry
     started = time.perf_counter()
 
     def log_step(step: int, m: dict[str, float]) -> None:
@@ -148,6 +150,7 @@ def run_asyncopd(cfg: TrainConfig, controller: ControllerAPI, *, parts: Parts | 
         if enrich is not None:
             m |= enrich(step, m)
         m["time/wall"] = time.perf_counter() - started
+        m |= controller_metrics(ctl)  # controller/* gauges (degraded mode)
         sinks.log(step, m)
         if on_step is not None:
             on_step(step, m)
@@ -158,6 +161,7 @@ def run_asyncopd(cfg: TrainConfig, controller: ControllerAPI, *, parts: Parts | 
         sinks.close()
         if b.close is not None:
             b.close()
+        drain_controller(ctl)  # deliver the writes buffered during an outage (bounded wait)
     out |= {"run_id": b.run_id, "run_dir": str(b.run_dir), "scheduler": "asyncopd", "options": b.options.model_dump(),
             "batch_size": b.scheduler.cfg.batch_size, "loss": cfg.loss.name,
             "mc_samples": cfg.loss.mc_samples if cfg.loss.name == "reverse_kl_mc" else 0,

@@ -346,6 +346,7 @@ class AsyncOPDScheduler:
                 continue
             batch.append(it)
             self._log("consume", self.version, seq=it.seq)
+        self.hooks.offer_complete(batch, self.version)  # finished / full-length items may be complete probes
         stale = [self.version - it.behavior_version for it in batch]
         self.staleness += stale
         self.consumed += batch

@@ -83,7 +83,7 @@ class _StepExtras:
         if last:
             b = self.built
             save_checkpoint(b.run_dir, sched.version, self.parts.student, self.parts.tokenizer, b.optimizer,
-                            b.lr_scheduler, self.controller.get_run(b.run_id).policy_state)
+                            b.lr_scheduler, b.hooks.controller.get_run(b.run_id).policy_state)  # cached in an outage
         out["time/eval"] = time.perf_counter() - t0
         return out
 

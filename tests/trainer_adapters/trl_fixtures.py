@@ -1,0 +1,49 @@
+"""A real TRL ``DistillationTrainer`` on a tiny Llama student/teacher with a code-built tokenizer, on CPU."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from tiny_models import make_tiny_llama
+
+MAX_LEN = 16
+
+
+def tokenizer():
+    from tokenizers import Tokenizer, models, pre_tokenizers
+    from transformers import PreTrainedTokenizerFast
+
+    words = ["<pad>", "<bos>", "<eos>", "<unk>"] + [f"w{i}" for i in range(60)]  # ids match make_tiny_llama
+    tok = Tokenizer(models.WordLevel({w: i for i, w in enumerate(words)}, unk_token="<unk>"))
+    tok.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
+    return PreTrainedTokenizerFast(
+        tokenizer_object=tok, pad_token="<pad>", bos_token="<bos>", eos_token="<eos>", unk_token="<unk>",
+        padding_side="left",
+    )
+
+
+def make_trainer(tmp_path: Path, steps: int, *, batch: int = 4, max_len: int = MAX_LEN, **overrides: Any):
+    """``batch`` rollouts per optimizer step (per device, one process); ``overrides`` go to ``DistillationConfig``."""
+    import datasets
+    from trl import DistillationConfig, DistillationTrainer
+
+    accum = int(overrides.get("gradient_accumulation_steps", 1))
+    prompts = [" ".join(f"w{(i * 7 + j) % 60}" for j in range(3 + i % 3)) for i in range(batch * accum * steps)]
+    fields: dict[str, Any] = dict(
+        output_dir=str(tmp_path / "out"), per_device_train_batch_size=batch, max_steps=steps,
+        max_completion_length=max_len, logging_steps=1, report_to=[], save_strategy="no",
+        gradient_checkpointing=False, bf16=False, use_cpu=True, learning_rate=1e-3, seed=0,
+        disable_tqdm=True,
+    )
+    args = DistillationConfig(**(fields | overrides))
+    return DistillationTrainer(
+        model=make_tiny_llama(seed=0), teacher_model=make_tiny_llama(seed=1), args=args,
+        train_dataset=datasets.Dataset.from_dict({"prompt": prompts}), processing_class=tokenizer(),
+    )
+
+
+def rows(trainer: Any) -> list[dict]:
+    return [r for r in trainer.state.log_history if "loss" in r]
+
+
