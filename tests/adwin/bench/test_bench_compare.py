@@ -25,9 +25,11 @@ def test_method_list_covers_the_papers_table_and_both_baselines() -> None:
     assert list(methods)[:2] == ["full", "linear"]
     assert {f"fixed-{c}" for c in (32, 64, 128, 192, 256)} <= set(methods)
     assert {f"adwin-{t}" for t in (0.5, 0.6, 0.7, 0.8, 0.9)} <= set(methods)
-    assert methods["linear"].overrides == {"window.policy": "linear", "window.start": 10, "window.step": 10}
-    assert methods["iw-opd"].overrides == {"window.policy": "full", "loss.iw_gamma": 0.5}
-    assert methods["surprise"].overrides == {"window.policy": "surprise"} and methods["surprise"].adaptive
+    off = {"window.confidence": False}  # policies that do not audit unset the default preset's interval rule
+    assert methods["linear"].overrides == {"window.policy": "linear", "window.start": 10, "window.step": 10} | off
+    assert methods["iw-opd"].overrides == {"window.policy": "full", "loss.iw_gamma": 0.5} | off
+    assert methods["surprise"].overrides == {"window.policy": "surprise"} | off and methods["surprise"].adaptive
+    assert methods["adwin-0.7"].overrides == {"window.policy": "adwin", "window.threshold": 0.7}
     chosen = [m.key for m in select_methods("adwin,fixed-64", list(methods.values()), None)]
     assert chosen == ["full", "adwin-0.7", "adwin-0.5", "adwin-0.6", "adwin-0.8", "adwin-0.9", "fixed-64"]
     assert quick_keys([32, 64, 128, 192, 256]) == ["full", "linear", "fixed-128", "adwin-0.7", "surprise", "iw-opd"]
