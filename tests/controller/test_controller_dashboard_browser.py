@@ -36,7 +36,9 @@ def _seed(ctrl: Controller) -> str:
             for pid in acc:
                 finish(ctrl, rid, pid, step=step)
             batch = ctrl.next_probe_batch(rid)
-            ctrl.submit_audit(rid, batch.audit_id, AuditIn(cosines=cosines[step // 4]))
+            cos = cosines[step // 4]
+            ci = {c: (max(-1.0, v - 0.05), min(1.0, v + 0.05)) for c, v in cos.items()}  # audit.ci_level intervals
+            ctrl.submit_audit(rid, batch.audit_id, AuditIn(cosines=cos, cosine_ci=ci))
     return rid
 
 
@@ -64,6 +66,9 @@ def test_run_page_draws_all_charts_in_headless_chromium(tmp_path):
             assert "main-svg" in block, f"{chart} did not draw"
             assert re.search(r'class="(js-line|scatterpts|point)', block), f"{chart} has no trace"
         assert 'data-drawn="' in html and "window <b>" in html
+        cos_block = html.split('id="chart-cosines"', 1)[1].split('class="chart"', 1)[0]
+        assert 'class="yerror"' in cos_block  # each audit's cosine interval as an error bar
+        assert re.search(r"changes per audit \d\.\d\d", html)
         assert "loss/total" in html and "eval/accuracy" in html  # the legends of the two new charts
         assert "— browser-run-name" in html  # the run's name ...
         assert re.search(r"policy adwin \(candidates=\[4, 8, 16\], threshold=0\.7, max_len=32", html)  # ... and policy
