@@ -166,6 +166,12 @@ class AuditConfig(_Strict):
     ci_level: float | None = Field(None, gt=0.0, lt=1.0, description="bootstrap interval per candidate cosine; "
                                    "None = no interval (window.confidence needs one)")
     ci_samples: int = Field(200, ge=10, le=100_000, description="bootstrap resamples of the probe batch")
+    every: int = Field(1, ge=1, le=1_000_000, description="audit one ready probe batch in this many (the others "
+                       "are consumed unaudited and the window stays)")
+    skip_margin: float = Field(0.0, ge=0.0, lt=1.0, description="skip audits while the last skip_history audits "
+                               "had every cosine this far from the threshold; 0 = off")
+    skip_history: int = Field(2, ge=1, le=1000)
+    max_skips: int = Field(4, ge=0, le=1_000_000, description="consecutive skips before an audit is forced")
     @model_validator(mode="before")
     @classmethod
     def _retired_loss(cls, data: Any) -> Any:

@@ -133,6 +133,16 @@ class AuditAggregator(ControllerBase):
         given = [n for n in ("cosines", "gram", "sketch_b64") if getattr(audit, n) is not None]
         if raw is not None:
             given.append("sketch_b64")
+        if audit.skipped:
+            extra = given + [n for n in ("macro_cosines", "cosine_ci") if getattr(audit, n) is not None]
+            if extra:
+                raise InvalidInput(f"a skipped audit carries no measurement; got {extra}")
+            if run.spec["world_size"] != 1:
+                raise InvalidInput("skipping an audit needs world_size 1 (every rank would have to agree)")
+            bad = check_finite("stats", audit.stats)
+            if bad:
+                raise InvalidInput(f"{bad} must be finite")
+            return "skipped", None
         if len(given) != 1:
             raise InvalidInput(f"give exactly one of cosines, gram, sketch_b64; got {given or 'none'}")
         kind = "sketch" if given[0] == "sketch_b64" else given[0]
@@ -195,11 +205,22 @@ class AuditAggregator(ControllerBase):
         run.revision += 1
         logger.warning("run %s: audit %d rejected (%s); window stays %d", run.run_id, audit_id, why, window)
 
+    def _apply_skip(self, run: RunState, audit_id: int, audit: AuditIn) -> tuple[Any, Callable[[], None] | None]:
+        """Close the audit unmeasured: its probes are consumed, the policy and the window stay as they are."""
+        self._store.execute(
+            "UPDATE audits SET state='decided', kind='skipped', ranks=?, stats=?, decided_at=? WHERE run_id=? AND audit_id=?",
+            (dumps([audit.rank]), dumps(dict(audit.stats)), time.time(), run.run_id, audit_id),
+        )
+        self._store.execute("UPDATE probes SET state='audited' WHERE run_id=? AND audit_id=?", (run.run_id, audit_id))
+        return AuditOut(audit_id=audit_id, state="decided", ranks_received=1).model_dump(mode="json"), None
+
     def _apply_audit(
         self, run: RunState, row: Any, audit: AuditIn, kind: str, sketch: np.ndarray | None
     ) -> tuple[Any, Callable[[], None] | None]:
         st, audit_id = self._store, row["audit_id"]
         ranks = loads(row["ranks"]) + [audit.rank]
+        if kind == "skipped":
+            return self._apply_skip(run, audit_id, audit)
         gram = None
         if kind == "sketch":
             assert sketch is not None

@@ -152,7 +152,7 @@ class ProbeBatchOut(_Out):
 
 
 class AuditIn(_In):
-    """Exactly one of ``cosines``, ``gram`` or ``sketch`` is given.
+    """Exactly one of ``cosines``, ``gram`` or ``sketch`` is given, or none with ``skipped``.
 
     ``sketch`` is this rank's (K+1, D) float32 sketch as base64 of little-endian bytes; the
     controller sums ``world_size`` ranks' sketches before computing cosines.
@@ -168,6 +168,10 @@ class AuditIn(_In):
     # Optional bootstrap interval per candidate cosine (``AuditResult.cosine_ci``); a ``window.confidence``
     # policy decides on it. Stored with the audit as stats ``cos_ci_low_<c>`` / ``cos_ci_high_<c>``.
     cosine_ci: dict[int, tuple[float, float]] | None = None
+    # The trainer consumed the batch without auditing it (``audit.every`` / ``audit.skip_margin``): give none of
+    # cosines, gram, sketch. The batch's probes leave the queue, the audit is closed as kind ``skipped``, and
+    # the window stays as it is (no decision is recorded).
+    skipped: bool = False
     # Non-finite values are refused by the controller itself (422), not here: the controller records
     # the rejected audit as a ``fallback`` decision so the dashboard shows why the window stayed.
     _finite: ClassVar[bool] = False

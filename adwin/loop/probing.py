@@ -32,6 +32,7 @@ import torch
 
 from adwin.audit.drift import teacher_drift
 from adwin.audit.job import AuditJob, AuditOutcome, AuditSettings, adam_snapshot, lag_metrics
+from adwin.audit.schedule import AuditSchedule
 from adwin.config import ProbeConfig, TrainConfig
 from adwin.controller.api import ControllerAPI, ControllerError, InvalidInput
 from adwin.controller.schemas import AuditIn, OfferIn, ProbeBatchOut, ProbeOfferItem, ProbeReportIn
@@ -81,6 +82,7 @@ class ProbeSide:
     window: int | None = None
     decisions: int = 0
     changes: int = 0
+    schedule: AuditSchedule | None = None  # audit.every / audit.skip_margin: which ready batches to audit
 
     @property
     def enabled(self) -> bool:
@@ -182,6 +184,12 @@ class ProbeSide:
         probes = self.pool.pop(ready.probe_ids)
         stale = [p.staleness(version) for p in probes]
         self._check_staleness(stale, version, "audited")
+        if self.schedule is not None and not self.schedule.should_audit():
+            self.controller.submit_audit(self.run_id, ready.audit_id,
+                                         AuditIn(skipped=True, stats={"probes": float(len(probes))}),
+                                         idempotency_key=f"{self.run_id}-audit-{ready.audit_id}")
+            m["audit/skipped"] = m.get("audit/skipped", 0.0) + 1.0
+            return self._collect(m, version, block=wait)
         batch = self.pool.probe_batch(probes, self.pad_id, self.score)
         if self.drift is not None:
             m |= self.drift(batch.input_ids, batch.attention_mask, batch.response_mask, [p.route for p in probes])
@@ -231,6 +239,8 @@ class ProbeSide:
         m |= {f"audit/micro_cos_{c}": v for c, v in res.cosines.items()}
         m |= {f"audit/macro_cos_{c}": v for c, v in res.macro_cosines.items()}
         m |= res.metrics()
+        if self.schedule is not None:
+            self.schedule.record(res.cosines)
         if out.decision is not None:
             m["audit/next_window"] = float(out.decision.window)
             self.decisions += 1
@@ -274,6 +284,10 @@ def open_probe_side(cfg: TrainConfig, controller: ControllerAPI, run_id: str, pa
                                    ray_address=p.ray_address, ray_num_cpus=p.ray_num_cpus,
                                    fault_policy=p.fault_policy, max_reissues=p.max_reissues, optimizer=optimizer)
     side.settings = audit_settings(cfg)
+    a = cfg.audit
+    if a.every > 1 or a.skip_margin > 0:
+        side.schedule = AuditSchedule(threshold=cfg.window.threshold, every=a.every, skip_margin=a.skip_margin,
+                                      skip_history=a.skip_history, max_skips=a.max_skips)
     side.score = parts.teachers.score
     side.drift = partial(teacher_drift, parts.teachers.logits, candidates=tuple(cfg.window.candidates))
     side.pad_id = pad_id_of(parts.tokenizer, eos_ids(parts.student, parts.tokenizer))

@@ -72,14 +72,14 @@ def train(cfg: TrainConfig, controller: ControllerAPI, parts: Parts | None = Non
         probes.drain(step)  # normally a no-op (drained before logging); the fault stop comes here directly
         return save_checkpoint(run_dir, step, parts.student, parts.tokenizer, optimizer, scheduler,
                                controller.get_run(run_id).policy_state,
-                               extra=run_state(probes.pool, probes.ledger, parts.train_prompts, faults),
+                               extra=run_state(probes.pool, probes.ledger, parts.train_prompts, faults, probes.schedule),
                                meta={"run_id": run_id, "initial_eval": initial},
                                write_files=lambda d: snapshot_controller(controller, d / CONTROLLER_DB))
 
     start = 0
     if resume:  # RNG states are restored last: nothing below may draw before the loop
         initial, start = resume_from(resume, parts.student, optimizer, scheduler, probes.pool, probes.ledger,
-                                     parts.train_prompts, faults)
+                                     parts.train_prompts, faults, probes.schedule)
     else:
         with clock("eval"):
             initial = evaluate(parts, cfg, gen)

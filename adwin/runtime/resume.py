@@ -27,9 +27,10 @@ log = logging.getLogger(__name__)
 CONTROLLER_DB = "controller.db"
 
 
-def run_state(pool: Any, ledger: Any, prompts: Any, faults: Any) -> dict[str, Any]:
-    """The loop's state besides model/optimizer/RNG, for ``save_checkpoint(extra=...)``."""
-    return {
+def run_state(pool: Any, ledger: Any, prompts: Any, faults: Any, schedule: Any = None) -> dict[str, Any]:
+    """The loop's state besides model/optimizer/RNG, for ``save_checkpoint(extra=...)``; ``schedule`` is the
+    audit schedule (``audit.every`` / ``audit.skip_margin``) when the run has one."""
+    return ({"audit_schedule": schedule.state_dict()} if schedule is not None else {}) | {
         "prompts": prompts.state_dict(),
         "probes": [dataclasses.asdict(p) for p in pool.snapshot()],
         "probe_tokens_generated": pool.tokens_generated,
@@ -38,7 +39,8 @@ def run_state(pool: Any, ledger: Any, prompts: Any, faults: Any) -> dict[str, An
     }
 
 
-def restore_run_state(extra: dict[str, Any], pool: Any, ledger: Any, prompts: Any, faults: Any) -> None:
+def restore_run_state(extra: dict[str, Any], pool: Any, ledger: Any, prompts: Any, faults: Any,
+                      schedule: Any = None) -> None:
     from adwin.probes.pool import Probe
 
     if not extra:
@@ -51,6 +53,8 @@ def restore_run_state(extra: dict[str, Any], pool: Any, ledger: Any, prompts: An
     ledger.completed_lengths = list(extra["ledger"]["completed_lengths"])
     ledger.sync, ledger.full = float(extra["ledger"]["sync"]), float(extra["ledger"]["full"])
     faults.load_state_dict(extra["faults"])
+    if schedule is not None and "audit_schedule" in extra:
+        schedule.load_state_dict(extra["audit_schedule"])
 
 
 def snapshot_controller(controller: Any, dest: Path) -> bool:
@@ -133,12 +137,12 @@ def check_extension(checkpoint: Path, steps: int, schedule: str) -> None:
 
 
 def resume_from(checkpoint: Path, model: Any, optimizer: Any, scheduler: Any, pool: Any, ledger: Any,
-                prompts: Any, faults: Any) -> tuple[dict[str, float], int]:
+                prompts: Any, faults: Any, schedule: Any = None) -> tuple[dict[str, float], int]:
     """Load everything back in place; RNG states last. Returns the run's initial evaluation and the next step."""
     from adwin.runtime.checkpoint import load_checkpoint, load_weights
 
     load_weights(checkpoint, model)
     state = load_checkpoint(checkpoint, optimizer, scheduler)
-    restore_run_state(state["extra"], pool, ledger, prompts, faults)
+    restore_run_state(state["extra"], pool, ledger, prompts, faults, schedule)
     log.info("resumed from %s at step %d (%d probes restored)", checkpoint, state["step"], len(pool))
     return dict(state.get("initial_eval") or {}), int(state["step"])

@@ -218,6 +218,25 @@ def test_cosine_audit_picks_the_shortest_candidate_clearing_the_threshold(api):
     assert [d["reason"] for d in tel.decisions] == ["initial", "audit"]
 
 
+def test_a_skipped_audit_consumes_its_batch_and_leaves_the_window_and_the_decisions(api):
+    rid = api.register_run(run_spec()).run_id
+    first = _batch(api, rid)
+    api.submit_audit(rid, first.audit_id, AuditIn(cosines={4: 0.5, 8: 0.9}))
+    second = _batch(api, rid, step=1)
+    out = api.submit_audit(rid, second.audit_id, AuditIn(skipped=True, stats={"probes": 2.0}))
+    assert out.state == "decided" and out.decision is None
+    w = api.get_window(rid, 3)
+    assert (w.window, w.reason, w.audit_id) == (8, "audit", first.audit_id)  # the last measured decision holds
+    tel = api.telemetry(rid)
+    assert [d["reason"] for d in tel.decisions] == ["initial", "audit"] and tel.probes["audited"] == 4
+    assert tel.audits[-1]["kind"] == "skipped" and tel.audits[-1]["cosines"] is None
+    with pytest.raises(AuditConflict):  # closed, like a decided audit
+        api.submit_audit(rid, second.audit_id, AuditIn(cosines={4: 0.9}))
+    third = _batch(api, rid, step=2)
+    with pytest.raises(InvalidInput, match="skipped"):  # a skip carries no measurement
+        api.submit_audit(rid, third.audit_id, AuditIn(skipped=True, cosines={4: 0.9}))
+
+
 def test_no_candidate_clearing_the_threshold_falls_back_to_the_full_horizon(api):
     rid = api.register_run(run_spec()).run_id
     batch = _batch(api, rid)

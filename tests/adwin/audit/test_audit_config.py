@@ -13,7 +13,7 @@ from adwin.policies.registry import build_policy
 @pytest.mark.parametrize(("key", "value", "field"), [
     ("audit.params", "top:0", "audit.params"), ("audit.params", "last:2", "audit.params"),
     ("audit.estimator", "split", "estimator"), ("audit.ci_level", 1.0, "ci_level"),
-    ("audit.ci_samples", 5, "ci_samples"), ("audit.every", 2, "every"),  # every/skip: replay only, not a knob
+    ("audit.ci_samples", 5, "ci_samples"), ("audit.every", 0, "every"), ("audit.skip_margin", 1.0, "skip_margin"),
 ])
 def test_bad_audit_settings_fail_at_load_naming_the_field(key: str, value: object, field: str) -> None:
     with pytest.raises(ValidationError, match=field):

@@ -124,3 +124,23 @@ def test_resume_cli_continues_the_latest_checkpoint(tmp_path: Path, capsys) -> N
     assert main(["train", "--resume", str(tmp_path / "nowhere")]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "nowhere" in err[0]
+
+
+def test_the_audit_schedule_survives_a_checkpoint() -> None:
+    # audit.every / skip_margin: a resumed run skips the same batches the straight run would
+    from adwin.audit.schedule import AuditSchedule
+    from adwin.loop.accounting import TokenLedger
+    from adwin.probes.pool import ProbePool
+    from adwin.runtime.guards import FaultCounter
+    from adwin.runtime.resume import restore_run_state, run_state
+    from adwin.sampling.data import BuiltinPrompts
+
+    before = AuditSchedule(threshold=0.7, every=3, skip_margin=0.2)
+    for cos in ({4: 0.1}, {4: 0.95}):
+        before.should_audit()
+        before.record(cos)
+    extra = run_state(ProbePool(8), TokenLedger(8), BuiltinPrompts(0), FaultCounter(3), before)
+    after = AuditSchedule(threshold=0.7, every=3, skip_margin=0.2)
+    restore_run_state(extra, ProbePool(8), TokenLedger(8), BuiltinPrompts(0), FaultCounter(3), after)
+    assert after.state_dict() == before.state_dict()
+    assert [after.should_audit() for _ in range(5)] == [before.should_audit() for _ in range(5)]
