@@ -91,6 +91,8 @@ def profile_fingerprint(profile: str, task: str = DEFAULT_TASK) -> str:
     ]
     # chain's fingerprint is unchanged by the other tasks, so its existing caches stay valid
     extra = [] if task == DEFAULT_TASK else [task, get_task(task).noise_line_rate]
+    if get_task(task).rule_version != 1:
+        extra.append(get_task(task).rule_version)
     blob = json.dumps([spec, repr(fields), FORMAT_VERSION, *extra], sort_keys=True, default=str)
     return hashlib.sha256(blob.encode()).hexdigest()[:16]
 

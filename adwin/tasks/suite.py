@@ -4,7 +4,7 @@
   planted mistake, so it recovers after student errors and the first lines carry most of the signal.
 * ``chain-drift``: the same problems and answers; the teacher is trained on clean solutions only,
   so its feedback after a student mistake is unreliable (the paper's supervision drift).
-* ``chain-late``: the chain plus a closing line combining the first and last results
+* ``chain-late``: the chain plus a closing line combining the last line's input and result
   (:mod:`adwin.tasks.late`); the student initialisation never trained on it, the teacher did.
 
 Kept free of torch imports: config validation and cache fingerprints read it.
@@ -48,6 +48,7 @@ class BuiltinTask:
     # None: the profile's planted-mistake rate; 0.0: clean solutions only (supervision drift)
     noise_line_rate: float | None = None
     max_steps: int = MAX_STEPS  # longer chains are skipped: their response would not fit the horizon
+    rule_version: int = 1  # bump when the written response changes, so prepared caches are rebuilt
 
     def iter_problems(self, seed: int, split: str = "train") -> Iterator[Problem]:
         """The seed's endless problem stream (:func:`adwin.tasks.chain.iter_problems`) without the chains
@@ -91,6 +92,7 @@ TASKS: dict[str, BuiltinTask] = {
         late_answer,
         verify_late_solution,
         max_steps=MAX_STEPS - CLOSING_STEPS_LEFT_OUT,
+        rule_version=2,  # 2: the closing line adds the last line's input and result (1: first and last results)
     ),
 }
 TASK_NAMES: tuple[str, ...] = tuple(TASKS)

@@ -22,8 +22,9 @@ from adwin.tasks.tokenizer import build_tokenizer
 
 def reference_late(route: str, x: int, a: int, b: int, n: int) -> str:
     """chain-late's response written from the task statement, not from the generator's helpers."""
-    lines, results = [], []
+    lines = []
     for k in range(n, 0, -1):
+        start = x
         if route == "muladd":
             p = x * a % 10
             q = (p + b) % 10
@@ -32,10 +33,9 @@ def reference_late(route: str, x: int, a: int, b: int, n: int) -> str:
             p = (x - a) % 10
             q = p * b % 10
             lines.append(f"{k:02d}:{x}-{a}={p}*{b}={q}")
-        results.append(q)
         x = q
-    total = (results[0] + results[-1]) % 10
-    return "\n".join(lines) + f"\nfin:{results[0]}+{results[-1]}={total}\nans={total}"
+    total = (start + x) % 10  # the last line's input plus its result
+    return "\n".join(lines) + f"\nfin:{start}+{x}={total}\nans={total}"
 
 
 def test_chain_late_solutions_and_answers_match_an_independent_implementation() -> None:
@@ -51,12 +51,12 @@ def test_chain_late_solutions_and_answers_match_an_independent_implementation() 
 
 def test_chain_late_verifier_rejects_a_wrong_closing_line() -> None:
     p = Problem("muladd", 4, 3, 5, 3)
-    good = reference_late("muladd", 4, 3, 5, 3)  # ...fin:7+3=0\nans=0
-    assert good.endswith("fin:7+3=0\nans=0")
-    for bad in (good.replace("fin:7+3=0", "fin:6+3=9").replace("ans=0", "ans=9"),  # wrong first value
-                good.replace("fin:7+3=0\nans=0", "fin:7+3=1\nans=1"),  # wrong sum
-                good.replace("fin:7+3=0\n", ""),  # no closing line: the chain task's response
-                good.replace("ans=0", "ans=3")):  # the chain answer
+    good = reference_late("muladd", 4, 3, 5, 3)  # 03:4*3=2+5=7 02:7*3=1+5=6 01:6*3=8+5=3 fin:6+3=9 ans=9
+    assert good.endswith("01:6*3=8+5=3\nfin:6+3=9\nans=9")
+    for bad in (good.replace("fin:6+3=9", "fin:7+3=0").replace("ans=9", "ans=0"),  # the first result, not the input
+                good.replace("fin:6+3=9\nans=9", "fin:6+3=8\nans=8"),  # wrong sum
+                good.replace("fin:6+3=9\n", ""),  # no closing line: the chain task's response
+                good.replace("ans=9", "ans=3")):  # the chain answer
         assert not verify_late_solution(p.prompt, bad)
 
 
@@ -66,9 +66,9 @@ def test_chain_late_closing_combines_the_written_values_after_planted_mistakes(s
     for p in get_task("chain-late").problems(40, seed):
         text, trained = write_late(p, rng, line_rate=0.3)
         lines = text.split("\n")
-        first, last = int(lines[0][-1]), int(lines[-3][-1])  # as written, mistakes included
-        assert lines[-2] == f"fin:{first}+{last}={(first + last) % MOD}"
-        assert lines[-1] == f"ans={(first + last) % MOD}"
+        start, result = int(lines[-3][3]), int(lines[-3][-1])  # the last line as written, mistakes included
+        assert lines[-2] == f"fin:{start}+{result}={(start + result) % MOD}"
+        assert lines[-1] == f"ans={(start + result) % MOD}"
         assert all(trained[len(text) - len(lines[-2]) - len(lines[-1]) - 1 :])
 
 
@@ -150,3 +150,13 @@ def test_config_names_the_allowed_tasks_and_refuses_builtin_task_for_jsonl() -> 
         DataConfig(builtin_task="chain-early")
     with pytest.raises(ValidationError, match="builtin_task"):
         DataConfig(task="jsonl", path="x.jsonl", builtin_task="chain-late")
+
+
+def test_a_new_rule_version_invalidates_the_prepared_cache(monkeypatch: pytest.MonkeyPatch) -> None:
+    from adwin.tasks import assets, suite
+
+    before = assets.profile_fingerprint("tiny", "chain-late")
+    bumped = dataclasses.replace(suite.TASKS["chain-late"], rule_version=99)
+    monkeypatch.setitem(suite.TASKS, "chain-late", bumped)
+    assert assets.profile_fingerprint("tiny", "chain-late") != before
+    assert assets.profile_fingerprint("tiny", "chain") == assets.profile_fingerprint("tiny")
