@@ -236,10 +236,15 @@ def run_all(base: Any, methods: list[Method], seeds: list[int], args: argparse.N
             out_dir: Path) -> list[dict[str, Any]]:
     """Seed-major order (all methods for seed 0, then seed 1, ...), so a partial run is still a comparison.
 
+    Every method of a seed starts from the same student and evaluates the same problems with the same
+    evaluation RNG (``adwin.loop.evaluate``), so the start-of-run evaluation is computed once per seed
+    (first, in the same pool) and handed to each method's run instead of being repeated by each.
+
     ``--jobs N > 1`` runs N trainings at once in worker processes (one torch thread each); results are
     the same as sequential (every run is seeded on its own), only wall times shift with co-scheduling.
     """
-    from concurrent.futures import ProcessPoolExecutor, as_completed
+    from concurrent.futures import Executor, ProcessPoolExecutor, as_completed
+    from contextlib import nullcontext
     from multiprocessing import get_context
 
     from rich.progress import (
@@ -261,57 +266,109 @@ def run_all(base: Any, methods: list[Method], seeds: list[int], args: argparse.N
         partial = [done[k] for k in sorted(done)]
         (out_dir / "runs.partial.json").write_text(json.dumps(partial, indent=1, default=_json_default))
 
-    with Progress(*columns, transient=False) as bar:
-        task = bar.add_task("compare", total=len(jobs))
-        if args.jobs <= 1:
+    pool_cm: Any = (ProcessPoolExecutor(args.jobs, mp_context=get_context("spawn")) if args.jobs > 1
+                    else nullcontext(None))
+    with Progress(*columns, transient=False) as bar, pool_cm as pool:
+        task = bar.add_task("compare", total=len(seeds) + len(jobs))
+        bar.update(task, description=f"start-of-run evaluation, {len(seeds)} seed(s)")
+        initial = dict(zip(seeds, _map(pool, initial_eval_job, [(base, s, args.profile, args.assets_seed)
+                                                                 for s in seeds], bar, task), strict=True))
+        if pool is None:
             for i, (seed, method) in enumerate(jobs):
                 bar.update(task, description=f"{method.key} seed {seed}")
-                record(i, run_one(base, method, seed, args.profile, args.assets_seed, out_dir))
+                record(i, run_one(base, method, seed, args.profile, args.assets_seed, out_dir, initial[seed]))
                 bar.advance(task)
         else:
-            with ProcessPoolExecutor(args.jobs, mp_context=get_context("spawn")) as pool:
-                futures = {pool.submit(run_one, base, m, s, args.profile, args.assets_seed, out_dir): i
-                           for i, (s, m) in enumerate(jobs)}
-                bar.update(task, description=f"{len(jobs)} runs, {args.jobs} at a time")
-                for fut in as_completed(futures):
-                    i = futures[fut]
-                    record(i, fut.result())
-                    bar.update(task, description=f"done {jobs[i][1].key} seed {jobs[i][0]}")
-                    bar.advance(task)
+            executor: Executor = pool
+            futures = {executor.submit(run_one, base, m, s, args.profile, args.assets_seed, out_dir, initial[s]): i
+                       for i, (s, m) in enumerate(jobs)}
+            bar.update(task, description=f"{len(jobs)} runs, {args.jobs} at a time")
+            for fut in as_completed(futures):
+                i = futures[fut]
+                record(i, fut.result())
+                bar.update(task, description=f"done {jobs[i][1].key} seed {jobs[i][0]}")
+                bar.advance(task)
     return [done[i] for i in range(len(jobs))]
 
 
-def run_one(base: Any, method: Method, seed: int, profile: str, assets_seed: int, out_dir: Path) -> dict[str, Any]:
-    """One training run through ``adwin.loop.trainer.train`` with an embedded controller; its measured row."""
-    import torch
-    from transformers.utils import logging as hf_logging
+def _map(pool: Any, fn: Any, arg_lists: list[tuple[Any, ...]], bar: Any, task: Any) -> list[Any]:
+    """``fn(*args)`` for each, in the pool when there is one; results in order."""
+    if pool is None:
+        out = []
+        for a in arg_lists:
+            out.append(fn(*a))
+            bar.advance(task)
+        return out
+    futures = [pool.submit(fn, *a) for a in arg_lists]
+    results = [f.result() for f in futures]
+    bar.advance(task, len(results))
+    return results
 
-    from adwin.bench.compare_stats import measure_run
+
+def _run_config(base: Any, method: Method | None, seed: int, assets_seed: int, out_dir: Path | None) -> Any:
     from adwin.config import TrainConfig
-    from adwin.controller import Controller
-    from adwin.loop.parts import load_parts, load_prompts
-    from adwin.loop.trainer import train
 
-    hf_logging.disable_progress_bar()
     data = base.model_dump(mode="json")
-    for dotted, value in method.overrides.items():
+    for dotted, value in (method.overrides if method else {}).items():
         node = data
         *parents, leaf = dotted.split(".")
         for p in parents:
             node = node[p]
         node[leaf] = value
-    data |= {"seed": seed, "name": f"{method.key}-seed{seed}", "out_dir": str(out_dir / "runs")}
+    data |= {"seed": seed}
+    if method is not None and out_dir is not None:
+        data |= {"name": f"{method.key}-seed{seed}", "out_dir": str(out_dir / "runs")}
     data["model"]["builtin_seed"] = assets_seed
-    cfg = TrainConfig.model_validate(data)
+    return TrainConfig.model_validate(data)
+
+
+def _load(cfg: Any, profile: str, assets_seed: int) -> Any:
+    import torch
+    from transformers.utils import logging as hf_logging
+
+    from adwin.loop.parts import load_parts, load_prompts
+
+    hf_logging.disable_progress_bar()
     torch.set_num_threads(1)  # the built-in models are tiny; see adwin.loop.parts.limit_threads
     # models (and the fixed evaluation problems) from one prepared asset folder; training data from the seed
     parts = load_parts(cfg.model_copy(update={"seed": assets_seed}), profile)
     parts.train_prompts = load_prompts(cfg)[0]
+    return parts
+
+
+def initial_eval_job(base: Any, seed: int, profile: str, assets_seed: int) -> dict[str, float]:
+    """The start-of-run evaluation every method of ``seed`` shares (the base config's evaluation settings;
+    no method overrides an ``eval.*`` or model key: :func:`run_one` checks)."""
+    from adwin.loop.evaluate import evaluate
+    from adwin.loop.step import Sampler
+
+    cfg = _run_config(base, None, seed, assets_seed, None)
+    parts = _load(cfg, profile, assets_seed)
+    t0 = time.perf_counter()
+    out = evaluate(parts, cfg, Sampler(parts, cfg))
+    return out | {"time/eval_s": time.perf_counter() - t0}
+
+
+SHARED_EVAL_KEYS = ("eval.", "model.", "rollout.max_response_len", "rollout.temperature", "rollout.top_p", "seed")
+
+
+def run_one(base: Any, method: Method, seed: int, profile: str, assets_seed: int, out_dir: Path,
+            initial_eval: dict[str, float] | None = None) -> dict[str, Any]:
+    """One training run through ``adwin.loop.trainer.train`` with an embedded controller; its measured row.
+    ``initial_eval``: the seed's shared start-of-run evaluation (:func:`initial_eval_job`); None evaluates."""
+    from adwin.bench.compare_stats import measure_run
+    from adwin.controller import Controller
+    from adwin.loop.trainer import train
+
+    if initial_eval is not None and (bad := [k for k in method.overrides if k.startswith(SHARED_EVAL_KEYS)]):
+        raise ValueError(f"{method.key}: overrides {bad}, which the shared start-of-run evaluation depends on")
+    cfg = _run_config(base, method, seed, assets_seed, out_dir)
+    parts = _load(cfg, profile, assets_seed)
     outcomes = record_outcomes(parts)
     controller = Controller()
     t0 = time.perf_counter()
     try:
-        res = train(cfg, controller, parts)
+        res = train(cfg, controller, parts, initial_eval=initial_eval)
     finally:
         controller.close()
     n_student = sum(p.numel() for p in parts.student.parameters())
@@ -322,9 +379,11 @@ def run_one(base: Any, method: Method, seed: int, profile: str, assets_seed: int
                       samples_per_step=cfg.rollout.prompts_per_step * cfg.rollout.samples_per_prompt)
     for ckpt in res.run_dir.glob("checkpoint-*"):  # the trainer always saves the last step; 42 copies are waste
         shutil.rmtree(ckpt, ignore_errors=True)
-    row["eval_scores"] = final_eval_scores(outcomes, min(cfg.eval.n_problems, len(parts.eval_prompts)), cfg.eval.k)
+    n_problems = min(cfg.eval.n_problems, len(parts.eval_prompts))
+    row["eval_scores"] = final_eval_scores(outcomes, n_problems, cfg.eval.k, 1 if initial_eval is not None else 2)
     row |= {"task": cfg.data.builtin_task, "method": method.key, "seed": seed, "run_dir": str(res.run_dir), "n_student": n_student,
-            "n_teacher": n_teacher, "elapsed_s": time.perf_counter() - t0}
+            "n_teacher": n_teacher, "elapsed_s": time.perf_counter() - t0,
+            "initial_eval_shared": initial_eval is not None}
     log.info("%s seed %d: accuracy %.3f, %.0f sync + %.0f probe tokens, %.1f s", method.key, seed,
              row["accuracy_final"], row["sync_tokens"], row["probe_tokens"], row["wall_s"])
     return row
@@ -344,12 +403,13 @@ def record_outcomes(parts: Any) -> list[bool]:
     return seen
 
 
-def final_eval_scores(outcomes: list[bool], n_problems: int, k: int) -> list[float]:
+def final_eval_scores(outcomes: list[bool], n_problems: int, k: int, evaluations: int = 2) -> list[float]:
     """Per-problem mean@k of the final evaluation: the last ``n_problems * k`` outcomes. A run evaluates at
-    its start and its end (``eval.every = 0``); any other count means the order assumption broke."""
-    if len(outcomes) != 2 * n_problems * k:
-        raise RuntimeError(f"expected 2 x {n_problems} x {k} evaluation outcomes (start and end), got "
-                           f"{len(outcomes)}: paired statistics need eval.every = 0 and answers on every problem")
+    its start (unless it was handed the shared one: ``evaluations = 1``) and its end (``eval.every = 0``);
+    any other count means the order assumption broke."""
+    if len(outcomes) != evaluations * n_problems * k:
+        raise RuntimeError(f"expected {evaluations} x {n_problems} x {k} evaluation outcomes, got {len(outcomes)}: "
+                           "paired statistics need eval.every = 0 and answers on every problem")
     final = outcomes[-n_problems * k :]
     return [sum(final[i * k : (i + 1) * k]) / k for i in range(n_problems)]
 

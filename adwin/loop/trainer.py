@@ -47,11 +47,15 @@ class TrainResult:
 
 
 def train(cfg: TrainConfig, controller: ControllerAPI, parts: Parts | None = None,
-          on_step: Callable[[int, dict[str, Any]], None] | None = None, resume: Path | None = None) -> TrainResult:
+          on_step: Callable[[int, dict[str, Any]], None] | None = None, resume: Path | None = None,
+          initial_eval: dict[str, float] | None = None) -> TrainResult:
     """Distill ``parts.student`` for ``cfg.steps`` steps, windows decided by ``controller``.
 
     ``resume``: a checkpoint folder of this run to continue from (``adwin.runtime.resume``; the embedded controller
     must be ``adwin.runtime.resume.open_resumed_controller(resume)``).
+    ``initial_eval``: the start-of-run evaluation, already computed by :func:`evaluate` on the same student,
+    problems and ``cfg.seed`` (it draws from its own RNG, so skipping it changes nothing else); bench compare
+    shares one between the methods of a seed.
     """
     parts = parts or load_parts(cfg)
     seed_everything(cfg.seed)
@@ -80,6 +84,8 @@ def train(cfg: TrainConfig, controller: ControllerAPI, parts: Parts | None = Non
     if resume:  # RNG states are restored last: nothing below may draw before the loop
         initial, start = resume_from(resume, parts.student, optimizer, scheduler, probes.pool, probes.ledger,
                                      parts.train_prompts, faults, probes.schedule)
+    elif initial_eval is not None:
+        initial = dict(initial_eval)
     else:
         with clock("eval"):
             initial = evaluate(parts, cfg, gen)

@@ -103,3 +103,33 @@ def test_tiny_compare_writes_table_json_plots_and_html(tmp_path: Path, monkeypat
     assert "SMOKE RUN" in page and "adwin-0.7" in page and "accuracy_vs_tokens.png" in page
     out = capsys.readouterr().out
     assert "SMOKE RUN" in out and "iw-opd" in out
+
+
+def test_the_shared_start_of_run_evaluation_equals_each_methods_own(tmp_path: Path, monkeypatch) -> None:
+    """bench compare evaluates the starting student once per seed; a method's run that evaluates for
+    itself must get exactly the same numbers, whatever the method, and its final scores stay paired."""
+    import argparse
+
+    from adwin.bench.compare import (
+        TINY_OVERRIDES,
+        Method,
+        all_methods,
+        base_overrides,
+        initial_eval_job,
+        run_one,
+    )
+    from adwin.config import load_config
+
+    monkeypatch.setenv("ADWIN_HOME", str(tmp_path / "home"))
+    args = argparse.Namespace(set=[])
+    base = load_config(None, base_overrides(args, "tiny", 2) | TINY_OVERRIDES | {"probes.backend": "inline"})
+    methods = {m.key: m for m in all_methods(base.rollout.max_response_len, list(base.window.candidates))}
+    shared = initial_eval_job(base, 1, "tiny", 0)
+    for key in ("fixed-8", "adwin-0.7"):
+        own = run_one(base, methods[key], 1, "tiny", 0, tmp_path / key)
+        given = run_one(base, methods[key], 1, "tiny", 0, tmp_path / f"{key}-shared", shared)
+        assert own["accuracy_initial"] == shared["eval/accuracy"] == given["accuracy_initial"]
+        assert own["teacher_kl_initial"] == pytest.approx(shared["eval/teacher_kl"], rel=1e-6)
+        assert own["eval_scores"] == given["eval_scores"] and own["windows"] == given["windows"]
+    with pytest.raises(ValueError, match="eval.k"):
+        run_one(base, Method("odd", "odd", {"eval.k": 2}), 1, "tiny", 0, tmp_path / "odd", shared)

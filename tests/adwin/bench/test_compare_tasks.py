@@ -64,6 +64,9 @@ def test_final_scores_are_the_last_evaluation_per_problem_and_a_wrong_count_refu
     assert final_eval_scores(initial + final, 3, 2) == [0.5, 1.0, 0.0]
     with pytest.raises(RuntimeError, match="eval.every"):
         final_eval_scores(final, 3, 2)
+    assert final_eval_scores(final, 3, 2, evaluations=1) == [0.5, 1.0, 0.0]  # the start-of-run one was shared
+    with pytest.raises(RuntimeError, match="eval.every"):
+        final_eval_scores(initial + final, 3, 2, evaluations=1)
 
 
 def test_unknown_task_is_refused_naming_the_known_ones() -> None:
