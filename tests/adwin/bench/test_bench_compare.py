@@ -133,3 +133,11 @@ def test_the_shared_start_of_run_evaluation_equals_each_methods_own(tmp_path: Pa
         assert own["eval_scores"] == given["eval_scores"] and own["windows"] == given["windows"]
     with pytest.raises(ValueError, match="eval.k"):
         run_one(base, Method("odd", "odd", {"eval.k": 2}), 1, "tiny", 0, tmp_path / "odd", shared)
+
+
+def test_a_compare_across_tasks_defaults_to_the_goals_methods() -> None:
+    from adwin.bench.compare import all_methods, select_methods, suite_keys
+
+    cands = [32, 64, 128, 192, 256]
+    chosen = [m.key for m in select_methods(None, all_methods(320, cands), suite_keys(cands))]
+    assert chosen == ["full", "linear", "fixed-32", "fixed-64", "fixed-128", "fixed-192", "fixed-256", "adwin-0.7"]
