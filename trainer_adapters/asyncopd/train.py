@@ -31,7 +31,7 @@ from adwin.trainer_adapters.asyncopd.run import AsyncOPDRun, build_asyncopd, run
 
 SUMMARY_KEYS = ("throughput_tokens_per_s", "overlap", "staleness", "permits", "checks", "submitted",
                 "probes_completed", "breakpoint_samples", "probes", "options", "batch_size", "loss", "mc_samples",
-                "learner_shapes")
+                "learner_shapes", "sync_every", "discarded", "oapl")
 
 
 @dataclass
