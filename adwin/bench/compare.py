@@ -21,6 +21,14 @@ cross-task ``index.html`` and ``suite.json`` with each method's regret and worst
 
 ``--quick`` is a smoke run (one seed, 8 steps, six methods, 64 evaluation problems) and says so in every output;
 ``--profile tiny`` uses the tiny built-in models and a tiny budget (the test suite's smoke test).
+
+Opt-in methods (named in ``--methods`` only, never part of the default set): ``asyncopd-is-L<L>`` and
+``asyncopd-oapl-L<L>`` for ``L`` in ``ASYNC_LAGS`` (families ``asyncopd-is``, ``asyncopd-oapl``) run the
+AsyncOPD scheduler (``train_asyncopd``) with a full-horizon window, the same samples per step in groups of
+``G`` (4 when it divides them), one batch in flight (queue depth 1) and the workers' weights synced every
+``L`` updates: IS corrects the lag with the old-to-current ratio (``reverse_kl_pg``, keep-mode), OAPL
+regresses onto the teacher reward (``loss.oapl``, beta 1, Algorithm 1's cleared buffer). Their rows add
+the lag statistics (staleness, ratio percentiles, train-rollout log-prob gap, discarded tokens).
 """
 
 from __future__ import annotations
@@ -44,6 +52,7 @@ from adwin.tasks.suite import DEFAULT_TASK, TASK_NAMES, get_task
 log = logging.getLogger(__name__)
 
 THRESHOLDS = (0.7, 0.5, 0.6, 0.8, 0.9)  # the default first, then appendix D's sensitivity
+ASYNC_LAGS = (1, 4, 16)  # learner updates between two syncs of the rollout workers' weights
 IW_GAMMA = 0.5
 FAST_OPD = (256, 256, 8192)  # Fast OPD: start 256, +256 per step, at a horizon of 8192
 STEPS = {"default": 30, "quick": 8, "tiny": 2}
@@ -71,6 +80,7 @@ class Method:
     label: str
     overrides: dict[str, Any] = field(default_factory=dict)
     adaptive: bool = False  # its window changes during the run (plotted over steps)
+    opt_in: bool = False  # run only when named in --methods
 
 
 def fast_opd_schedule(max_len: int) -> int:
@@ -79,7 +89,22 @@ def fast_opd_schedule(max_len: int) -> int:
     return max(1, round(start * max_len / horizon))
 
 
-def all_methods(max_len: int, candidates: list[int]) -> list[Method]:
+def asyncopd_methods(samples_per_step: int) -> list[Method]:
+    """IS and OAPL under the AsyncOPD scheduler at each lag of ``ASYNC_LAGS`` (module docstring)."""
+    from adwin.config import policy_overrides
+
+    g = 4 if samples_per_step % 4 == 0 else 2 if samples_per_step % 2 == 0 else samples_per_step
+    common = policy_overrides("full") | {"scheduler": "asyncopd", "asyncopd.queue_depth": 1,
+                                         "rollout.prompts_per_step": samples_per_step // g,
+                                         "rollout.samples_per_prompt": g}
+    out = [Method(f"asyncopd-is-L{lag}", f"AsyncOPD + IS (lag {lag})",
+                  common | {"loss.name": "reverse_kl_pg", "asyncopd.sync_every": lag}, opt_in=True) for lag in ASYNC_LAGS]
+    out += [Method(f"asyncopd-oapl-L{lag}", f"AsyncOPD + OAPL (lag {lag}, beta 1, teacher reward)",
+                   common | {"loss.name": "oapl", "loss.oapl.lag": lag}, opt_in=True) for lag in ASYNC_LAGS]
+    return out
+
+
+def all_methods(max_len: int, candidates: list[int], samples_per_step: int = 16) -> list[Method]:
     from adwin.config import policy_overrides
 
     s = fast_opd_schedule(max_len)
@@ -90,7 +115,7 @@ def all_methods(max_len: int, candidates: list[int]) -> list[Method]:
             for t in THRESHOLDS]
     out += [Method("surprise", "teacher-surprise horizon", policy_overrides("surprise"), adaptive=True),
             Method("iw-opd", f"IW-OPD (gamma={IW_GAMMA})", policy_overrides("full") | {"loss.iw_gamma": IW_GAMMA})]
-    return out
+    return out + asyncopd_methods(samples_per_step)
 
 
 def quick_keys(candidates: list[int]) -> list[str]:
@@ -102,7 +127,7 @@ def select_methods(spec: str | None, methods: list[Method], default_keys: list[s
     """``--methods``: comma-separated keys; a family name (``fixed``, ``adwin``) selects all its members."""
     by_key = {m.key: m for m in methods}
     if not spec:
-        keys = default_keys or list(by_key)
+        keys = default_keys or [m.key for m in methods if not m.opt_in]
     else:
         keys = []
         for name in (x.strip() for x in spec.split(",") if x.strip()):
@@ -112,7 +137,8 @@ def select_methods(spec: str | None, methods: list[Method], default_keys: list[s
             elif family:
                 keys += family
             else:
-                raise ValueError(f"--methods: unknown method {name!r}; known: {', '.join(by_key)} (or fixed, adwin)")
+                raise ValueError(f"--methods: unknown method {name!r}; known: {', '.join(by_key)} (or fixed, adwin, "
+                                 "asyncopd-is, asyncopd-oapl)")
     if "full" not in keys:
         keys.insert(0, "full")  # every ratio is to full-rollout OPD
     return [by_key[k] for k in dict.fromkeys(keys)]
@@ -125,7 +151,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help=f"comma-separated built-in tasks ({', '.join(TASK_NAMES)}); default {DEFAULT_TASK}")
     p.add_argument("--quick", action="store_true", help="smoke run: one seed, fewer steps, six methods")
     p.add_argument("--methods", help="comma-separated method keys or families (full, linear, fixed, fixed-64, adwin, "
-                                     "adwin-0.7, surprise, iw-opd); default: all (quick: one per family)")
+                                     "adwin-0.7, surprise, iw-opd; opt-in: asyncopd-is, asyncopd-oapl, e.g. "
+                                     "asyncopd-oapl-L4); default: all but the opt-in ones (quick: one per family)")
     p.add_argument("--seeds", help="number of seeds (N: 0..N-1) or a comma-separated list (default 3; quick 1)")
     p.add_argument("--steps", type=int, help=f"optimizer steps per run (default {STEPS['default']}; "
                                              f"quick {STEPS['quick']}; tiny {STEPS['tiny']})")
@@ -186,7 +213,8 @@ def main(args: argparse.Namespace) -> int:
     seeds = parse_seeds(args.seeds, SEEDS[mode])
     config_path = args.config or ("configs/default.yaml" if Path("configs/default.yaml").is_file() else None)
     base = load_config(config_path, base_overrides(args, mode, steps))
-    methods = all_methods(base.rollout.max_response_len, list(base.window.candidates))
+    methods = all_methods(base.rollout.max_response_len, list(base.window.candidates),
+                          samples_per_step=base.rollout.prompts_per_step * base.rollout.samples_per_prompt)
     default_keys = quick_keys(base.window.candidates) if mode != "default" else None
     chosen = select_methods(args.methods, methods, default_keys)
     stamp = dt.datetime.now().strftime("%Y-%m-%d")
@@ -282,7 +310,8 @@ def run_all(base: Any, methods: list[Method], seeds: list[int], args: argparse.N
 
 
 def run_one(base: Any, method: Method, seed: int, profile: str, assets_seed: int, out_dir: Path) -> dict[str, Any]:
-    """One training run through ``adwin.loop.trainer.train`` with an embedded controller; its measured row."""
+    """One training run through ``adwin.loop.trainer.train`` (or ``train_asyncopd`` for ``scheduler: asyncopd``)
+    with an embedded controller; its measured row."""
     import torch
     from transformers.utils import logging as hf_logging
 
@@ -311,7 +340,12 @@ def run_one(base: Any, method: Method, seed: int, profile: str, assets_seed: int
     controller = Controller()
     t0 = time.perf_counter()
     try:
-        res = train(cfg, controller, parts)
+        if cfg.scheduler == "asyncopd":
+            from adwin.trainer_adapters.asyncopd.train import train_asyncopd
+
+            res = train_asyncopd(cfg, controller, parts)
+        else:
+            res = train(cfg, controller, parts)
     finally:
         controller.close()
     n_student = sum(p.numel() for p in parts.student.parameters())

@@ -51,6 +51,7 @@ class _StepExtras:
         self.initial: dict[str, float] = {}
         self.final: dict[str, float] = {}
         self._probes_seen = 0
+        self._consumed_seen = 0
         self._busy: dict[str, float] = {}
 
     def evaluate(self) -> dict[str, float]:
@@ -64,11 +65,13 @@ class _StepExtras:
         done = sched.probes_completed[self._probes_seen :]
         self._probes_seen += len(done)
         self.ledger.completed_lengths += [it.response_len for it in done]  # probes: truncations continued
-        batch = sched.consumed[-sched.cfg.batch_size :]
+        batch = sched.consumed[self._consumed_seen :]  # this update's items (OAPL's may be fewer than B: probes)
+        self._consumed_seen = len(sched.consumed)
         view = SimpleNamespace(response_ids=[it.tokens for it in batch],
                                finished=[it.finish_reason != "window" for it in batch])
         out = self.ledger.record(view, int(m.get("window/current", cfg.rollout.max_response_len)),  # type: ignore[arg-type]
                                  self.probe_tokens())
+        out["rollout/prompt_tokens"] = float(sum(len(it.prompt_ids) for it in batch))  # FLOPs estimates read it
         for stage in ("rollout", "teacher", "train"):  # this update's share of each stage's busy time
             total = m.get(f"pipeline/busy_{stage}_s", 0.0)
             out[f"time/{stage}"] = total - self._busy.get(stage, 0.0)
