@@ -24,8 +24,10 @@ cross-task ``index.html`` and ``suite.json`` with each method's regret and worst
 
 Opt-in methods (named in ``--methods`` only, never part of the default set): ``asyncopd-is-L<L>`` and
 ``asyncopd-oapl-L<L>`` for ``L`` in ``ASYNC_LAGS`` (families ``asyncopd-is``, ``asyncopd-oapl``) run the
-AsyncOPD scheduler (``train_asyncopd``) with a full-horizon window, the same samples per step in groups of
-``G`` (4 when it divides them), one batch in flight (queue depth 1) and the workers' weights synced every
+AsyncOPD scheduler (``train_asyncopd``) with the base config's window (the full horizon when the base policy
+audits: a lag above the staleness limit leaves no probe to audit), the same samples per step in groups of
+``G`` (4 when it divides them), one batch in flight (queue depth 1), learner batches not padded to the
+horizon (on CPU that padding multiplies the learner's tokens) and the workers' weights synced every
 ``L`` updates: IS corrects the lag with the old-to-current ratio (``reverse_kl_pg``, keep-mode), OAPL
 regresses onto the teacher reward (``loss.oapl``, beta 1, Algorithm 1's cleared buffer). Their rows add
 the lag statistics (staleness, ratio percentiles, train-rollout log-prob gap, discarded tokens).
@@ -89,14 +91,15 @@ def fast_opd_schedule(max_len: int) -> int:
     return max(1, round(start * max_len / horizon))
 
 
-def asyncopd_methods(samples_per_step: int) -> list[Method]:
+def asyncopd_methods(samples_per_step: int, window_policy: str = "adwin") -> list[Method]:
     """IS and OAPL under the AsyncOPD scheduler at each lag of ``ASYNC_LAGS`` (module docstring)."""
     from adwin.config import policy_overrides
+    from adwin.policies.registry import is_audited
 
     g = 4 if samples_per_step % 4 == 0 else 2 if samples_per_step % 2 == 0 else samples_per_step
-    common = policy_overrides("full") | {"scheduler": "asyncopd", "asyncopd.queue_depth": 1,
-                                         "rollout.prompts_per_step": samples_per_step // g,
-                                         "rollout.samples_per_prompt": g}
+    window = policy_overrides("full") if is_audited(window_policy) else {}
+    common = window | {"scheduler": "asyncopd", "asyncopd.queue_depth": 1, "asyncopd.pad_to_horizon": False,
+                       "rollout.prompts_per_step": samples_per_step // g, "rollout.samples_per_prompt": g}
     out = [Method(f"asyncopd-is-L{lag}", f"AsyncOPD + IS (lag {lag})",
                   common | {"loss.name": "reverse_kl_pg", "asyncopd.sync_every": lag}, opt_in=True) for lag in ASYNC_LAGS]
     out += [Method(f"asyncopd-oapl-L{lag}", f"AsyncOPD + OAPL (lag {lag}, beta 1, teacher reward)",
@@ -104,7 +107,8 @@ def asyncopd_methods(samples_per_step: int) -> list[Method]:
     return out
 
 
-def all_methods(max_len: int, candidates: list[int], samples_per_step: int = 16) -> list[Method]:
+def all_methods(max_len: int, candidates: list[int], samples_per_step: int = 16,
+                window_policy: str = "adwin") -> list[Method]:
     from adwin.config import policy_overrides
 
     s = fast_opd_schedule(max_len)
@@ -115,7 +119,7 @@ def all_methods(max_len: int, candidates: list[int], samples_per_step: int = 16)
             for t in THRESHOLDS]
     out += [Method("surprise", "teacher-surprise horizon", policy_overrides("surprise"), adaptive=True),
             Method("iw-opd", f"IW-OPD (gamma={IW_GAMMA})", policy_overrides("full") | {"loss.iw_gamma": IW_GAMMA})]
-    return out + asyncopd_methods(samples_per_step)
+    return out + asyncopd_methods(samples_per_step, window_policy)
 
 
 def quick_keys(candidates: list[int]) -> list[str]:
@@ -214,7 +218,8 @@ def main(args: argparse.Namespace) -> int:
     config_path = args.config or ("configs/default.yaml" if Path("configs/default.yaml").is_file() else None)
     base = load_config(config_path, base_overrides(args, mode, steps))
     methods = all_methods(base.rollout.max_response_len, list(base.window.candidates),
-                          samples_per_step=base.rollout.prompts_per_step * base.rollout.samples_per_prompt)
+                          samples_per_step=base.rollout.prompts_per_step * base.rollout.samples_per_prompt,
+                          window_policy=base.window.policy)
     default_keys = quick_keys(base.window.candidates) if mode != "default" else None
     chosen = select_methods(args.methods, methods, default_keys)
     stamp = dt.datetime.now().strftime("%Y-%m-%d")

@@ -117,7 +117,10 @@ def test_asyncopd_methods_are_opt_in_families_with_one_pipeline_and_their_lags()
     assert shared == {k: v for k, v in oapl4.items() if k not in ("loss.name", "loss.oapl.lag")}, \
         "IS and OAPL differ only by the objective and how the lag is named"
     assert shared["rollout.prompts_per_step"] * shared["rollout.samples_per_prompt"] == 16
-    assert shared["scheduler"] == "asyncopd" and shared["window.policy"] == "full"
+    assert shared["scheduler"] == "asyncopd" and shared["window.policy"] == "full"  # the base policy audits
+    fixed_base = {m.key: m for m in all_methods(320, [32, 64], samples_per_step=16, window_policy="fixed")}
+    assert not any(k.startswith("window.") for k in fixed_base["asyncopd-oapl-L16"].overrides), \
+        "a base window that does not audit is kept: --set window.policy=fixed runs every method at one window"
 
 
 def test_tiny_compare_runs_is_and_oapl_under_the_asyncopd_scheduler(tmp_path: Path, monkeypatch, capsys) -> None:
