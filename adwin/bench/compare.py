@@ -98,7 +98,10 @@ def asyncopd_methods(samples_per_step: int, window_policy: str = "adwin") -> lis
 
     g = 4 if samples_per_step % 4 == 0 else 2 if samples_per_step % 2 == 0 else samples_per_step
     window = policy_overrides("full") if is_audited(window_policy) else {}
+    # wait_timeout_s: a shared machine may pause the whole process (SIGSTOP) for minutes; the pipeline's
+    # stall detector counts that wall time, so it gets an hour here instead of ten minutes
     common = window | {"scheduler": "asyncopd", "asyncopd.queue_depth": 1, "asyncopd.pad_to_horizon": False,
+                       "asyncopd.wait_timeout_s": 3600.0,
                        "rollout.prompts_per_step": samples_per_step // g, "rollout.samples_per_prompt": g}
     out = [Method(f"asyncopd-is-L{lag}", f"AsyncOPD + IS (lag {lag})",
                   common | {"loss.name": "reverse_kl_pg", "asyncopd.sync_every": lag}, opt_in=True) for lag in ASYNC_LAGS]
