@@ -14,6 +14,7 @@ from typing import Annotated, Any, Literal
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
+from adwin.config_oapl import OAPLSection, check_oapl, lag_of  # noqa: F401  (lag_of: part of the config API)
 from adwin.objectives.importance import ISMethod
 from adwin.policies.base import WindowConfigError
 from adwin.policies.registry import PolicyName, build_policy, is_audited, parse_policy_spec
@@ -193,7 +194,7 @@ BEHAVIOR_LOSSES = ("reverse_kl_pg", "reverse_kl_mc")
 
 class LossConfig(_Strict):
     name: Literal[
-        "reverse_kl_pg", "reverse_kl_mc", "forward_kl_topk", "forward_kl", "reverse_kl", "jsd", "k2", "k3"
+        "reverse_kl_pg", "reverse_kl_mc", "forward_kl_topk", "forward_kl", "reverse_kl", "jsd", "k2", "k3", "oapl"
     ] = "reverse_kl_pg"
     aggregation: Literal["token-mean", "seq-mean-token-mean", "seq-mean-token-sum"] = "token-mean"
     jsd_beta: float = Field(0.5, ge=0.0, le=1.0)
@@ -207,6 +208,19 @@ class LossConfig(_Strict):
     is_high: ISHighField = 2.0
     mc_samples: int = Field(1, ge=1, le=4096, description="m cached actions per position for reverse_kl_mc")
     iw_gamma: float = Field(0.0, ge=0.0, le=100.0, description="IW-OPD position weight 1 + gamma(1 - cum|A|/total|A|); 0 = off")
+    oapl: OAPLSection = Field(default_factory=OAPLSection)
+
+    @model_validator(mode="after")
+    def _oapl_section_needs_oapl(self) -> LossConfig:
+        if self.name != "oapl" and self.oapl != OAPLSection():
+            raise ValueError(f"loss.oapl.* is read only by loss.name: oapl (got {self.name!r}); drop it")
+        if self.name == "oapl":  # a mean over sequences of eq. 3's squares, on the realized tokens
+            if self.aggregation != "token-mean":
+                raise ValueError("loss.aggregation: oapl's loss is a mean over sequences of squared residuals; "
+                                 "leave aggregation at its default")
+            if self.mc_samples != 1:
+                raise ValueError("loss.mc_samples: oapl scores realized sequences, no MC actions; leave it at 1")
+        return self
 
     @model_validator(mode="after")
     def _iw_needs_sampled_tokens(self) -> LossConfig:
@@ -281,9 +295,11 @@ class AsyncOPDSection(_Strict):
     throughput_warmup: int = Field(5, ge=1, le=1_000_000, description="learner updates left out of throughput")
     wait_timeout_s: float = Field(600.0, gt=0.0, description="no pipeline progress for this long: fail")
     ray_address: str | None = None  # None: start a local Ray instance
+    sync_every: int = Field(1, ge=1, le=1_000_000, description="push the learner's weights to the rollout workers "
+                            "every this many updates (keep-mode; 1: AsyncOPD's sync after every update)")
 
 
-ASYNCOPD_LOSSES = ("reverse_kl_mc", "reverse_kl_pg")
+ASYNCOPD_LOSSES = ("reverse_kl_mc", "reverse_kl_pg", "oapl")
 
 
 class TrainConfig(_Strict):
@@ -329,8 +345,9 @@ class TrainConfig(_Strict):
             raise ValueError("window.confidence needs audit.ci_level (e.g. 0.9): the interval it decides on")
         if self.scheduler == "asyncopd" and self.loss.name not in ASYNCOPD_LOSSES:
             raise ValueError(f"loss.name: scheduler 'asyncopd' trains with {ASYNCOPD_LOSSES} (old-to-current IS "
-                             f"on cached behavior logprobs), got {self.loss.name!r}")
+                             f"on cached behavior logprobs, or OAPL), got {self.loss.name!r}")
         _asyncopd_needs_its_scheduler(self)
+        check_oapl(self)
         return self
 
 

@@ -21,6 +21,16 @@ cross-task ``index.html`` and ``suite.json`` with each method's regret and worst
 
 ``--quick`` is a smoke run (one seed, 8 steps, six methods, 64 evaluation problems) and says so in every output;
 ``--profile tiny`` uses the tiny built-in models and a tiny budget (the test suite's smoke test).
+
+Opt-in methods (named in ``--methods`` only, never part of the default set): ``asyncopd-is-L<L>`` and
+``asyncopd-oapl-L<L>`` for ``L`` in ``ASYNC_LAGS`` (families ``asyncopd-is``, ``asyncopd-oapl``) run the
+AsyncOPD scheduler (``train_asyncopd``) with the base config's window (the full horizon when the base policy
+audits: a lag above the staleness limit leaves no probe to audit), the same samples per step in groups of
+``G`` (4 when it divides them), one batch in flight (queue depth 1), learner batches not padded to the
+horizon (on CPU that padding multiplies the learner's tokens) and the workers' weights synced every
+``L`` updates: IS corrects the lag with the old-to-current ratio (``reverse_kl_pg``, keep-mode), OAPL
+regresses onto the teacher reward (``loss.oapl``, beta 1, Algorithm 1's cleared buffer). Their rows add
+the lag statistics (staleness, ratio percentiles, train-rollout log-prob gap, discarded tokens).
 """
 
 from __future__ import annotations
@@ -35,17 +45,26 @@ import shlex
 import shutil
 import sys
 import time
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from adwin.bench.compare_methods import (  # noqa: F401  (re-exported: the compare's public names)
+    ASYNC_LAGS,
+    FAST_OPD,
+    IW_GAMMA,
+    THRESHOLDS,
+    Method,
+    all_methods,
+    asyncopd_methods,
+    fast_opd_schedule,
+    quick_keys,
+    select_methods,
+    suite_keys,
+)
 from adwin.tasks.suite import DEFAULT_TASK, TASK_NAMES, get_task
 
 log = logging.getLogger(__name__)
 
-THRESHOLDS = (0.7, 0.5, 0.6, 0.8, 0.9)  # the default first, then appendix D's sensitivity
-IW_GAMMA = 0.5
-FAST_OPD = (256, 256, 8192)  # Fast OPD: start 256, +256 per step, at a horizon of 8192
 STEPS = {"default": 30, "quick": 8, "tiny": 2}
 SEEDS = {"default": 2, "quick": 1, "tiny": 1}
 TINY_OVERRIDES: dict[str, Any] = {  # a budget the test suite can afford (< 60 s for the whole compare)
@@ -67,64 +86,6 @@ QUICK_OVERRIDES: dict[str, Any] = BATCH_OVERRIDES | {"eval.n_problems": 64}  # s
 DEFAULT_OVERRIDES: dict[str, Any] = BATCH_OVERRIDES | {"eval.n_problems": 512, "eval.k": 1}
 
 
-@dataclass(frozen=True)
-class Method:
-    key: str
-    label: str
-    overrides: dict[str, Any] = field(default_factory=dict)
-    adaptive: bool = False  # its window changes during the run (plotted over steps)
-
-
-def fast_opd_schedule(max_len: int) -> int:
-    """Fast OPD's start (= step) scaled to ``max_len`` as 256 is to 8192 (10 at 320), at least 1."""
-    start, _, horizon = FAST_OPD
-    return max(1, round(start * max_len / horizon))
-
-
-def all_methods(max_len: int, candidates: list[int]) -> list[Method]:
-    from adwin.config import policy_overrides
-
-    s = fast_opd_schedule(max_len)
-    out = [Method("full", "OPD (full rollout)", policy_overrides("full")),
-           Method("linear", f"Fast OPD (linear {s}/+{s})", policy_overrides("linear", start=s, step=s), adaptive=True)]
-    out += [Method(f"fixed-{c}", f"Prefix OPD-{c}", policy_overrides("fixed", window=c)) for c in candidates]
-    out += [Method(f"adwin-{t}", f"ADWIN (tau={t})", policy_overrides("adwin", threshold=t), adaptive=True)
-            for t in THRESHOLDS]
-    out += [Method("surprise", "teacher-surprise horizon", policy_overrides("surprise"), adaptive=True),
-            Method("iw-opd", f"IW-OPD (gamma={IW_GAMMA})", policy_overrides("full") | {"loss.iw_gamma": IW_GAMMA})]
-    return out
-
-
-def quick_keys(candidates: list[int]) -> list[str]:
-    """The reduced set of smoke runs: one of each family."""
-    return ["full", "linear", f"fixed-{candidates[len(candidates) // 2]}", "adwin-0.7", "surprise", "iw-opd"]
-
-
-def suite_keys(candidates: list[int]) -> list[str]:
-    """The default methods of a compare across several tasks: those the suite's goal weighs ADWIN-0.7 against
-    (full, every fixed window, the linear schedule). The threshold sweep, surprise and IW-OPD stay one
-    ``--methods`` away; all fourteen on three tasks do not fit the suite's budget on 2 cores."""
-    return ["full", "linear", *(f"fixed-{c}" for c in candidates), "adwin-0.7"]
-
-
-def select_methods(spec: str | None, methods: list[Method], default_keys: list[str] | None) -> list[Method]:
-    """``--methods``: comma-separated keys; a family name (``fixed``, ``adwin``) selects all its members."""
-    by_key = {m.key: m for m in methods}
-    if not spec:
-        keys = default_keys or list(by_key)
-    else:
-        keys = []
-        for name in (x.strip() for x in spec.split(",") if x.strip()):
-            family = [k for k in by_key if k.startswith(f"{name}-")]
-            if name in by_key:
-                keys.append(name)
-            elif family:
-                keys += family
-            else:
-                raise ValueError(f"--methods: unknown method {name!r}; known: {', '.join(by_key)} (or fixed, adwin)")
-    if "full" not in keys:
-        keys.insert(0, "full")  # every ratio is to full-rollout OPD
-    return [by_key[k] for k in dict.fromkeys(keys)]
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -134,8 +95,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help=f"comma-separated built-in tasks ({', '.join(TASK_NAMES)}); default {DEFAULT_TASK}")
     p.add_argument("--quick", action="store_true", help="smoke run: one seed, fewer steps, six methods")
     p.add_argument("--methods", help="comma-separated method keys or families (full, linear, fixed, fixed-64, adwin, "
-                                     "adwin-0.7, surprise, iw-opd); default: all for one task, the goal's set "
-                                     "(full, linear, fixed, adwin-0.7) for several; quick: one per family")
+                                     "adwin-0.7, surprise, iw-opd; opt-in: asyncopd-is, asyncopd-oapl, e.g. "
+                                     "asyncopd-oapl-L4); default: all but the opt-in ones for one task, the goal's "
+                                     "set (full, linear, fixed, adwin-0.7) for several; quick: one per family")
     p.add_argument("--seeds", help="number of seeds (N: 0..N-1) or a comma-separated list (default 2; quick 1)")
     p.add_argument("--steps", type=int, help=f"optimizer steps per run (default {STEPS['default']}; "
                                              f"quick {STEPS['quick']}; tiny {STEPS['tiny']})")
@@ -196,7 +158,9 @@ def main(args: argparse.Namespace) -> int:
     seeds = parse_seeds(args.seeds, SEEDS[mode])
     config_path = args.config or ("configs/default.yaml" if Path("configs/default.yaml").is_file() else None)
     base = load_config(config_path, base_overrides(args, mode, steps))
-    methods = all_methods(base.rollout.max_response_len, list(base.window.candidates))
+    methods = all_methods(base.rollout.max_response_len, list(base.window.candidates),
+                          samples_per_step=base.rollout.prompts_per_step * base.rollout.samples_per_prompt,
+                          window_policy=base.window.policy)
     default_keys = (quick_keys(base.window.candidates) if mode != "default"
                     else suite_keys(base.window.candidates) if len(tasks) > 1 else None)
     chosen = select_methods(args.methods, methods, default_keys)
@@ -365,8 +329,8 @@ SHARED_EVAL_KEYS = ("eval.", "model.", "rollout.max_response_len", "rollout.temp
 
 def run_one(base: Any, method: Method, seed: int, profile: str, assets_seed: int, out_dir: Path,
             initial_eval: dict[str, float] | None = None) -> dict[str, Any]:
-    """One training run through ``adwin.loop.trainer.train`` with an embedded controller; its measured row.
-    ``initial_eval``: the seed's shared start-of-run evaluation (:func:`initial_eval_job`); None evaluates."""
+    """One training run through ``adwin.loop.trainer.train`` (or ``train_asyncopd`` for ``scheduler: asyncopd``)
+    with an embedded controller; its measured row. ``initial_eval``: the seed's shared start-of-run evaluation (:func:`initial_eval_job`); None evaluates."""
     from adwin.bench.compare_stats import measure_run
     from adwin.controller import Controller
     from adwin.loop.trainer import train
@@ -379,7 +343,12 @@ def run_one(base: Any, method: Method, seed: int, profile: str, assets_seed: int
     controller = Controller()
     t0 = time.perf_counter()
     try:
-        res = train(cfg, controller, parts, initial_eval=initial_eval)
+        if cfg.scheduler == "asyncopd":
+            from adwin.trainer_adapters.asyncopd.train import train_asyncopd
+
+            res = train_asyncopd(cfg, controller, parts, initial_eval=initial_eval)
+        else:
+            res = train(cfg, controller, parts, initial_eval=initial_eval)
     finally:
         controller.close()
     n_student = sum(p.numel() for p in parts.student.parameters())

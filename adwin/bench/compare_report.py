@@ -105,6 +105,28 @@ def table_rows(results: Mapping[str, Any]) -> list[list[str]]:
     return [[fn(k, e) for _, fn in COLUMNS] for k, e in results["methods"].items()]
 
 
+# the AsyncOPD methods only: how stale their data was and what the lag did to the ratios
+LAG_COLUMNS: list[tuple[str, Any]] = [
+    ("method", lambda k, e: k),
+    ("accuracy", lambda k, e: _ms(e, "accuracy_final")),
+    ("teacher KL", lambda k, e: _ms(e, "teacher_kl_final")),
+    ("staleness mean", lambda k, e: _ms(e, "staleness_mean", "{:.2f}")),
+    ("staleness max", lambda k, e: _ms(e, "staleness_max", "{:.0f}")),
+    ("ratio p50", lambda k, e: _ms(e, "is_ratio_p50", "{:.3f}")),
+    ("ratio p99", lambda k, e: _ms(e, "is_ratio_p99", "{:.2f}")),
+    ("ratio max", lambda k, e: _ms(e, "is_ratio_max", "{:.1f}")),
+    ("|Δ log p| mean", lambda k, e: _ms(e, "logprob_gap_mean", "{:.3f}")),
+    ("trained tokens", lambda k, e: _ms(e, "sync_tokens", "{:,.0f}")),
+    ("discarded tokens", lambda k, e: _ms(e, "discarded_tokens", "{:,.0f}")),
+    ("train wall s", lambda k, e: _ms(e, "train_wall_s", "{:.1f}")),
+]
+
+
+def lag_rows(results: Mapping[str, Any]) -> list[list[str]]:
+    return [[fn(k, e) for _, fn in LAG_COLUMNS] for k, e in results["methods"].items()
+            if e["metrics"].get("staleness_mean", {}).get("n", 0) > 0]
+
+
 def goal_text(goal: Mapping[str, Any]) -> str:
     if not goal.get("evaluated"):
         return f"goal not evaluated: {goal.get('why')}"
@@ -131,6 +153,14 @@ def print_table(results: Mapping[str, Any], console: Any = None) -> None:
     for row in table_rows(results):
         table.add_row(*row)
     console.print(table)
+    if lag_rows(results):
+        lag = Table(title="AsyncOPD methods: lag statistics (ratio = pi / pi_behavior per trained token; OAPL's "
+                          "loss does not use it)")
+        for name, _ in LAG_COLUMNS:
+            lag.add_column(name, justify="left" if name == "method" else "right")
+        for row in lag_rows(results):
+            lag.add_row(*row)
+        console.print(lag)
     console.print("methods: " + "; ".join(f"{k} = {e.get('label', k)}" for k, e in results["methods"].items()))
     console.print(f"FLOPs (estimate): {FLOPS_FORMULA}")
     console.print(goal_text(results["goal"]))
@@ -205,6 +235,10 @@ def write_html(results: Mapping[str, Any], path: Path) -> None:
     meta, esc = results["meta"], html.escape
     head = "".join(f"<th>{esc(n)}</th>" for n, _ in COLUMNS)
     body = "".join("<tr>" + "".join(f"<td>{esc(c)}</td>" for c in row) + "</tr>" for row in table_rows(results))
+    lag = lag_rows(results)
+    lag_table = "" if not lag else (
+        "<h2>AsyncOPD methods: lag statistics</h2><table><tr>" + "".join(f"<th>{esc(n)}</th>" for n, _ in LAG_COLUMNS)
+        + "</tr>" + "".join("<tr>" + "".join(f"<td>{esc(c)}</td>" for c in row) + "</tr>" for row in lag) + "</table>")
     banner = f"<p class='smoke'>{esc(SMOKE_BANNER.format(mode=meta['mode']))}</p>" if meta.get("smoke") else ""
     page = f"""<!doctype html>
 <html><head><meta charset="utf-8"><title>adwin bench compare {esc(meta['date'])}</title>
@@ -215,7 +249,7 @@ td,th{{border:1px solid #ccc;padding:4px 8px;text-align:right}} td:first-child{{
 <p>{esc(meta['date'])} · {meta['steps']} steps × seeds {esc(str(meta['seeds']))} · profile {esc(meta['profile'])}
 · command: <code>{esc(str(meta.get('command')))}</code></p>
 <p>Mean ± std over seeds; × columns are ratios of means to full-rollout OPD (wall: without evaluation).</p>
-<table><tr>{head}</tr>{body}</table>
+<table><tr>{head}</tr>{body}</table>{lag_table}
 <p>{esc(goal_text(results['goal']))}</p>
 <p><b>FLOPs (estimate):</b> {esc(FLOPS_FORMULA)}. {esc(FLOPS_NOTE)}</p>
 <p>total {meta.get('total_s', 0):.0f} s · machine before: {esc(json.dumps(meta.get('machine_before')))}, after:

@@ -39,7 +39,21 @@ METRICS: dict[str, str] = {
     "mean_window": "mean window",
     "accuracy_per_mtoken": "accuracy per 1M rollout tokens",
     "gain_per_mtoken": "accuracy gain per 1M rollout tokens",
+    # the AsyncOPD methods' lag statistics (absent for the synchronous trainer's runs)
+    "discarded_tokens": "discarded rollout tokens (OAPL's cleared buffer)",
+    "staleness_mean": "staleness of trained samples, mean (updates)",
+    "staleness_max": "staleness of trained samples, max (updates)",
+    "is_ratio_p50": "ratio pi/pi_behavior per token, p50 (step mean)",
+    "is_ratio_p99": "ratio pi/pi_behavior per token, p99 (step mean)",
+    "is_ratio_max": "ratio pi/pi_behavior per token, max over the run",
+    "logprob_gap_mean": "|log pi - log pi_behavior| per token, mean",
 }
+# (row key, metrics.jsonl key, how the run's steps are reduced)
+LAG_KEYS: tuple[tuple[str, str, str], ...] = (
+    ("staleness_mean", "async/staleness_mean", "mean"), ("staleness_max", "async/staleness_max", "max"),
+    ("is_ratio_p50", "loss/is_ratio_p50", "mean"), ("is_ratio_p99", "loss/is_ratio_p99", "mean"),
+    ("is_ratio_max", "loss/is_ratio_max", "max"), ("logprob_gap_mean", "rollout/logprob_gap_mean", "mean"),
+)
 RATIO_METRICS = ("accuracy_final", "teacher_kl_final", "sync_tokens", "rollout_tokens", "flops", "wall_s",
                  "train_wall_s")
 
@@ -62,17 +76,32 @@ def estimate_flops(history: Sequence[Mapping[str, Any]], n_student: int, n_teach
     return {"flops": sync + probe, "flops_sync": sync, "flops_probe": probe}
 
 
+def lag_statistics(history: Sequence[Mapping[str, Any]]) -> dict[str, float]:
+    """``LAG_KEYS`` over a run's steps (NaN when never logged) and the discarded tokens (0 when none)."""
+    out: dict[str, float] = {}
+    for key, source, how in LAG_KEYS:
+        vals = [float(h[source]) for h in history if h.get(source) is not None and math.isfinite(float(h[source]))]
+        out[key] = (max(vals) if how == "max" else statistics.fmean(vals)) if vals else math.nan
+    discarded = [float(h["async/discarded_tokens"]) for h in history if "async/discarded_tokens" in h]
+    out["discarded_tokens"] = discarded[-1] if discarded else 0.0  # cumulative
+    return out
+
+
 def measure_run(history: Sequence[Mapping[str, Any]], initial: Mapping[str, float], final: Mapping[str, float],
                 totals: Mapping[str, float], *, n_student: int, n_teacher: int, probe_batch: int,
                 samples_per_step: int) -> dict[str, Any]:
-    """One run's row: quality, tokens, FLOPs, clocks and its window trajectory."""
+    """One run's row: quality, tokens (rollout = sync + probe + discarded), FLOPs, clocks, its window
+    trajectory and the lag statistics (``lag_statistics``)."""
     windows = [int(h["window/current"]) for h in history if "window/current" in h]
-    wall = float(history[-1].get("time/wall", math.nan)) if history else math.nan
-    eval_s = _sum(history, "time/eval")
+    # the AsyncOPD runs evaluate once before their clock starts (time/eval_initial): counted like the sync trainer's
+    wall = float(history[-1].get("time/wall", math.nan)) + _sum(history, "time/eval_initial") if history else math.nan
+    eval_s = _sum(history, "time/eval") + _sum(history, "time/eval_initial")
     overhead = _sum(history, "time/probe") + _sum(history, "time/audit")
+    lag = lag_statistics(history)
     sync, probe = float(totals.get("sync_tokens", 0.0)), float(totals.get("probe_tokens", 0.0))
+    rollout = sync + probe + lag["discarded_tokens"]  # discarded tokens were generated too, then never trained on
     acc0, acc = float(initial.get("eval/accuracy", math.nan)), float(final.get("eval/accuracy", math.nan))
-    mtokens = (sync + probe) / 1e6
+    mtokens = rollout / 1e6
     row: dict[str, Any] = {
         "accuracy_initial": acc0,
         "accuracy_final": acc,
@@ -80,7 +109,7 @@ def measure_run(history: Sequence[Mapping[str, Any]], initial: Mapping[str, floa
         "teacher_kl_final": float(final.get("eval/teacher_kl", math.nan)),
         "sync_tokens": sync,
         "probe_tokens": probe,
-        "rollout_tokens": sync + probe,
+        "rollout_tokens": rollout,
         "wall_s": wall,
         "eval_s": eval_s,
         "train_wall_s": wall - eval_s,
@@ -92,6 +121,7 @@ def measure_run(history: Sequence[Mapping[str, Any]], initial: Mapping[str, floa
         "accuracy_per_mtoken": acc / mtokens if mtokens else math.nan,
         "gain_per_mtoken": (acc - acc0) / mtokens if mtokens else math.nan,
     }
+    row |= lag
     row |= estimate_flops(history, n_student, n_teacher, probe_batch, samples_per_step)
     row["probe_flops_frac"] = row["flops_probe"] / row["flops"] if row["flops"] else math.nan
     return row
@@ -113,7 +143,7 @@ def aggregate(runs: Sequence[Mapping[str, Any]], order: Sequence[str], reference
         if not rows:
             continue
         out[key] = {"seeds": [r["seed"] for r in rows],
-                    "metrics": {m: mean_std([r[m] for r in rows]) for m in METRICS}}
+                    "metrics": {m: mean_std([r.get(m, math.nan) for r in rows]) for m in METRICS}}
     ref = out.get(reference)
     for entry in out.values():
         ratios = {}

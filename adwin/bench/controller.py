@@ -36,7 +36,6 @@ import time
 from pathlib import Path
 from typing import Any
 
-
 _VERSIONS = itertools.count(1000)  # probe versions of the audit phase: above the GET load's steps (< 1000)
 
 

@@ -86,3 +86,23 @@ def test_asyncopd_with_a_loss_it_cannot_correct_fails_before_compute(tmp_path: P
     err = capsys.readouterr().err
     assert "loss.name" in err and "asyncopd" in err
     assert not (tmp_path / "runs").exists()
+
+
+def test_oapl_trains_whole_groups_of_one_inference_policy_through_the_cli(tmp_path: Path) -> None:
+    cfg = _config(tmp_path, window={"policy": "fixed", "window": 8, "candidates": [4, 8]})
+    rc = main(["train", "--config", str(cfg), "--scheduler", "asyncopd", "--steps", "4", "--seed", "1",
+               "--name", "oapl", "--set", "loss.name=oapl", "--set", "loss.mc_samples=1", "--set", "loss.oapl.lag=2",
+               "--set", "loss.oapl.beta=0.5"])
+    assert rc == 0
+    run_dir = tmp_path / "runs" / "oapl"
+    summary = json.loads((run_dir / "summary.json").read_text())
+    a = summary["asyncopd"]
+    assert a["loss"] == "oapl" and a["sync_every"] == 2 and a["oapl"]["beta"] == 0.5
+    assert a["discarded"] is not None and a["checks"]["gate_violations"] == 0
+    rows = [json.loads(x) for x in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    assert [r["async/inference_version"] for r in rows] == [0.0, 2.0, 2.0, 4.0]
+    assert all(r["async/staleness_max"] <= 1 for r in rows), "data is at most lag - 1 updates old"
+    for key in ("oapl/residual_rms", "oapl/value_mean", "loss/is_ratio_p99", "loss/teacher_kl",
+                "rollout/logprob_gap_p99", "async/discarded_items"):
+        assert all(key in r and r[key] == r[key] for r in rows), key  # present and not NaN
+    assert all(r["oapl/groups"] == 2 and r["oapl/group_size_mean"] == 2 for r in rows)

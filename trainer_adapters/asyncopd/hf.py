@@ -36,7 +36,7 @@ from adwin.trainer_adapters.asyncopd.items import StreamItem, TokenOut
 from adwin.trainer_adapters.hooks import Auditor, StampedItem
 
 
-def _rows(items: Sequence[StreamItem], pad_id: int, width: int | None) -> Rows:
+def item_rows(items: Sequence[StreamItem], pad_id: int, width: int | None) -> Rows:
     """Right-padded prompt+response rows, widened to ``width`` when given (B, L)."""
     return layout([it.prompt_ids for it in items], [it.tokens for it in items], pad_id, width=width)
 
@@ -50,7 +50,7 @@ def _per_action(items: Sequence[StreamItem], rows: Rows, field: str, fill: float
     return response_values(rows, vals, fill=fill, dtype=dtype, trailing=(m,))
 
 
-def _per_token(items: Sequence[StreamItem], rows: Rows, field: str) -> torch.Tensor:
+def item_values(items: Sequence[StreamItem], rows: Rows, field: str) -> torch.Tensor:
     """(B, L) tensor of a per-token list field (behavior or teacher logprobs), aligned with ``input_ids``."""
     missing = next((it.request_id for it in items if getattr(it, field) is None), None)
     if missing is not None:
@@ -101,7 +101,7 @@ class HFTeacherScorer:
         self.teachers, self.pad_id = teachers, pad_id
 
     def score(self, items: list[StreamItem]) -> None:
-        rows = _rows(items, self.pad_id, None)
+        rows = item_rows(items, self.pad_id, None)
         logits = self.teachers.logits(rows.input_ids, rows.attention_mask, [it.route for it in items])  # (B, L, V)
         realized = token_logprobs(logits, rows.input_ids)  # (B, L)
         mc = None
@@ -142,7 +142,7 @@ class HFLearner:
         mc = self.loss == "reverse_kl_mc"
         if mc and any(not it.mc_actions or it.teacher_mc_logprobs is None for it in items):
             raise ValueError("every training item needs cached MC actions and their teacher logprobs")
-        rows = _rows(items, self.pad_id, self.width)
+        rows = item_rows(items, self.pad_id, self.width)
         L = rows.input_ids.shape[1]
         self.shapes.append((len(items), L))
         if mc:
@@ -151,7 +151,7 @@ class HFLearner:
             teacher = _per_action(items, rows, "teacher_mc_logprobs", 0.0)  # (B, L, m)
         else:
             actions = None
-            behavior, teacher = _per_token(items, rows, "logprobs"), _per_token(items, rows, "teacher_logprobs")  # (B, L)
+            behavior, teacher = item_values(items, rows, "logprobs"), item_values(items, rows, "teacher_logprobs")  # (B, L)
         device = next(self.student.parameters()).device
         self.student.train()
         self.optimizer.zero_grad(set_to_none=True)
@@ -172,7 +172,7 @@ class HFLearner:
         out |= {k: float(v) for k, v in lm.items() if k != "loss/value"}
         # |log p_theta - log p_behavior| of the realized tokens: staleness plus any rollout-engine mismatch
         train_lp = token_logprobs(logits.detach(), ids).cpu()  # (B, L)
-        out |= logprob_gap(train_lp, _per_token(items, rows, "logprobs"), rows.response_mask)
+        out |= logprob_gap(train_lp, item_values(items, rows, "logprobs"), rows.response_mask)
         return out
 
     def weights(self) -> dict[str, torch.Tensor]:
@@ -183,12 +183,12 @@ class HFLearner:
 def probe_batch(items: Sequence[StampedItem], pad_id: int) -> ProbeBatch:
     """Right-padded rows of completed probes with their teacher/behavior logprobs and version tags."""
     its: list[StreamItem] = list(items)  # type: ignore[arg-type]
-    rows = _rows(its, pad_id, None)
+    rows = item_rows(its, pad_id, None)
     unscored = next((it.request_id for it in its if it.teacher_logprobs is None), None)
     if unscored is not None:
         raise ValueError(f"probe {unscored} reached the audit unscored")
-    teacher = _per_token(its, rows, "teacher_logprobs")  # (B, L)
-    behavior = _per_token(its, rows, "logprobs")  # (B, L)
+    teacher = item_values(its, rows, "teacher_logprobs")  # (B, L)
+    behavior = item_values(its, rows, "logprobs")  # (B, L)
     versions = response_values(rows, [it.token_versions for it in its], fill=-1, dtype=torch.long)  # (B, L)
     return ProbeBatch(rows.input_ids, rows.attention_mask, rows.response_mask, teacher,
                       behavior_logprobs=behavior, versions=versions)

@@ -51,6 +51,8 @@ class StreamItem:
     teacher_logprobs: list[float] | None = None  # (n_tokens,) realized tokens
     teacher_mc_logprobs: list[list[float]] | None = None  # (n_tokens, m)
     extra: dict[str, Any] = field(default_factory=dict)
+    group: int = -1  # the prompt group (one per PromptSpec drawn): OAPL's V is estimated over it
+    answer: str | None = None  # the prompt's reference answer (OAPL's task reward)
 
     @property
     def response_len(self) -> int:
@@ -86,6 +88,7 @@ class PromptSpec:
     prompt_id: str
     prompt_ids: list[int]
     route: str = "default"
+    answer: str | None = None
 
 
 class RolloutEngine(Protocol):

@@ -2,7 +2,9 @@
 
 What it wires (everything else is reused from the synchronous trainer: parts loading, run spec,
 optimizer, loggers): a prompt source over ``parts.train_prompts``; ``rollout_workers`` snapshots of the
-student (``HFRolloutEngine``); the teacher stage; the MC reverse-KL learner on the live student; and
+student (``HFRolloutEngine``); the teacher stage; the learner on the live student (the IS reverse-KL
+learner, or with ``loss.name: oapl`` the OAPL learner on whole prompt groups, the scheduler syncing the
+workers every ``loss.oapl.lag`` updates and discarding what an older inference policy generated); and
 ``ControllerWindowHooks`` so that windows and probes come from the ADWIN controller (probes only under
 the ``adwin`` policy). B = ``rollout.prompts_per_step * rollout.samples_per_prompt`` samples per update,
 m = ``loss.mc_samples`` cached actions per position.
@@ -24,7 +26,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from adwin.config import AsyncOPDSection, TrainConfig
+from adwin.config import AsyncOPDSection, TrainConfig, lag_of
 from adwin.controller.api import ControllerAPI
 from adwin.loop.parts import Parts, build_optimizer, load_parts, open_loggers, run_spec, seed_everything
 from adwin.policies.registry import is_audited
@@ -38,6 +40,7 @@ from adwin.trainer_adapters.asyncopd.hf import (
     make_auditor,
 )
 from adwin.trainer_adapters.asyncopd.items import PromptSpec
+from adwin.trainer_adapters.asyncopd.oapl import OAPLLearner
 from adwin.trainer_adapters.asyncopd.scheduler import AsyncOPDScheduler, SchedulerConfig
 from adwin.trainer_adapters.hooks import ControllerWindowHooks
 
@@ -51,7 +54,7 @@ def prompt_source(parts: Parts, max_prompt_len: int) -> Callable[[], PromptSpec]
         with lock:
             p = parts.train_prompts.next_batch(1)[0]
         ids = encode_prompts(parts.tokenizer, [p.prompt], max_prompt_len)[0]
-        return PromptSpec(p.id, ids, p.route)
+        return PromptSpec(p.id, ids, p.route, p.answer)
 
     return nxt
 
@@ -62,7 +65,7 @@ class AsyncOPDRun:
 
     scheduler: AsyncOPDScheduler
     hooks: ControllerWindowHooks
-    learner: HFLearner
+    learner: HFLearner | OAPLLearner
     engines: list[Any]
     options: AsyncOPDSection
     run_id: str
@@ -76,9 +79,9 @@ def build_asyncopd(cfg: TrainConfig, controller: ControllerAPI, *, parts: Parts 
                    options: AsyncOPDSection | None = None, profile: str = "default",
                    engine_cls: type[HFRolloutEngine] = HFRolloutEngine) -> AsyncOPDRun:
     """Register the run and build the stages; ``engine_cls`` is the seam for another rollout engine."""
-    if cfg.loss.name not in LEARNER_LOSSES:
+    if cfg.loss.name not in (*LEARNER_LOSSES, "oapl"):
         raise ValueError(f"--scheduler asyncopd trains with {LEARNER_LOSSES} (old-to-current IS on cached "
-                         f"behavior logprobs), not loss.name={cfg.loss.name!r}")
+                         f"behavior logprobs) or oapl, not loss.name={cfg.loss.name!r}")
     opts = options or cfg.asyncopd
     parts = parts or load_parts(cfg, profile)
     seed_everything(cfg.seed)
@@ -106,10 +109,17 @@ def build_asyncopd(cfg: TrainConfig, controller: ControllerAPI, *, parts: Parts 
         engines = [engine_cls(copy.deepcopy(parts.student), **engine_kw, seed=cfg.seed + 1000 * i)
                    for i in range(opts.rollout_workers)]
     lc = cfg.loss
-    learner = HFLearner(parts.student, optimizer, lr_scheduler, pad_id=pad, width=width, loss=lc.name,
-                        aggregation=lc.aggregation,
-                        grad_clip=cfg.optim.grad_clip, is_method=lc.is_method, is_low=lc.is_low, is_high=lc.is_high,
-                        clip_low=lc.clip_low, clip_high=lc.clip_high)
+    oapl = lc.name == "oapl"
+    learner: HFLearner | OAPLLearner
+    if oapl:
+        tok = parts.tokenizer
+        learner = OAPLLearner(parts.student, optimizer, lr_scheduler, pad_id=pad, width=width, options=lc.oapl,
+                              grad_clip=cfg.optim.grad_clip, checker=parts.checker,
+                              decode=lambda ids: tok.decode(ids, skip_special_tokens=True))
+    else:
+        learner = HFLearner(parts.student, optimizer, lr_scheduler, pad_id=pad, width=width, loss=lc.name,
+                            aggregation=lc.aggregation, grad_clip=cfg.optim.grad_clip, is_method=lc.is_method,
+                            is_low=lc.is_low, is_high=lc.is_high, clip_low=lc.clip_low, clip_high=lc.clip_high)
     probing = is_audited(cfg.window.policy) and cfg.probes.offers_per_step > 0
     auditor = make_auditor(parts.student, cfg.window.candidates, pad_id=pad, method=cfg.audit.method,
                            metric=cfg.audit.metric, optimizer=optimizer, sketch_dim=cfg.audit.sketch_dim,
@@ -119,7 +129,8 @@ def build_asyncopd(cfg: TrainConfig, controller: ControllerAPI, *, parts: Parts 
     scfg = SchedulerConfig(batch_size=r.prompts_per_step * r.samples_per_prompt, queue_depth=opts.queue_depth,
                            samples_per_prompt=r.samples_per_prompt, max_response_len=r.max_response_len,
                            worker_batch=opts.worker_batch, teacher_batch=opts.teacher_batch,
-                           wait_timeout_s=opts.wait_timeout_s, throughput_warmup=opts.throughput_warmup)
+                           wait_timeout_s=opts.wait_timeout_s, throughput_warmup=opts.throughput_warmup,
+                           sync_every=lag_of(cfg), groups=oapl)
     sched = AsyncOPDScheduler(scfg, prompt_source(parts, cfg.data.max_prompt_len), engines,
                               HFTeacherScorer(parts.teachers, pad), learner, hooks)
     return AsyncOPDRun(sched, hooks, learner, engines, opts, run_id, Path(cfg.out_dir) / cfg.name, lr_scheduler,
@@ -165,6 +176,7 @@ def run_asyncopd(cfg: TrainConfig, controller: ControllerAPI, *, parts: Parts | 
     out |= {"run_id": b.run_id, "run_dir": str(b.run_dir), "scheduler": "asyncopd", "options": b.options.model_dump(),
             "batch_size": b.scheduler.cfg.batch_size, "loss": cfg.loss.name,
             "mc_samples": cfg.loss.mc_samples if cfg.loss.name == "reverse_kl_mc" else 0,
+            "oapl": cfg.loss.oapl.model_dump() if cfg.loss.name == "oapl" else None,
             "probes": dict(b.hooks.counts), "learner_shapes": sorted(set(b.learner.shapes)),
             "wall_s": time.perf_counter() - started, "logged": list(sinks.history)}
     b.run_dir.mkdir(parents=True, exist_ok=True)

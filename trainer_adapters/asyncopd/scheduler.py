@@ -7,8 +7,8 @@ Stages run concurrently on threads and talk through FIFO queues::
 - **Feeder**: for every request takes one permit from a ``PermitPool`` of ``(tau + 1) * B``, asks the
   window hooks for its plan (cap ``max_tokens``, probe or not; a probe gives its permit back) and
   submits it to the shared rollout inbox.
-- **Rollout workers**: continuous batching over up to ``worker_batch`` active requests, one token per
-  request per ``engine.step``. Between steps a worker installs pending weights (keep-mode: active
+- **Rollout workers** (``worker.py``): continuous batching over up to ``worker_batch`` active requests, one
+  token per request per ``engine.step``. Between steps a worker installs pending weights (keep-mode: active
   requests keep their prefix; the next token records a version breakpoint) and acknowledges.
 - **Teacher**: scores completed items in arrival order, in batches of what is queued (<= ``teacher_batch``).
 - **Train dispatcher** (the thread that calls ``run``): takes items in FIFO order; probes go to the hooks
@@ -16,6 +16,14 @@ Stages run concurrently on threads and talk through FIFO queues::
   update. Then the weight sync: close the gate, release the ``B`` permits (deferred by the gate), push
   the learner's weights to every worker and wait for all acknowledgements, read the next window through
   the hooks, open the gate. Probe audits run after the gate opened, off the feeder's critical path.
+
+**Lag** (``sync_every = L``): the weights go to the workers only after every ``L``-th update, so the
+inference policy lags up to ``L - 1`` updates behind the learner; between two syncs the permits of an
+update are released at once, no sync runs and the window stays (it is read at syncs only).
+**Groups** (``groups``, OAPL): the feeder tags each request with its prompt group; a sync makes workers
+drop training requests that already have tokens (``restart_on_sync``); the dispatcher trains on whole
+groups sampled by the inference policy the workers hold now, ``B / samples_per_prompt`` per update, and
+discards every other complete group (``groups.GroupBuffer``), returning its permits (Algorithm 1).
 
 Queues are FIFO and never evict stale items. Every blocking wait has a timeout and re-checks the stop
 flag and the first error raised by any stage (re-raised by ``run``), so a broken stage never hangs a run.
@@ -32,6 +40,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
+from adwin.trainer_adapters.asyncopd.groups import GroupBuffer
 from adwin.trainer_adapters.asyncopd.items import (
     Learner,
     PromptSpec,
@@ -41,6 +50,7 @@ from adwin.trainer_adapters.asyncopd.items import (
 )
 from adwin.trainer_adapters.asyncopd.metrics import ThroughputMeter, Timeline, staleness_summary
 from adwin.trainer_adapters.asyncopd.permits import PermitPool
+from adwin.trainer_adapters.asyncopd.worker import RolloutWorker
 from adwin.trainer_adapters.hooks import WindowHooks
 
 log = logging.getLogger(__name__)
@@ -61,107 +71,29 @@ class SchedulerConfig:
     poll_s: float = 0.002  # how often idle stages re-check stop and sync requests
     wait_timeout_s: float = 120.0  # no progress for this long anywhere a stage waits: raise
     throughput_warmup: int = 5
+    sync_every: int = 1  # L: weights go to the workers after every L-th update
+    groups: bool = False  # OAPL: train on whole prompt groups of the current inference policy only
 
     def __post_init__(self) -> None:
-        if self.batch_size < 1 or self.queue_depth < 0 or self.samples_per_prompt < 1:
-            raise ValueError("batch_size >= 1, queue_depth >= 0 and samples_per_prompt >= 1 are required")
+        if self.batch_size < 1 or self.queue_depth < 0 or self.samples_per_prompt < 1 or self.sync_every < 1:
+            raise ValueError("batch_size >= 1, queue_depth >= 0, samples_per_prompt >= 1 and sync_every >= 1 "
+                             "are required")
+        if self.groups and self.batch_size % self.samples_per_prompt:
+            raise ValueError(f"groups: batch_size ({self.batch_size}) must be whole groups of samples_per_prompt "
+                             f"({self.samples_per_prompt})")
+
+    @property
+    def restart_on_sync(self) -> bool:
+        return self.groups
 
 
 @dataclass
 class LogEvent:
     """One entry of the scheduler's ordered event log (tests check orderings, never timings)."""
 
-    kind: str  # submit | sync_start | weights_received | sync_done | consume | update
+    kind: str  # submit | sync_start | weights_received | sync_done | release | discard | consume | update
     version: int
     detail: dict[str, Any] = field(default_factory=dict)
-
-
-class RolloutWorker:
-    """One rollout worker thread around its own ``RolloutEngine`` snapshot."""
-
-    def __init__(self, index: int, engine: RolloutEngine, sched: AsyncOPDScheduler) -> None:
-        self.index, self.engine, self.sched = index, engine, sched
-        self.active: list[StreamItem] = []
-        self._lock = threading.Lock()
-        self._pending: tuple[int, Any] | None = None
-        self.synced = threading.Event()
-        self.synced.set()
-        self.thread = threading.Thread(target=sched._guard, args=(self._loop,), name=f"asyncopd-rollout-{index}",
-                                       daemon=True)
-
-    def request_sync(self, version: int, weights: Any) -> None:
-        with self._lock:
-            self._pending = (version, weights)
-            self.synced.clear()
-
-    def _maybe_sync(self) -> None:
-        with self._lock:
-            pending, self._pending = self._pending, None
-        if pending is None:
-            return
-        version, weights = pending
-        self.engine.load_weights(weights, version)  # keep-mode: self.active keeps its prefixes
-        self.sched._log("weights_received", version, worker=self.index, in_flight=len(self.active))
-        self.synced.set()
-
-    def _admit(self) -> None:
-        s = self.sched
-        while len(self.active) < s.cfg.worker_batch:
-            try:
-                item = s.inbox.get(timeout=s.cfg.poll_s) if not self.active else s.inbox.get_nowait()
-            except queue.Empty:
-                return
-            self.active.append(item)
-
-    def _loop(self) -> None:
-        s = self.sched
-        while not s.stop.is_set():
-            self._maybe_sync()
-            self._admit()
-            if not self.active:
-                continue
-            forced = [it for it in self.active if it.force]
-            if forced:
-                self._complete_forced(forced)
-                continue
-            progressed = self._step(self.active)
-            if not progressed:
-                s.stop.wait(s.cfg.poll_s)  # every request is held by the engine: don't spin
-
-    def _step(self, items: list[StreamItem]) -> bool:
-        s = self.sched
-        t0 = time.perf_counter()
-        outs = self.engine.step(items)
-        s.timeline.record(f"rollout/{self.index}", t0, time.perf_counter())
-        if len(outs) != len(items):
-            raise RuntimeError(f"engine returned {len(outs)} outputs for {len(items)} requests")
-        progressed = False
-        for it, out in zip(items, outs, strict=True):
-            if out is None:
-                continue
-            progressed = True
-            it.append(out, self.engine.version)
-            if out.eos:
-                it.finish_reason = "eos"
-            elif it.response_len >= it.max_tokens:
-                it.finish_reason = "horizon" if it.max_tokens >= s.cfg.max_response_len else "window"
-        done = [it for it in items if it.finish_reason is not None]
-        if done:
-            self.active = [it for it in self.active if it.finish_reason is None]
-            for it in done:  # completion order, admission order within a step: FIFO downstream
-                s.teacher_q.put(it)
-        return progressed
-
-    def _complete_forced(self, forced: list[StreamItem]) -> None:
-        """Staleness limit reached: run these probes alone to EOS or the horizon with current weights."""
-        for it in forced:
-            it.forced = True
-            it.max_tokens = self.sched.cfg.max_response_len
-            while it.finish_reason is None and not self.sched.stop.is_set():
-                self._maybe_sync()  # the dispatcher may be waiting for this worker's acknowledgement
-                if not self._step([it]):
-                    self.sched.stop.wait(self.sched.cfg.poll_s)
-            self.active = [a for a in self.active if a is not it]
 
 
 class AsyncOPDScheduler:
@@ -193,7 +125,9 @@ class AsyncOPDScheduler:
         self.consumed: list[StreamItem] = []
         self.probes_completed: list[StreamItem] = []
         self.version = 0
+        self.inference_version = 0  # the weights the rollout workers hold (pi_inf)
         self.window = 0
+        self.groups = GroupBuffer() if cfg.groups else None
         self._submitted = 0
         self._elock = threading.Lock()
         self._error: BaseException | None = None
@@ -240,14 +174,18 @@ class AsyncOPDScheduler:
 
     # --------------------------------------------------------------------------------------- stages
 
-    def _requests(self) -> Iterator[tuple[PromptSpec, int]]:
+    def _requests(self) -> Iterator[tuple[PromptSpec, int, int]]:
+        """(prompt, sample index, prompt group) for every request, group by group."""
+        group = 0
         while True:
             spec = self.prompts()
             for k in range(self.cfg.samples_per_prompt):
-                yield spec, k
+                yield spec, k, group
+            group += 1
 
     def _feed(self) -> None:
-        for spec, k in self._requests():
+        n_train = 0  # training requests of the current group so far
+        for spec, k, group in self._requests():
             ticket = self.permits.acquire(timeout=self.cfg.poll_s * 5)
             while ticket is None:
                 self._check()
@@ -260,10 +198,14 @@ class AsyncOPDScheduler:
             if plan.is_probe:
                 self.permits.release(1, unused=True)  # probes hold no learner permit
             item = StreamItem(rid, seq, spec.prompt_id, list(spec.prompt_ids), spec.route, plan.window,
-                              plan.max_tokens, plan.is_probe, version)
+                              plan.max_tokens, plan.is_probe, version, group=-1 if plan.is_probe else group,
+                              answer=spec.answer)
             if plan.is_probe:
                 with self._elock:
                     self._inflight_probes[rid] = item
+            n_train = (0 if k == 0 else n_train) + int(not plan.is_probe)
+            if self.groups is not None and k == self.cfg.samples_per_prompt - 1:
+                self.groups.expect(group, n_train)  # before the last request can complete
             self._submitted += 1
             self._log("submit", version, seq=seq, request_id=rid, probe=plan.is_probe, ticket=ticket)
             self.inbox.put(item)
@@ -285,12 +227,21 @@ class AsyncOPDScheduler:
 
     # ---------------------------------------------------------------------------------- dispatcher
 
-    def _sync(self, version: int) -> dict[str, float]:
+    def _after_update(self, version: int, consumed: int) -> dict[str, float]:
+        """Sync the workers after every ``sync_every``-th update; in between only give the permits back."""
+        if version % self.cfg.sync_every == 0:
+            return self._sync(version, consumed)
+        self.version = version  # the inference policy stays: nothing to wait for, no gate
+        self._log("release", version, n=consumed)
+        self.permits.release(consumed)
+        return {}
+
+    def _sync(self, version: int, consumed: int) -> dict[str, float]:
         """Weight sync after an update; the gate keeps released permits back until every worker has them."""
         self.permits.close_gate()
         ps = self.permits.stats()  # one snapshot: permits usable during the sync, and the tickets issued before it
         self._log("sync_start", version, available=ps.available, acquired=ps.acquired_total)
-        self.permits.release(self.cfg.batch_size)  # consumed by the update: deferred by the closed gate
+        self.permits.release(consumed)  # consumed by the update: deferred by the closed gate
         weights = self.learner.weights()
         for w in self.workers:
             w.request_sync(version, weights)
@@ -300,6 +251,7 @@ class AsyncOPDScheduler:
                 self._check()
                 if time.monotonic() > deadline:
                     raise TimeoutError(f"rollout worker {w.index} did not take weights {version}")
+        self.inference_version = version
         decision = self.hooks.on_sync(version)
         self.window = decision.window
         with self._elock:
@@ -308,7 +260,8 @@ class AsyncOPDScheduler:
                 if it is not None:
                     it.force = True
         self.version = version  # the feeder stamps new requests with it
-        self._log("sync_done", version, window=decision.window)  # logged first: no submit can precede it
+        # logged before the gate opens: no submit can precede it
+        self._log("sync_done", version, window=decision.window, released=consumed)
         self.permits.open_gate()
         return decision.metrics
 
@@ -334,18 +287,54 @@ class AsyncOPDScheduler:
             raise RuntimeError(f"an AsyncOPD stage failed: {self._error!r}") from self._error
         return self.summary(history)
 
-    def _one_update(self, step: int) -> dict[str, float]:
+    def _probe_done(self, it: StreamItem) -> None:
+        with self._elock:
+            self._inflight_probes.pop(it.request_id, None)
+        self.probes_completed.append(it)
+        self.hooks.on_probe_complete(it, self.version)
+
+    def _fifo_batch(self) -> list[StreamItem]:
         batch: list[StreamItem] = []
         while len(batch) < self.cfg.batch_size:
             it = self._get(self.learner_q, "scored sample")
             if it.is_probe:
-                with self._elock:
-                    self._inflight_probes.pop(it.request_id, None)
-                self.probes_completed.append(it)
-                self.hooks.on_probe_complete(it, self.version)
+                self._probe_done(it)
                 continue
             batch.append(it)
             self._log("consume", self.version, seq=it.seq)
+        return batch
+
+    def _group_batch(self, groups: GroupBuffer) -> list[StreamItem]:
+        """``B / samples_per_prompt`` whole groups sampled by the workers' current weights; every other
+        complete group is discarded and its permits go back (Algorithm 1's cleared buffer)."""
+        n = self.cfg.batch_size // self.cfg.samples_per_prompt
+        deadline = time.monotonic() + self.cfg.wait_timeout_s
+        while True:
+            ready, dropped = groups.take(n, self.inference_version)
+            if dropped:
+                self._log("discard", self.version, n=len(dropped), seqs=[it.seq for it in dropped])
+                self.permits.release(len(dropped))
+            if ready is not None:
+                batch = [it for g in ready for it in g]
+                for it in batch:
+                    self._log("consume", self.version, seq=it.seq)
+                return batch
+            self._check()
+            try:
+                it = self.learner_q.get(timeout=self.cfg.poll_s * 5)
+            except queue.Empty:
+                if time.monotonic() > deadline:
+                    raise TimeoutError(f"no complete group for {self.cfg.wait_timeout_s}s: the pipeline is stuck") \
+                        from None
+                continue
+            deadline = time.monotonic() + self.cfg.wait_timeout_s
+            if it.is_probe:
+                self._probe_done(it)
+            else:
+                groups.add(it)
+
+    def _one_update(self, step: int) -> dict[str, float]:
+        batch = self._fifo_batch() if self.groups is None else self._group_batch(self.groups)
         self.hooks.offer_complete(batch, self.version)  # finished / full-length items may be complete probes
         stale = [self.version - it.behavior_version for it in batch]
         self.staleness += stale
@@ -357,13 +346,17 @@ class AsyncOPDScheduler:
         n_tokens = sum(it.response_len for it in batch)
         self.throughput.record(n_tokens, t1)
         self._log("update", self.version + 1, tokens=n_tokens)
-        m |= self._sync(self.version + 1)
+        m |= self._after_update(self.version + 1, len(batch))
         m |= self.hooks.poll_audit(self.version)
         ps = self.permits.stats()
         m |= {"async/staleness_mean": sum(stale) / len(stale), "async/staleness_max": float(max(stale)),
               "async/tokens": float(n_tokens), "async/permits_outstanding": float(ps.outstanding),
               "async/version": float(self.version), "window/current": float(self.window),
-              "async/breakpoints": float(sum(len(it.version_breakpoints) for it in batch))}
+              "async/breakpoints": float(sum(len(it.version_breakpoints) for it in batch)),
+              "async/inference_version": float(self.inference_version)}
+        if self.groups is not None:  # cumulative: what Algorithm 1's cleared buffer cost so far
+            m |= {"async/discarded_items": float(self.groups.discarded_items),
+                  "async/discarded_tokens": float(self.groups.discarded_tokens)}
         throughput = self.throughput.throughput()  # None during the warm-up updates
         if throughput is not None:
             m["async/throughput_tokens_per_s"] = throughput
@@ -394,6 +387,10 @@ class AsyncOPDScheduler:
             "submitted": self._submitted,
             "probes_completed": len(self.probes_completed),
             "breakpoint_samples": sum(1 for it in self.consumed if it.version_breakpoints),
+            "sync_every": self.cfg.sync_every,
+            "discarded": None if self.groups is None else {
+                "groups": self.groups.discarded_groups, "items": self.groups.discarded_items,
+                "tokens": self.groups.discarded_tokens},
             "checks": self.event_checks(),
             "history": history,
         }
@@ -401,8 +398,8 @@ class AsyncOPDScheduler:
     def event_checks(self) -> dict[str, int]:
         """Invariants recomputed from the event log (instrumentation, independent of the permit pool).
 
-        ``max_unconsumed``: training requests submitted minus ``B`` per completed sync, maximized over the
-        log; the capacity bound says it never exceeds ``(tau + 1) * B``. ``gate_violations``: syncs during
+        ``max_unconsumed``: training requests submitted minus the permits given back (``B`` per completed
+        sync, or what a ``release`` / ``discard`` event names), maximized over the log; the capacity bound says it never exceeds ``(tau + 1) * B``. ``gate_violations``: syncs during
         which the feeder used more permits acquired after the sync started (tickets above the start
         snapshot) than were available then: a permit released by the sync was used before every worker
         had the new weights.
@@ -419,8 +416,10 @@ class AsyncOPDScheduler:
                 in_sync[2] += 1
             elif ev.kind == "sync_start":
                 in_sync = [int(ev.detail["available"]), int(ev.detail["acquired"]), 0]
+            elif ev.kind in ("release", "discard"):
+                unconsumed -= int(ev.detail["n"])
             elif ev.kind == "sync_done":
-                unconsumed -= self.cfg.batch_size
+                unconsumed -= int(ev.detail.get("released", self.cfg.batch_size))
                 if in_sync is not None and in_sync[2] > in_sync[0]:
                     violations += 1
                 in_sync = None

@@ -31,7 +31,7 @@ from adwin.trainer_adapters.asyncopd.run import AsyncOPDRun, build_asyncopd, run
 
 SUMMARY_KEYS = ("throughput_tokens_per_s", "overlap", "staleness", "permits", "checks", "submitted",
                 "probes_completed", "breakpoint_samples", "probes", "options", "batch_size", "loss", "mc_samples",
-                "learner_shapes")
+                "learner_shapes", "sync_every", "discarded", "oapl")
 
 
 @dataclass
@@ -51,6 +51,7 @@ class _StepExtras:
         self.initial: dict[str, float] = {}
         self.final: dict[str, float] = {}
         self._probes_seen = 0
+        self._consumed_seen = 0
         self._busy: dict[str, float] = {}
 
     def evaluate(self) -> dict[str, float]:
@@ -64,11 +65,13 @@ class _StepExtras:
         done = sched.probes_completed[self._probes_seen :]
         self._probes_seen += len(done)
         self.ledger.completed_lengths += [it.response_len for it in done]  # probes: truncations continued
-        batch = sched.consumed[-sched.cfg.batch_size :]
+        batch = sched.consumed[self._consumed_seen :]  # this update's items (OAPL's may be fewer than B: probes)
+        self._consumed_seen = len(sched.consumed)
         view = SimpleNamespace(response_ids=[it.tokens for it in batch],
                                finished=[it.finish_reason != "window" for it in batch])
         out = self.ledger.record(view, int(m.get("window/current", cfg.rollout.max_response_len)),  # type: ignore[arg-type]
                                  self.probe_tokens())
+        out["rollout/prompt_tokens"] = float(sum(len(it.prompt_ids) for it in batch))  # FLOPs estimates read it
         for stage in ("rollout", "teacher", "train"):  # this update's share of each stage's busy time
             total = m.get(f"pipeline/busy_{stage}_s", 0.0)
             out[f"time/{stage}"] = total - self._busy.get(stage, 0.0)
@@ -89,12 +92,15 @@ class _StepExtras:
 
 
 def train_asyncopd(cfg: TrainConfig, controller: ControllerAPI, parts: Parts,
-                   on_step: Callable[[int, dict[str, Any]], None] | None = None) -> AsyncTrainResult:
-    """Evaluate, run ``cfg.steps`` AsyncOPD learner updates, evaluate again; see the module docstring."""
+                   on_step: Callable[[int, dict[str, Any]], None] | None = None,
+                   initial_eval: dict[str, float] | None = None) -> AsyncTrainResult:
+    """Evaluate, run ``cfg.steps`` AsyncOPD learner updates, evaluate again; see the module docstring.
+    ``initial_eval``: the start-of-run evaluation already computed on the same student, problems and seed
+    (as in ``adwin.loop.trainer.train``)."""
     built = build_asyncopd(cfg, controller, parts=parts)
     extras = _StepExtras(cfg, parts, built, controller)
     t0 = time.perf_counter()
-    extras.initial = extras.evaluate()
+    extras.initial = dict(initial_eval) if initial_eval is not None else extras.evaluate()
     extras.initial["time/eval_initial"] = time.perf_counter() - t0
     out = run_asyncopd(cfg, controller, built=built, on_step=on_step, enrich=extras)
     totals = extras.ledger.totals(extras.probe_tokens())

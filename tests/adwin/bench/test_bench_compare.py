@@ -141,3 +141,46 @@ def test_a_compare_across_tasks_defaults_to_the_goals_methods() -> None:
     cands = [32, 64, 128, 192, 256]
     chosen = [m.key for m in select_methods(None, all_methods(320, cands), suite_keys(cands))]
     assert chosen == ["full", "linear", "fixed-32", "fixed-64", "fixed-128", "fixed-192", "fixed-256", "adwin-0.7"]
+
+
+def test_asyncopd_methods_are_opt_in_families_with_one_pipeline_and_their_lags() -> None:
+    methods = all_methods(320, [32, 64, 128, 192, 256], samples_per_step=16)
+    default = [m.key for m in select_methods(None, methods, None)]
+    assert not any(k.startswith("asyncopd") for k in default), "opt-in methods never join the default set"
+    chosen = {m.key: m for m in select_methods("asyncopd-is,asyncopd-oapl", methods, None)}
+    assert list(chosen) == ["full"] + [f"asyncopd-{o}-L{lag}" for o in ("is", "oapl") for lag in (1, 4, 16)]
+    is4, oapl4 = chosen["asyncopd-is-L4"].overrides, chosen["asyncopd-oapl-L4"].overrides
+    assert is4["asyncopd.sync_every"] == 4 and oapl4["loss.oapl.lag"] == 4 and oapl4["loss.name"] == "oapl"
+    shared = {k: v for k, v in is4.items() if k not in ("loss.name", "asyncopd.sync_every")}
+    assert shared == {k: v for k, v in oapl4.items() if k not in ("loss.name", "loss.oapl.lag")}, \
+        "IS and OAPL differ only by the objective and how the lag is named"
+    assert shared["rollout.prompts_per_step"] * shared["rollout.samples_per_prompt"] == 16
+    assert shared["scheduler"] == "asyncopd" and shared["window.policy"] == "full"  # the base policy audits
+    fixed_base = {m.key: m for m in all_methods(320, [32, 64], samples_per_step=16, window_policy="fixed")}
+    assert not any(k.startswith("window.") for k in fixed_base["asyncopd-oapl-L16"].overrides), \
+        "a base window that does not audit is kept: --set window.policy=fixed runs every method at one window"
+
+
+def test_tiny_compare_runs_is_and_oapl_under_the_asyncopd_scheduler(tmp_path: Path, monkeypatch, capsys) -> None:
+    monkeypatch.setenv("ADWIN_HOME", str(tmp_path / "home"))
+    t0 = time.perf_counter()
+    rc = main(["bench", "compare", "--profile", "tiny", "--methods", "asyncopd-is,asyncopd-oapl", "--steps", "3",
+               "--out", str(tmp_path / "out"), "--no-plots"])
+    elapsed = time.perf_counter() - t0
+    assert rc == 0
+    assert elapsed < 60, f"the tiny compare must stay a smoke test, took {elapsed:.0f}s"
+    (folder,) = (tmp_path / "out").iterdir()
+    res = json.loads((folder / "results.json").read_text())
+    runs = {r["method"]: r for r in res["runs"]}
+    assert list(runs) == ["full"] + [f"asyncopd-{o}-L{lag}" for o in ("is", "oapl") for lag in (1, 4, 16)]
+    for key, r in runs.items():
+        assert 0.0 <= r["accuracy_final"] <= 1.0 and r["sync_tokens"] > 0
+        assert r["rollout_tokens"] == pytest.approx(r["sync_tokens"] + r["probe_tokens"] + r["discarded_tokens"])
+        if key != "full":
+            assert math.isfinite(r["staleness_mean"]) and math.isfinite(r["is_ratio_p99"]), key
+    assert runs["full"]["staleness_mean"] is None and runs["full"]["discarded_tokens"] == 0  # NaN -> null
+    assert runs["asyncopd-oapl-L1"]["staleness_max"] == 0, "lag 1 with a cleared buffer trains on-policy only"
+    assert runs["asyncopd-is-L1"]["staleness_max"] <= 1, "queue depth 1: at most one update old"
+    assert all(runs[f"asyncopd-is-L{lag}"]["discarded_tokens"] == 0 for lag in (1, 4, 16)), "IS keeps everything"
+    out = capsys.readouterr().out
+    assert "lag statistics" in out and "asyncopd-oapl-L16" in out
