@@ -36,6 +36,17 @@ from adwin.trainer_adapters.asyncopd.items import StreamItem, TokenOut
 from adwin.trainer_adapters.hooks import Auditor, StampedItem
 
 
+def clip_and_step(model: torch.nn.Module, optimizer: Any, lr_scheduler: Any, grad_clip: float) -> float:
+    """Clip the gradient norm (``grad_clip <= 0``: no clipping, the norm is still measured), step the
+    optimizer and the LR schedule; the pre-clip norm. Shared by the IS and the OAPL learners."""
+    clip = grad_clip if grad_clip > 0 else math.inf
+    grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), clip)
+    optimizer.step()
+    if lr_scheduler is not None:
+        lr_scheduler.step()
+    return float(grad_norm)
+
+
 def item_rows(items: Sequence[StreamItem], pad_id: int, width: int | None) -> Rows:
     """Right-padded prompt+response rows, widened to ``width`` when given (B, L)."""
     return layout([it.prompt_ids for it in items], [it.tokens for it in items], pad_id, width=width)
@@ -163,12 +174,8 @@ class HFLearner:
                             action_ids=None if actions is None else actions.to(device),
                             aggregation=self.aggregation, **self.is_kw)
         loss.backward()
-        clip = self.grad_clip if self.grad_clip > 0 else math.inf
-        grad_norm = torch.nn.utils.clip_grad_norm_(self.student.parameters(), clip)
-        self.optimizer.step()
-        if self.lr_scheduler is not None:
-            self.lr_scheduler.step()
-        out = {"loss/total": float(loss.detach()), "optim/grad_norm": float(grad_norm)}
+        grad_norm = clip_and_step(self.student, self.optimizer, self.lr_scheduler, self.grad_clip)
+        out = {"loss/total": float(loss.detach()), "optim/grad_norm": grad_norm}
         out |= {k: float(v) for k, v in lm.items() if k != "loss/value"}
         # |log p_theta - log p_behavior| of the realized tokens: staleness plus any rollout-engine mismatch
         train_lp = token_logprobs(logits.detach(), ids).cpu()  # (B, L)

@@ -18,7 +18,6 @@ ratio ``pi / pi_inf`` per token is still reported (``loss/is_ratio_*``) so runs 
 
 from __future__ import annotations
 
-import math
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -29,7 +28,7 @@ from adwin.config import OAPLSection
 from adwin.objectives.losses import k1, keep_mask, ratio_percentiles, token_logprobs
 from adwin.objectives.oapl import OAPLTerms, oapl_loss, sequence_logprob, teacher_return
 from adwin.trainer_adapters.asyncopd.groups import group_version
-from adwin.trainer_adapters.asyncopd.hf import item_rows, item_values
+from adwin.trainer_adapters.asyncopd.hf import clip_and_step, item_rows, item_values
 from adwin.trainer_adapters.asyncopd.items import StreamItem
 
 
@@ -116,12 +115,8 @@ class OAPLLearner:
         self.optimizer.zero_grad(set_to_none=True)
         loss, _, metrics = self.loss(items)
         loss.backward()
-        clip = self.grad_clip if self.grad_clip > 0 else math.inf
-        grad_norm = torch.nn.utils.clip_grad_norm_(self.student.parameters(), clip)
-        self.optimizer.step()
-        if self.lr_scheduler is not None:
-            self.lr_scheduler.step()
-        return {"loss/total": float(loss.detach()), "optim/grad_norm": float(grad_norm)} | metrics
+        grad_norm = clip_and_step(self.student, self.optimizer, self.lr_scheduler, self.grad_clip)
+        return {"loss/total": float(loss.detach()), "optim/grad_norm": grad_norm} | metrics
 
     def weights(self) -> dict[str, torch.Tensor]:
         """A detached copy: the learner keeps training while workers load it."""
