@@ -213,7 +213,9 @@ class LossConfig(_Strict):
     @model_validator(mode="after")
     def _oapl_section_needs_oapl(self) -> LossConfig:
         if self.name != "oapl" and self.oapl != OAPLSection():
-            raise ValueError(f"loss.oapl.* is read only by loss.name: oapl (got {self.name!r}); drop it")
+            default = OAPLSection()
+            changed = [f"loss.oapl.{k}" for k in OAPLSection.model_fields if getattr(self.oapl, k) != getattr(default, k)]
+            raise ValueError(f"{', '.join(changed)}: read only by loss.name: oapl (got {self.name!r}); drop it")
         if self.name == "oapl":  # a mean over sequences of eq. 3's squares, on the realized tokens
             if self.aggregation != "token-mean":
                 raise ValueError("loss.aggregation: oapl's loss is a mean over sequences of squared residuals; "

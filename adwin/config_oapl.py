@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-from adwin.policies.registry import is_audited
+from adwin.policies.registry import is_audited, trains_whole_response
 
 if TYPE_CHECKING:
     from adwin.config import TrainConfig
@@ -63,7 +63,8 @@ def check_oapl(cfg: TrainConfig) -> None:
     if cfg.asyncopd.sync_every != 1:
         raise ValueError("asyncopd.sync_every: with loss.name oapl the lag is loss.oapl.lag; drop sync_every")
     o = cfg.loss.oapl
-    if (o.reward == "task" or (o.reward == "weighted" and o.task_weight > 0)) and cfg.window.policy != "full":
+    if (o.reward == "task" or (o.reward == "weighted" and o.task_weight > 0)) and not trains_whole_response(
+            cfg.window.policy):
         raise ValueError(f"loss.oapl.reward: the task reward checks a complete answer, which window.policy "
                          f"{cfg.window.policy!r} cuts off; use window.policy: full, or reward: teacher")
 

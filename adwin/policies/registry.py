@@ -32,6 +32,11 @@ def is_audited(name: str) -> bool:
     return policy_class(name).audited
 
 
+def trains_whole_response(name: str) -> bool:
+    """Whether the policy's window is always the whole response (the horizon), whatever the audits say."""
+    return issubclass(policy_class(name), FullRollout)
+
+
 def spec_usage() -> str:
     return ", ".join(":".join([n, *(a.upper() for a in c.spec_args)]) for n, c in POLICIES.items())
 

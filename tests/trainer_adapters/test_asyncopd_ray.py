@@ -48,3 +48,25 @@ def test_ray_actor_engines_take_every_sync_and_keep_the_permit_bound(tmp_path: P
     finally:
         if started:
             ray.shutdown()
+
+
+def test_shared_weights_are_put_again_for_a_new_dict_even_at_a_reused_address(monkeypatch) -> None:
+    """The object store entry is keyed by the dict itself: a new sync's dict that happens to reuse the freed
+    address of the previous one must not be handed the previous weights."""
+    from adwin.trainer_adapters.asyncopd import ray_engine
+
+    puts: list[object] = []
+
+    class FakeRay:
+        @staticmethod
+        def put(obj: object) -> int:
+            puts.append(dict(obj))  # a copy: the store must not keep the caller's dict alive
+            return len(puts)
+
+    monkeypatch.setattr(ray_engine, "_import_ray", lambda: FakeRay)
+    shared = ray_engine._SharedWeights()
+    first = {"w": 0}
+    assert shared.ref(first) == 1 and shared.ref(first) == 1  # one put per sync, whichever proxy asks
+    del first  # with an id() key CPython's dict free list hands the freed address to the next dict
+    second = {"w": 1}
+    assert shared.ref(second) == 2 and puts[-1] == {"w": 1}

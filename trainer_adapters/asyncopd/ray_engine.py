@@ -77,13 +77,15 @@ class _SharedWeights:
     """Puts one weights dict into the object store once, whichever proxy asks first."""
 
     def __init__(self) -> None:
-        self._key: int | None = None
+        self._weights: Any = None
         self._ref: Any = None
 
     def ref(self, weights: Any) -> Any:
+        # identity of the object itself, held alive: an ``id()`` key is reused once the previous sync's dict
+        # is freed, and the actors were then handed the previous weights under the new version
         ray = _import_ray()
-        if self._key != id(weights):
-            self._key, self._ref = id(weights), ray.put(weights)
+        if self._weights is not weights:
+            self._weights, self._ref = weights, ray.put(weights)
         return self._ref
 
 
