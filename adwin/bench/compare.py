@@ -218,7 +218,7 @@ def run_all(base: Any, methods: list[Method], seeds: list[int], args: argparse.N
     ``--jobs N > 1`` runs N trainings at once in worker processes (one torch thread each); results are
     the same as sequential (every run is seeded on its own), only wall times shift with co-scheduling.
     """
-    from concurrent.futures import Executor, ProcessPoolExecutor, as_completed
+    from concurrent.futures import ProcessPoolExecutor, as_completed
     from contextlib import nullcontext
     from multiprocessing import get_context
 
@@ -246,16 +246,18 @@ def run_all(base: Any, methods: list[Method], seeds: list[int], args: argparse.N
     with Progress(*columns, transient=False) as bar, pool_cm as pool:
         task = bar.add_task("compare", total=len(seeds) + len(jobs))
         bar.update(task, description=f"start-of-run evaluation, {len(seeds)} seed(s)")
-        initial = dict(zip(seeds, _map(pool, initial_eval_job, [(base, s, args.profile, args.assets_seed)
-                                                                 for s in seeds], bar, task), strict=True))
+        n = len(seeds)
+        evals = (pool.map if pool is not None else map)(initial_eval_job, [base] * n, seeds, [args.profile] * n,
+                                                         [args.assets_seed] * n)
+        initial = dict(zip(seeds, evals, strict=True))
+        bar.advance(task, n)
         if pool is None:
             for i, (seed, method) in enumerate(jobs):
                 bar.update(task, description=f"{method.key} seed {seed}")
                 record(i, run_one(base, method, seed, args.profile, args.assets_seed, out_dir, initial[seed]))
                 bar.advance(task)
         else:
-            executor: Executor = pool
-            futures = {executor.submit(run_one, base, m, s, args.profile, args.assets_seed, out_dir, initial[s]): i
+            futures = {pool.submit(run_one, base, m, s, args.profile, args.assets_seed, out_dir, initial[s]): i
                        for i, (s, m) in enumerate(jobs)}
             bar.update(task, description=f"{len(jobs)} runs, {args.jobs} at a time")
             for fut in as_completed(futures):
@@ -264,20 +266,6 @@ def run_all(base: Any, methods: list[Method], seeds: list[int], args: argparse.N
                 bar.update(task, description=f"done {jobs[i][1].key} seed {jobs[i][0]}")
                 bar.advance(task)
     return [done[i] for i in range(len(jobs))]
-
-
-def _map(pool: Any, fn: Any, arg_lists: list[tuple[Any, ...]], bar: Any, task: Any) -> list[Any]:
-    """``fn(*args)`` for each, in the pool when there is one; results in order."""
-    if pool is None:
-        out = []
-        for a in arg_lists:
-            out.append(fn(*a))
-            bar.advance(task)
-        return out
-    futures = [pool.submit(fn, *a) for a in arg_lists]
-    results = [f.result() for f in futures]
-    bar.advance(task, len(results))
-    return results
 
 
 def _run_config(base: Any, method: Method | None, seed: int, assets_seed: int, out_dir: Path | None) -> Any:
@@ -319,9 +307,7 @@ def initial_eval_job(base: Any, seed: int, profile: str, assets_seed: int) -> di
 
     cfg = _run_config(base, None, seed, assets_seed, None)
     parts = _load(cfg, profile, assets_seed)
-    t0 = time.perf_counter()
-    out = evaluate(parts, cfg, Sampler(parts, cfg))
-    return out | {"time/eval_s": time.perf_counter() - t0}
+    return evaluate(parts, cfg, Sampler(parts, cfg))
 
 
 SHARED_EVAL_KEYS = ("eval.", "model.", "rollout.max_response_len", "rollout.temperature", "rollout.top_p", "seed")
