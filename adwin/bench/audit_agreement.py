@@ -112,7 +112,7 @@ def _pool(args: argparse.Namespace) -> tuple[Any, Any, list[int], float, int]:
 def _builtin_pool(cfg: Any, args: argparse.Namespace) -> tuple[Any, Any]:
     from adwin.audit.alignment import ProbeBatch
     from adwin.loop.parts import load_parts
-    from adwin.loop.step import Sampler
+    from adwin.loop.sampler import Sampler
 
     parts = load_parts(cfg, profile=args.profile)
     b = Sampler(parts, cfg).roll_out(parts.train_prompts.next_batch(args.rollouts), 1, cfg.rollout.max_response_len)

@@ -303,7 +303,7 @@ def initial_eval_job(base: Any, seed: int, profile: str, assets_seed: int) -> di
     """The start-of-run evaluation every method of ``seed`` shares (the base config's evaluation settings;
     no method overrides an ``eval.*`` or model key: :func:`run_one` checks)."""
     from adwin.loop.evaluate import evaluate
-    from adwin.loop.step import Sampler
+    from adwin.loop.sampler import Sampler
 
     cfg = _run_config(base, None, seed, assets_seed, None)
     parts = _load(cfg, profile, assets_seed)

@@ -8,7 +8,7 @@ from contextlib import contextmanager
 
 import numpy as np
 
-from adwin.loop.step import Batch
+from adwin.loop.sampler import Batch
 
 
 class TokenLedger:

@@ -9,7 +9,7 @@ import torch
 
 from adwin.config import TrainConfig
 from adwin.loop.parts import Parts
-from adwin.loop.step import Sampler
+from adwin.loop.sampler import Sampler
 from adwin.objectives.losses import token_logprobs
 
 log = logging.getLogger(__name__)

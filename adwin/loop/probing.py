@@ -38,7 +38,7 @@ from adwin.controller.api import ControllerAPI, ControllerError, InvalidInput
 from adwin.controller.schemas import AuditIn, OfferIn, ProbeBatchOut, ProbeOfferItem, ProbeReportIn
 from adwin.loop.accounting import TokenLedger
 from adwin.loop.parts import Parts
-from adwin.loop.step import Batch, Sampler
+from adwin.loop.sampler import Batch, Sampler
 from adwin.policies.registry import is_audited
 from adwin.probes.async_executor import AsyncProbeExecutor
 from adwin.probes.executors import build_executor

@@ -1,7 +1,7 @@
 """The synchronous prefix-window OPD trainer (docs/design.md "The loop", ADWIN sections 4.1-4.2).
 
 ``train`` reads top to bottom as one step of the paper's algorithm; its helpers do one thing each and
-live in ``parts`` (setup), ``step`` (sampling, teacher, optimizer step), ``probing`` (``ProbeSide``: offers,
+live in ``parts`` (setup), ``sampler`` (rollouts), ``step`` (teacher, optimizer step), ``probing`` (``ProbeSide``: offers,
 probe rounds, audits, token ledger), ``accounting`` (tokens, clocks) and ``evaluate``. Versions: the student's version is the number
 of optimizer steps applied, so the rollout of step ``t`` comes from version ``t`` and everything after the
 update (probe extension, audit) uses ``t + 1``.
@@ -21,7 +21,8 @@ from adwin.loop.accounting import Clock
 from adwin.loop.evaluate import evaluate
 from adwin.loop.parts import Parts, build_optimizer, load_parts, open_loggers, run_spec, seed_everything
 from adwin.loop.probing import open_probe_side
-from adwin.loop.step import Sampler, optimize, score_teacher, window_metrics
+from adwin.loop.sampler import Sampler
+from adwin.loop.step import optimize, score_teacher, window_metrics
 from adwin.policies.surprise import surprise_metrics
 from adwin.runtime.checkpoint import save_checkpoint
 from adwin.runtime.guards import FaultCounter, NumericalFault

@@ -24,7 +24,7 @@ from adwin.controller.api import ControllerAPI
 from adwin.loop.accounting import TokenLedger
 from adwin.loop.evaluate import evaluate
 from adwin.loop.parts import Parts
-from adwin.loop.step import Sampler
+from adwin.loop.sampler import Sampler
 from adwin.loop.trainer import TrainResult
 from adwin.runtime.checkpoint import save_checkpoint
 from adwin.trainer_adapters.asyncopd.run import AsyncOPDRun, build_asyncopd, run_asyncopd

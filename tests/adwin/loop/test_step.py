@@ -11,7 +11,8 @@ from tiny_models import make_tiny_llama
 
 from adwin.config import TrainConfig, load_config
 from adwin.loop.parts import build_optimizer
-from adwin.loop.step import Batch, Sampler, TeacherSignal, optimize
+from adwin.loop.sampler import Batch, Sampler
+from adwin.loop.step import TeacherSignal, optimize
 from adwin.objectives.losses import token_logprobs
 from adwin.sampling.data import Prompt
 from adwin.sampling.rollout import encode_prompts, generate, layout

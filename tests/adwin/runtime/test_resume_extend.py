@@ -76,7 +76,7 @@ def test_extending_a_decaying_schedule_warns(tmp_path: Path, caplog, schedule: s
 def test_evaluation_leaves_the_training_rng_where_it_was(tmp_path: Path) -> None:
     from adwin.loop.evaluate import evaluate
     from adwin.loop.parts import load_parts
-    from adwin.loop.step import Sampler
+    from adwin.loop.sampler import Sampler
 
     cfg = _cfg(tmp_path, "rng", SHORT)
     parts = load_parts(cfg)
