@@ -74,6 +74,10 @@ class RolloutConfig(_Strict):
     max_response_len: int = Field(320, ge=1, le=1_048_576)
     temperature: float = Field(1.0, gt=0.0, le=10.0)
     top_p: float = Field(1.0, gt=0.0, le=1.0)
+    seeding: Literal["batch", "per_sample"] = Field(
+        "batch", description="batch: HF generate draws a batch's sampling noise from the global RNG; per_sample: "
+        "each row from its own generator (run seed, step, row), so a row's tokens do not depend on its batch "
+        "(data-parallel runs then match the 1-process run; adwin.sampling.seeding)")
 
 
 class SurpriseSection(_Strict):
@@ -276,6 +280,7 @@ class TrainConfig(_Strict):
             raise ValueError(f"loss.name: scheduler 'asyncopd' trains with {ASYNCOPD_LOSSES} (old-to-current IS "
                              f"on cached behavior logprobs, or OAPL), got {self.loss.name!r}")
         _asyncopd_needs_its_scheduler(self)
+        _per_sample_scope(self)
         check_oapl(self)
         return self
 
@@ -291,6 +296,19 @@ def _asyncopd_needs_its_scheduler(cfg: TrainConfig) -> None:
     if changed:
         raise ValueError(f"asyncopd.{changed[0]}: read only by scheduler 'asyncopd' (got scheduler "
                          f"{cfg.scheduler!r}); drop it or set scheduler: asyncopd (--scheduler asyncopd)")
+
+
+def _per_sample_scope(cfg: TrainConfig) -> None:
+    """``rollout.seeding: per_sample`` seeds what the synchronous trainer samples with HF ``generate``."""
+    if cfg.rollout.seeding != "per_sample":
+        return
+    if cfg.scheduler != "sync" or cfg.rollout.backend != "hf":
+        raise ValueError("rollout.seeding: per_sample seeds HF generate in the sync scheduler; set scheduler: sync "
+                         "and rollout.backend: hf, or rollout.seeding: batch")
+    probing = is_audited(cfg.window.policy) and cfg.probes.offers_per_step > 0
+    if probing and cfg.probes.backend != "inline":
+        raise ValueError(f"rollout.seeding: per_sample seeds probe rounds on the inline backend only (probe workers "
+                         f"sample with their replica's RNG); set probes.backend: inline, got {cfg.probes.backend!r}")
 
 
 def load_config(path: str | Path | None = None, overrides: dict[str, Any] | None = None) -> TrainConfig:

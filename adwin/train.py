@@ -47,6 +47,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--scheduler", choices=["sync", "asyncopd"],
                         help="sync: the prefix-window trainer; asyncopd: streaming rollout/teacher/learner pipeline "
                              "(AsyncOPD; loss.name reverse_kl_mc or reverse_kl_pg)")
+    parser.add_argument("--nproc", type=int, metavar="N",
+                        help="data-parallel training on N processes of this machine: relaunches this command "
+                             "under torchrun (gloo on CPU, NCCL on CUDA, one GPU per rank); the same as "
+                             "`torchrun --nproc_per_node N -m adwin train ...`")
     parser.add_argument("--asyncopd-workers", choices=["thread", "ray"],
                         help="where AsyncOPD rollout workers' engines run (ray: one Ray actor per worker)")
 
@@ -106,13 +110,44 @@ def main(args: argparse.Namespace) -> int:
         sys.stderr.write(f"adwin train: {config_error(e)}\n")
         return 2
     from adwin.backends import BackendUnavailable, check_backends
+    from adwin.loop.distributed import launched_world
+    from adwin.loop.sharding import check_data_parallel
 
+    nproc = getattr(args, "nproc", None)
     try:
+        if nproc is not None and nproc < 1:
+            raise ValueError(f"--nproc must be at least 1, got {nproc}")
         check_backends(cfg)
-    except BackendUnavailable as e:
+        check_data_parallel(cfg, nproc or launched_world())
+    except (BackendUnavailable, ValueError) as e:
         sys.stderr.write(f"adwin train: {e}\n")
         return 2
+    if nproc is not None and nproc > 1 and launched_world() == 1:
+        return launch(nproc, getattr(args, "argv", None))
     return run(cfg, profile=args.profile, resume=resume)
+
+
+def launch(nproc: int, argv: list[str] | None) -> int:
+    """Run this command again under torchrun with ``nproc`` ranks on this machine (rendezvous on 127.0.0.1)."""
+    import socket
+    import subprocess
+
+    argv = list(sys.argv[1:] if argv is None else argv)
+    rest: list[str] = []
+    skip = False
+    for a in argv:  # the same command without --nproc: each rank is one process of the group
+        if skip:
+            skip = False
+        elif a == "--nproc":
+            skip = True
+        elif not a.startswith("--nproc="):
+            rest.append(a)
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--nnodes", "1", "--nproc_per_node", str(nproc),
+           "--master_addr", "127.0.0.1", "--master_port", str(port), "-m", "adwin", *rest]
+    return subprocess.run(cmd, check=False).returncode
 
 
 def open_controller(cfg: Any, checkpoint: Path | None = None) -> tuple[Any, Any, str | None]:
@@ -139,15 +174,30 @@ def open_controller(cfg: Any, checkpoint: Path | None = None) -> tuple[Any, Any,
 
 
 def run(cfg: Any, profile: str = "default", resume: Path | None = None) -> int:
+    """One process of the run: the whole run, or one rank of a data-parallel run started by torchrun
+    (rank 0 alone opens the controller, serves the dashboard, shows progress and writes the summary)."""
+    from transformers.utils import logging as hf_logging
+
+    from adwin.loop.distributed import init_distributed
+
+    hf_logging.disable_progress_bar()  # weight loading/saving bars would drown the training bar
+    dist, device = init_distributed(cfg.model.device)
+    try:
+        if device != cfg.model.device:  # cuda: each rank on its own GPU
+            cfg = cfg.model_copy(update={"model": cfg.model.model_copy(update={"device": device})})
+        return _run(cfg, profile, resume, dist)
+    finally:
+        dist.close()
+
+
+def _run(cfg: Any, profile: str, resume: Path | None, dist: Any) -> int:
     import torch
     from rich.console import Console
-    from transformers.utils import logging as hf_logging
 
     from adwin.loop.parts import limit_threads
     from adwin.loop.trainer import load_parts, train
     from adwin.runtime.summary import render, summarize
 
-    hf_logging.disable_progress_bar()  # weight loading/saving bars would drown the training bar
     console = Console(stderr=False)
     # The built-in models are known to be tiny, so their thread limit applies before loading (preparing
     # them is compute too); any other student is measured once loaded. ``main`` checked the backends.
@@ -157,6 +207,7 @@ def run(cfg: Any, profile: str = "default", resume: Path | None = None) -> int:
     checkpoint = None
     if resume is not None:
         from adwin.runtime.checkpoint import latest_checkpoint
+        from adwin.runtime.rank_state import check_world_size
         from adwin.runtime.resume import check_extension
 
         checkpoint = latest_checkpoint(resume)
@@ -165,25 +216,28 @@ def run(cfg: Any, profile: str = "default", resume: Path | None = None) -> int:
         if cfg.scheduler != "sync":
             raise ValueError(f"--resume supports the sync scheduler only, not {cfg.scheduler!r}")
         check_extension(checkpoint, cfg.steps, cfg.optim.schedule)
+        check_world_size(checkpoint, dist.world)
     parts = load_parts(cfg, profile)  # loads and checks models, tokenizers and prompts before any training compute
     if not builtin_cpu:
         limit_threads(parts.student, cfg.model.device)
-    controller, stop, url = open_controller(cfg, checkpoint)
+    controller, stop, url = open_controller(cfg, checkpoint) if dist.is_main else (None, None, None)
     if url:
         console.print(f"controller + dashboard: [bold]{url}[/bold]")
-    bar = _progress(cfg)
+    bar = _progress(cfg) if dist.is_main else None
     try:
         if cfg.scheduler == "asyncopd":
             from adwin.trainer_adapters.asyncopd.train import train_asyncopd
 
             result = train_asyncopd(cfg, controller, parts, on_step=bar.update if bar else None)
         else:
-            result = train(cfg, controller, parts, on_step=bar.update if bar else None, resume=checkpoint)
+            result = train(cfg, controller, parts, on_step=bar.update if bar else None, resume=checkpoint, dist=dist)
     finally:
         if bar:
             bar.close()
         if stop is not None:
             stop()
+    if not dist.is_main:
+        return 0
     summary = summarize(result.history, result.initial_eval, result.final_eval, result.totals)
     summary["run_id"] = result.run_id
     if getattr(result, "asyncopd", None):

@@ -23,6 +23,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from adwin.audit.combine import Combiner, gather_concat, summed_counts
 from adwin.audit.estimators import ESTIMATORS, bootstrap_ci, cosine_array, debiased_cosines
 from adwin.audit.grams import (
     Prepared,
@@ -213,6 +214,7 @@ def audit(
     estimator: str = "batch",
     ci_level: float | None = None,
     ci_samples: int = 200,
+    combine: Combiner | None = None,
 ) -> AuditResult:
     """Cosine of each candidate prefix gradient with the full-rollout gradient (ADWIN section 4.2).
 
@@ -260,6 +262,11 @@ def audit(
     memory. Gradients are taken in eval mode (no dropout) under the current parameters; the model's
     mode is restored and no parameter's ``.grad`` is touched.
 
+    ``combine`` (a data-parallel process group, ``adwin.audit.combine``): every rank passes the whole probe
+    batch, differentiates only its contiguous shard of rows, and the segment gradients (``fast``,
+    ``reference``) or sketches (``sketch``) are summed across ranks before the Gram; per-sample statistics
+    are gathered. Every rank returns the 1-process result (up to float summation order).
+
     Assumes a decoder-only (causal) model that accepts ``past_key_values`` (HF ``DynamicCache``);
     encoder-decoder models are rejected. Position ids come from the attention mask
     (``cumsum - 1``), which equals ``arange`` for right-padded batches.
@@ -287,6 +294,16 @@ def audit(
         raise ValueError("macro cosines, estimator='debiased' and ci_level need micro_batch=1 (the default)")
     vector_dim = (DEFAULT_SKETCH_DIM if sketch_dim is None else int(sketch_dim)) if ci_level is not None else None
 
+    n_samples = int(batch.input_ids.shape[0])
+    if combine is not None:
+        if n_samples < combine.world:
+            raise ValueError(f"a probe batch of {n_samples} cannot be split over {combine.world} ranks "
+                             f"(probes.batch_size must be at least the world size)")
+        rows = combine.shard(n_samples)
+        batch = _rows_of(batch, rows)
+        token_weights = None if token_weights is None else token_weights[rows]
+    reduce = None if combine is None else combine.all_sum
+
     named = [(canonical_name(n), p) for n, p in audited_parameters(model, params)]
     if not named:
         raise ValueError("model has no parameters that require grad")
@@ -301,7 +318,7 @@ def audit(
         with torch.enable_grad():
             if method == "reference":
                 gram, sample_grams, vectors = reference_grams(
-                    model, named, b, len(cands) + 1, scale, per_sample, vector_dim is not None
+                    model, named, b, len(cands) + 1, scale, per_sample, vector_dim is not None, reduce
                 )
                 sketch = None
             else:
@@ -316,9 +333,15 @@ def audit(
                     sketch_dim if method == "sketch" else None,
                     seed,
                     vector_dim,
+                    reduce,
                 )
     finally:
         model.train(was_training)
+    max_len = int(b.response_mask.sum(dim=1).max().item())
+    if combine is not None:  # the shard's Gram is already the batch's; the rest is per sample or counts
+        sample_grams, vectors = gather_concat(combine, sample_grams), gather_concat(combine, vectors)
+        b.tokens_per_segment = summed_counts(combine, b.tokens_per_segment)
+        max_len = int(combine.all_max(float(max_len)))
 
     batch_cos = cosines_from_gram(gram, cands)
     cos, fallbacks = debiased_cosines(gram, sample_grams, cands) if estimator == "debiased" else (batch_cos, 0)
@@ -329,7 +352,6 @@ def audit(
     )
     macro_cos = _macro_cosines(sample_grams, cands) if macro else {}
     norms = _prefix_norms(gram, cands)
-    max_len = int(b.response_mask.sum(dim=1).max().item())
     norms[max_len] = math.sqrt(max(float(gram.sum()), 0.0))  # the full gradient
     return AuditResult(
         candidates=cands,
@@ -341,7 +363,7 @@ def audit(
         method=method,
         metric=metric,
         elapsed_s=time.perf_counter() - t0,
-        extra={"samples": float(b.input_ids.shape[0]), "max_response_len": float(max_len)}
+        extra={"samples": float(n_samples), "max_response_len": float(max_len)}
         | ({"debiased_fallbacks": float(fallbacks)} if estimator == "debiased" else {}),
         sketch=None if sketch is None else sketch.astype(np.float32),
         estimator=estimator,
@@ -349,6 +371,13 @@ def audit(
         batch_cosines=batch_cos if estimator != "batch" else {},
         cosine_ci=ci,
     )
+
+
+def _rows_of(batch: ProbeBatch, rows: slice) -> ProbeBatch:
+    """The probe batch's rows ``rows`` (same columns)."""
+    return ProbeBatch(*(None if t is None else t[rows] for t in (
+        batch.input_ids, batch.attention_mask, batch.response_mask, batch.teacher_logprobs,
+        batch.behavior_logprobs, batch.versions)))
 
 
 def _check_candidates(candidates: Sequence[int]) -> list[int]:

@@ -18,11 +18,14 @@ from typing import Any
 import numpy as np
 import torch
 
+from adwin.audit.combine import segment_matrix
 from adwin.audit.sketch import Grads, countsketch
 from adwin.objectives.losses import reverse_kl_pg, token_logprobs
 
 # Per-token loss: (student_logprobs, teacher_logprobs, mask) -> (B, L) per-token losses.
 TokenLoss = Callable[[torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor]
+# Sum over data-parallel ranks (in place, returned); ``adwin.audit.combine``.
+Reduce = Callable[[torch.Tensor], torch.Tensor]
 
 
 @dataclass
@@ -97,10 +100,13 @@ def reference_grams(
     scale: Callable[[int, torch.Tensor], torch.Tensor],
     macro: bool,
     keep_vectors: bool = False,
+    reduce: Reduce | None = None,
 ) -> tuple[np.ndarray, list[np.ndarray], list[np.ndarray]]:
     """One forward over the whole batch, one backward per segment (and per sample and segment).
 
-    With ``keep_vectors`` (needs ``macro``) also the per-sample flattened segment gradients, each (K+1, D)."""
+    With ``keep_vectors`` (needs ``macro``) also the per-sample flattened segment gradients, each (K+1, D).
+    ``reduce`` sums the batch-level segment gradients over data-parallel ranks before the Gram
+    (``adwin.audit.combine``)."""
     params = [p for _, p in named]
     logits = model(input_ids=b.input_ids, attention_mask=b.attention_mask, position_ids=b.position_ids).logits
     logp = token_logprobs(logits, b.input_ids)  # (B, L)
@@ -116,6 +122,8 @@ def reference_grams(
         )
 
     m = torch.stack([flat_grad((per * (b.segment == s)).sum()) for s in range(n_seg)])  # (K+1, D)
+    if reduce is not None:
+        m = reduce(m)
     gram = (m @ m.T).cpu().numpy()
     sample_grams, vectors = [], []
     if macro:
@@ -138,11 +146,14 @@ def chunked_grams(
     sketch_dim: int | None,
     seed: int,
     vector_dim: int | None = None,
+    reduce: Reduce | None = None,
 ) -> tuple[np.ndarray, list[np.ndarray], np.ndarray | None, list[np.ndarray]]:
     """``fast`` (sketch_dim None) and ``sketch``: micro-batches through the causal chunked graph.
 
     With ``vector_dim`` (needs ``macro``) also each sample's (K+1, vector_dim) CountSketch of its segment
-    gradients (the sketch itself for ``sketch``), for the bootstrap's cross-sample Gram."""
+    gradients (the sketch itself for ``sketch``), for the bootstrap's cross-sample Gram. ``reduce`` sums the
+    batch-level segment gradients (``fast``: a (K+1, n_params) matrix) or the batch sketch over
+    data-parallel ranks before the Gram (``adwin.audit.combine``)."""
     n = b.input_ids.shape[0]
     mb = (1 if macro else n) if micro_batch is None else int(micro_batch)
     if mb < 1:
@@ -189,8 +200,11 @@ def chunked_grams(
                 acc[s] = _add_into(acc[s], grads)
         del seg_grads
     if sk_total is not None:
-        sk_np = sk_total.cpu().numpy()
+        sk_np = (sk_total if reduce is None else reduce(sk_total)).cpu().numpy()
         return sk_np @ sk_np.T, sample_grams, sk_np, vectors
+    if reduce is not None:
+        m = reduce(segment_matrix(acc, [p for _, p in named])).double()  # (K+1, n_params)
+        return (m @ m.T).cpu().numpy(), sample_grams, None, vectors
     return _gram_of(acc), sample_grams, None, vectors
 
 

@@ -37,7 +37,9 @@ from adwin.config import ProbeConfig, TrainConfig
 from adwin.controller.api import ControllerAPI, ControllerError, InvalidInput
 from adwin.controller.schemas import AuditIn, OfferIn, ProbeBatchOut, ProbeOfferItem, ProbeReportIn
 from adwin.loop.accounting import TokenLedger
+from adwin.loop.distributed import LocalDist
 from adwin.loop.parts import Parts
+from adwin.loop.probe_rounds import RoundExtender
 from adwin.loop.sampler import Batch, Sampler
 from adwin.policies.registry import is_audited
 from adwin.probes.async_executor import AsyncProbeExecutor
@@ -272,24 +274,38 @@ def audit_settings(cfg: TrainConfig) -> AuditSettings:
 
 
 def open_probe_side(cfg: TrainConfig, controller: ControllerAPI, run_id: str, parts: Parts, gen: Sampler,
-                    optimizer: torch.optim.Optimizer) -> ProbeSide:
-    """The run's probe side; its workers (thread, Ray) start here when the policy is audited."""
+                    optimizer: torch.optim.Optimizer, dist: LocalDist | None = None) -> ProbeSide:
+    """The run's probe side; its workers (thread, Ray) start here when the policy is audited.
+
+    Data-parallel (``dist`` of world > 1, inline backend; ``controller`` answers every rank alike): every
+    rank keeps the same pool, each extends its share of a round (``RoundExtender``) and differentiates its
+    share of an audited batch, combined exactly across ranks (``adwin.audit.combine``); the teacher drift
+    diagnostics are computed on rank 0 only (it alone logs).
+    """
+    dist = dist or LocalDist()
     side = ProbeSide(controller, run_id, cfg.probes, ProbePool(cfg.rollout.max_response_len),
                      TokenLedger(cfg.rollout.max_response_len))
     if not (is_audited(cfg.window.policy) and cfg.probes.offers_per_step > 0):
         return side
     p, r = cfg.probes, cfg.rollout
+    extend = gen.extend
+    if dist.world > 1 or r.seeding == "per_sample":
+        extend = RoundExtender(parts.student, gen.eos, gen.pad, r.temperature, r.top_p, dist,
+                               cfg.seed if r.seeding == "per_sample" else None, lambda: side.executor.version)
     side.executor = build_executor(p.backend, side.pool, parts.student, eos=gen.eos, pad_id=gen.pad,
-                                   temperature=r.temperature, top_p=r.top_p, extend=gen.extend, workers=p.workers,
+                                   temperature=r.temperature, top_p=r.top_p, extend=extend, workers=p.workers,
                                    ray_address=p.ray_address, ray_num_cpus=p.ray_num_cpus,
                                    fault_policy=p.fault_policy, max_reissues=p.max_reissues, optimizer=optimizer)
     side.settings = audit_settings(cfg)
+    if dist.world > 1:
+        side.settings.extra["combine"] = dist
     a = cfg.audit
     if a.every > 1 or a.skip_margin > 0:
         side.schedule = AuditSchedule(threshold=cfg.window.threshold, every=a.every, skip_margin=a.skip_margin,
                                       skip_history=a.skip_history, max_skips=a.max_skips)
     side.score = parts.teachers.score
-    side.drift = partial(teacher_drift, parts.teachers.logits, candidates=tuple(cfg.window.candidates))
+    if dist.is_main:
+        side.drift = partial(teacher_drift, parts.teachers.logits, candidates=tuple(cfg.window.candidates))
     side.pad_id = pad_id_of(parts.tokenizer, eos_ids(parts.student, parts.tokenizer))
     if cfg.audit.metric == "adam" and p.backend != "inline":
         side.adam_moments = lambda: adam_snapshot(optimizer, parts.student)

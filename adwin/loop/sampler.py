@@ -40,15 +40,17 @@ class Sampler:
         # workers run on their replicas, sampling like the rollouts and recording behavior logprobs
         self.extend = ModelExtender(parts.student, self.eos, self.pad, r.temperature, r.top_p)
 
-    def roll_out(self, prompts: list[Prompt], n: int, window: int, *, evaluation: bool = False) -> Batch:
+    def roll_out(self, prompts: list[Prompt], n: int, window: int, *, evaluation: bool = False,
+                 seeds: list[int] | None = None) -> Batch:
         """``n`` samples per prompt, at most ``window`` tokens each, then right-padded rows for scoring.
 
         ``evaluation`` samples with ``eval.temperature``/``eval.top_p`` and records no behavior logprobs.
+        ``seeds``: one per row (``rollout.seeding: per_sample``, ``adwin.loop.sharding``), else HF's batch RNG.
         """
         rep = [p for p in prompts for _ in range(n)]
         ctx = encode_prompts(self.parts.tokenizer, [p.prompt for p in rep], self.cfg.data.max_prompt_len)
         s = self.cfg.eval if evaluation else self.cfg.rollout
         record = self.cfg.loss.weights_by_behavior and not evaluation
         g = generate(self.parts.student, ctx, [window] * len(ctx), eos=self.eos, pad_id=self.pad,
-                     temperature=s.temperature, top_p=s.top_p, with_logprobs=record)
+                     temperature=s.temperature, top_p=s.top_p, with_logprobs=record, row_seeds=seeds)
         return Batch(rep, ctx, g.response_ids, g.finished, layout(ctx, g.response_ids, self.pad), g.logprobs)

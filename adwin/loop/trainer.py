@@ -18,14 +18,18 @@ from typing import Any
 from adwin.config import TrainConfig
 from adwin.controller.api import ControllerAPI
 from adwin.loop.accounting import Clock
+from adwin.loop.distributed import LocalDist
 from adwin.loop.evaluate import evaluate
 from adwin.loop.parts import Parts, build_optimizer, load_parts, open_loggers, run_spec, seed_everything
 from adwin.loop.probing import open_probe_side
+from adwin.loop.rank_zero import RankZeroController, SilentSinks
 from adwin.loop.sampler import Sampler
+from adwin.loop.sharding import check_data_parallel, gather_rollouts, rollout_seeds
 from adwin.loop.step import optimize, score_teacher, window_metrics
 from adwin.policies.surprise import surprise_metrics
-from adwin.runtime.checkpoint import save_checkpoint
+from adwin.runtime.checkpoint import rng_state, save_checkpoint
 from adwin.runtime.guards import FaultCounter, NumericalFault
+from adwin.runtime.rank_state import check_world_size, restore_rank_rng, write_rank_rngs
 from adwin.runtime.resilient_controller import controller_metrics, drain_controller
 from adwin.runtime.resume import (
     CONTROLLER_DB,
@@ -47,9 +51,9 @@ class TrainResult:
     totals: dict[str, float] = field(default_factory=dict)
 
 
-def train(cfg: TrainConfig, controller: ControllerAPI, parts: Parts | None = None,
+def train(cfg: TrainConfig, controller: ControllerAPI | None, parts: Parts | None = None,
           on_step: Callable[[int, dict[str, Any]], None] | None = None, resume: Path | None = None,
-          initial_eval: dict[str, float] | None = None) -> TrainResult:
+          initial_eval: dict[str, float] | None = None, dist: LocalDist | None = None) -> TrainResult:
     """Distill ``parts.student`` for ``cfg.steps`` steps, windows decided by ``controller``.
 
     ``resume``: a checkpoint folder of this run to continue from (``adwin.runtime.resume``; the embedded controller
@@ -57,68 +61,89 @@ def train(cfg: TrainConfig, controller: ControllerAPI, parts: Parts | None = Non
     ``initial_eval``: the start-of-run evaluation, already computed by :func:`evaluate` on the same student,
     problems and ``cfg.seed`` (it draws from its own RNG, so skipping it changes nothing else); bench compare
     shares one between the methods of a seed.
+    ``dist``: this process's rank of a data-parallel run (``adwin.loop.distributed``; ``controller`` is None on
+    ranks > 0): each rank samples and differentiates its shard of the step's rows, rank 0 alone talks to the
+    controller and logs, and every rank trains on the same window (docs/decisions.md, "Data-parallel training").
     """
+    dist = dist or LocalDist()
+    check_data_parallel(cfg, dist.world)
     parts = parts or load_parts(cfg)
-    seed_everything(cfg.seed)
+    # batch seeding: ranks must not draw the same noise for different prompts; one process: unchanged
+    seed_everything(cfg.seed + (dist.rank if cfg.rollout.seeding == "batch" else 0))
+    ctl = controller if dist.world == 1 else RankZeroController(controller, dist)  # every rank's calls
     run_dir = Path(cfg.out_dir) / cfg.name
     state = read_state(resume) if resume else None
-    run_id = state["run_id"] if state else controller.register_run(run_spec(cfg)).run_id
+    if resume:
+        check_world_size(resume, dist.world)
+    run_id = state["run_id"] if state else ctl.register_run(run_spec(cfg)).run_id
     if state:
-        truncate_metrics(run_dir, state["step"])
-        controller.get_run(run_id)  # the controller must know the run (and a wrapper caches it)
-    sinks = open_loggers(cfg, run_dir, controller, run_id)
+        if dist.is_main:
+            truncate_metrics(run_dir, state["step"])
+        ctl.get_run(run_id)  # the controller must know the run (and a wrapper caches it)
+    sinks = open_loggers(cfg, run_dir, controller, run_id) if dist.is_main else SilentSinks()
     optimizer, scheduler = build_optimizer(cfg, parts.student)
     gen = Sampler(parts, cfg)
-    probes = open_probe_side(cfg, controller, run_id, parts, gen, optimizer)  # thread/Ray workers start here
+    probes = open_probe_side(cfg, ctl, run_id, parts, gen, optimizer, dist)  # thread/Ray workers start here
     faults = FaultCounter(cfg.optim.max_bad_steps)
     clock, started = Clock(), time.perf_counter()
+    n = cfg.rollout.samples_per_prompt
 
     def checkpoint(step: int) -> Path:
         probes.drain(step)  # normally a no-op (drained before logging); the fault stop comes here directly
-        return save_checkpoint(run_dir, step, parts.student, parts.tokenizer, optimizer, scheduler,
-                               controller.get_run(run_id).policy_state,
-                               extra=run_state(probes.pool, probes.ledger, parts.train_prompts, faults, probes.schedule),
-                               meta={"run_id": run_id, "initial_eval": initial},
-                               write_files=lambda d: snapshot_controller(controller, d / CONTROLLER_DB))
+        rngs = dist.all_gather_object(rng_state())  # each rank's own streams (batch seeding differs per rank)
+        saved = run_dir / f"checkpoint-{step}"
+        if dist.is_main:
+            saved = save_checkpoint(
+                run_dir, step, parts.student, parts.tokenizer, optimizer, scheduler,
+                controller.get_run(run_id).policy_state,
+                extra=run_state(probes.pool, probes.ledger, parts.train_prompts, faults, probes.schedule),
+                meta={"run_id": run_id, "initial_eval": initial, "world_size": dist.world},
+                write_files=lambda d: (snapshot_controller(controller, d / CONTROLLER_DB), write_rank_rngs(d, rngs)))
+        dist.barrier()  # no rank runs ahead of a checkpoint that is not on disk yet
+        return saved
 
     start = 0
     if resume:  # RNG states are restored last: nothing below may draw before the loop
         initial, start = resume_from(resume, parts.student, optimizer, scheduler, probes.pool, probes.ledger,
                                      parts.train_prompts, faults, probes.schedule)
+        restore_rank_rng(resume, dist.rank, dist.world)
     elif initial_eval is not None:
         initial = dict(initial_eval)
     else:
         with clock("eval"):
-            initial = evaluate(parts, cfg, gen)
+            initial = evaluate(parts, cfg, gen, dist=dist)
     final = initial
     for t in range(start, cfg.steps):
-        win = controller.get_window(run_id, t)
+        win = ctl.get_window(run_id, t)
         prompts = parts.train_prompts.next_batch(cfg.rollout.prompts_per_step)
+        mine = dist.shard(len(prompts))  # every rank drew the same global batch: keep this rank's rows
         with clock("rollout"):
-            batch = gen.roll_out(prompts, cfg.rollout.samples_per_prompt, win.window)
+            batch = gen.roll_out(prompts[mine], n, win.window, seeds=rollout_seeds(cfg, t, mine, n))
         with clock("teacher"):
             teacher = score_teacher(parts.teachers, batch, cfg)
-        with clock("train"):
-            m, behavior = optimize(parts.student, optimizer, scheduler, batch, teacher, cfg, win.window)
+        with clock("train"):  # gradients, loss normaliser and logged sums are summed over ranks
+            m, behavior = optimize(parts.student, optimizer, scheduler, batch, teacher, cfg, win.window,
+                                   **({"reducer": dist} if dist.world > 1 else {}))  # TEMP until mem lands
         m |= faults.record(bool(m["optim/skipped"]))
         if faults.exhausted:  # skipped steps never touched the weights: this checkpoint is the last good state
             sinks.log(t, m | controller_metrics(controller))
             stop_after_faults(faults, t, cfg, checkpoint(t + 1), probes, sinks)
         version = t + 1  # optimizer steps applied: the weights every probe token from now on comes from
         save = (cfg.checkpoint_every and (t + 1) % cfg.checkpoint_every == 0) or t == cfg.steps - 1
+        batch, behavior, teacher_lp = gather_rollouts(dist, batch, behavior, teacher.logprobs, gen.pad)
         if probes.enabled:
             with clock("probe"):
                 m |= probes.offer(t, batch, behavior, win.window) | probes.advance(version)
             with clock("audit"):  # learner-side share: thread/Ray workers compute the audit (waited for at a save)
                 m |= probes.audit(version, wait=bool(save))
         m |= window_metrics(win) | probes.account(batch, win.window)
-        m |= surprise_metrics(teacher.logprobs, batch.rows.response_mask, cfg.window.surprise) | {
+        m |= surprise_metrics(teacher_lp, batch.rows.response_mask, cfg.window.surprise) | {
             "rollout/prompt_tokens": float(sum(map(len, batch.prompt_ids)))}  # surprise policy input; FLOPs
         if t == 0:
             m |= initial
         if (cfg.eval.every and (t + 1) % cfg.eval.every == 0) or t == cfg.steps - 1:
             with clock("eval"):
-                final = evaluate(parts, cfg, gen)
+                final = evaluate(parts, cfg, gen, dist=dist)
             m |= final
         m |= controller_metrics(controller)  # controller/degraded etc. (degraded-mode wrapper only)
         m |= clock.metrics() | {"optim/lr": scheduler.get_last_lr()[0], "time/wall": time.perf_counter() - started}

@@ -136,6 +136,7 @@ def generate(
     top_p: float = 1.0,
     with_logprobs: bool = False,
     sampling: Mapping[str, Any] | None = None,
+    row_seeds: Sequence[int] | None = None,
 ) -> Generation:
     """Continue each context by at most ``budgets[b]`` tokens (batched ``generate``, left-padded).
 
@@ -143,12 +144,16 @@ def generate(
     generic adapter's ``hf_extender`` all call it. ``temperature == 0`` decodes greedily; ``top_k`` is off
     so ``temperature``/``top_p`` alone define the sampling distribution. ``sampling`` replaces those with
     HF ``generate`` arguments taken verbatim (an adapter following its host trainer's settings). Rows are
-    cut at their first EOS (kept) or their budget. The model samples in eval mode (no dropout: tokens come
+    cut at their first EOS (kept) or their budget. ``row_seeds`` (one per context) gives every row its own
+    sampling noise (``adwin.sampling.seeding``: ``rollout.seeding: per_sample``), so a row's tokens do not
+    depend on the rest of the batch; without it HF draws the batch's noise from the global RNG. The model samples in eval mode (no dropout: tokens come
     from the policy the loss and the audit evaluate) and gets its previous mode back.
     """
-    if sampling is not None and (temperature != 1.0 or top_p != 1.0):
-        raise ValueError("give temperature/top_p or sampling (HF generate arguments), not both")
+    if sampling is not None and (temperature != 1.0 or top_p != 1.0 or row_seeds is not None):
+        raise ValueError("give temperature/top_p (and row_seeds) or sampling (HF generate arguments), not both")
     n = len(contexts)
+    if row_seeds is not None and len(row_seeds) != n:
+        raise ValueError(f"row_seeds: {len(row_seeds)} seeds for {n} contexts")
     if n == 0:
         return Generation([], [], [] if with_logprobs else None)
     max_new = max(budgets)
@@ -156,6 +161,14 @@ def generate(
         return Generation([[] for _ in range(n)], [False] * n, [[] for _ in range(n)] if with_logprobs else None)
     device = next(model.parameters()).device
     ids, mask = left_pad(contexts, pad_id, device)  # (B, T)
+    if sampling is None and row_seeds is not None and temperature > 0:
+        from transformers import LogitsProcessorList
+
+        from adwin.sampling.seeding import SeededSampling
+
+        # argmax over Gumbel-perturbed scores: HF's greedy path, no warpers of its own
+        sampling = {"do_sample": False, "logits_processor": LogitsProcessorList(
+            [SeededSampling(row_seeds, temperature, top_p, device)])}
     if sampling is None:
         sampling = {"do_sample": True, "temperature": temperature, "top_p": top_p, "top_k": 0} if temperature > 0 \
             else {"do_sample": False}

@@ -1,0 +1,47 @@
+"""The inline probe backend's extender when rows are seeded or ranks share a round: ``RoundExtender``.
+
+Every rank holds the same probe pool and runs the same plan (the bookkeeping is replicated, see
+``adwin.loop.rank_zero``), so every rank is handed the same round. Each rank extends its contiguous share
+of the round's contexts and the extensions are all-gathered in rank order: every pool applies the same
+result, and the compute is split. With ``rollout.seeding: per_sample`` a row's noise comes from its own
+generator keyed by (run seed, weights version of the round, the row's context and its occurrence among
+identical contexts of the round), so a probe's tokens do not depend on how many ranks share the round.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import torch
+
+from adwin.loop.distributed import LocalDist
+from adwin.probes.pool import Extension
+from adwin.sampling.rollout import generate
+from adwin.sampling.seeding import context_keys, row_seed
+
+
+@dataclass
+class RoundExtender:
+    """An ``Extender`` (``adwin.probes.pool``) over the trainer's student; see the module docstring."""
+
+    model: torch.nn.Module
+    eos: set[int]
+    pad_id: int
+    temperature: float
+    top_p: float
+    dist: LocalDist
+    seed: int | None  # the run seed under per_sample seeding; None: HF's batch RNG
+    version: Callable[[], int] = lambda: 0  # the weights version the round runs under
+
+    def __call__(self, contexts: list[list[int]], budgets: list[int]) -> Extension:
+        mine = self.dist.shard(len(contexts))
+        seeds = None
+        if self.seed is not None:
+            v = self.version()
+            seeds = [row_seed(self.seed, "probe", v, k) for k in context_keys(contexts)][mine]
+        g = generate(self.model, contexts[mine], budgets[mine], eos=self.eos, pad_id=self.pad_id,
+                     temperature=self.temperature, top_p=self.top_p, with_logprobs=True, row_seeds=seeds)
+        local = (g.response_ids, g.logprobs or [[] for _ in g.response_ids], g.finished)
+        parts = self.dist.all_gather_object(local)
+        return Extension(*([x for part in parts for x in part[i]] for i in range(3)))
