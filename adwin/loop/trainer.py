@@ -123,7 +123,7 @@ def train(cfg: TrainConfig, controller: ControllerAPI | None, parts: Parts | Non
             teacher = score_teacher(parts.teachers, batch, cfg)
         with clock("train"):  # gradients, loss normaliser and logged sums are summed over ranks
             m, behavior = optimize(parts.student, optimizer, scheduler, batch, teacher, cfg, win.window,
-                                   **({"reducer": dist} if dist.world > 1 else {}))  # TEMP until mem lands
+                                   reducer=dist if dist.world > 1 else None)
         m |= faults.record(bool(m["optim/skipped"]))
         if faults.exhausted:  # skipped steps never touched the weights: this checkpoint is the last good state
             sinks.log(t, m | controller_metrics(controller))
