@@ -25,7 +25,7 @@ LAYERS: list[tuple[str, ...]] = [
     ("adwin.runtime",),  # checkpoints, resume, guards, logging, degraded mode
     ("adwin.loop",),  # the synchronous trainer
     ("adwin.trainer_adapters", "adwin.bench"),
-    ("adwin.train", "adwin.cli"),  # commands
+    ("adwin.train", "adwin.cli", "adwin.__main__"),  # commands
 ]
 RANK = {group: i for i, groups in enumerate(LAYERS) for group in groups}
 
