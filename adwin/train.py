@@ -129,8 +129,9 @@ def main(args: argparse.Namespace) -> int:
 
 def launch(nproc: int, argv: list[str] | None) -> int:
     """Run this command again under torchrun with ``nproc`` ranks on this machine (rendezvous on 127.0.0.1)."""
-    import socket
     import subprocess
+
+    from adwin.loop.distributed import free_port
 
     argv = list(sys.argv[1:] if argv is None else argv)
     rest: list[str] = []
@@ -142,9 +143,7 @@ def launch(nproc: int, argv: list[str] | None) -> int:
             skip = True
         elif not a.startswith("--nproc="):
             rest.append(a)
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port = sock.getsockname()[1]
+    port = free_port()
     cmd = [sys.executable, "-m", "torch.distributed.run", "--nnodes", "1", "--nproc_per_node", str(nproc),
            "--master_addr", "127.0.0.1", "--master_port", str(port), "-m", "adwin", *rest]
     return subprocess.run(cmd, check=False).returncode

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import json
 import os
-import socket
 from pathlib import Path
 from typing import Any
 
@@ -29,12 +28,6 @@ def ddp_config(tmp: Path, **extra: Any) -> Path:
     path = tmp / "cfg.yaml"
     path.write_text(yaml.safe_dump(data))
     return path
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
 
 
 class Crash(RuntimeError):

@@ -154,3 +154,12 @@ def init_distributed(device: str, env: Mapping[str, str] | None = None) -> tuple
         dist.init_process_group(backend=backend, rank=rank, world_size=world)
     log.info("data-parallel rank %d of %d (%s, %s)", rank, world, backend, device)
     return Dist(rank=rank, world=world, local_rank=local), device
+
+
+def free_port() -> int:
+    """A free TCP port on 127.0.0.1 for a local rendezvous."""
+    import socket
+
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])

@@ -8,9 +8,10 @@ from pathlib import Path
 
 import pytest
 import torch.multiprocessing as mp
-from ddp_runs import ddp_config, free_port, resume_worker
+from ddp_runs import ddp_config, resume_worker
 from safetensors.torch import load_file
 
+from adwin.loop.distributed import free_port
 from adwin.runtime.rank_state import check_world_size
 
 STEPS, EVERY, CRASH = 4, 2, 2
