@@ -37,13 +37,24 @@ class RankZeroController:
                 try:
                     answer = (getattr(self.inner, name)(*args, **kwargs), None)
                 except Exception as e:  # noqa: BLE001 - every rank re-raises it, so all take the same branch
-                    answer = (None, e)
+                    answer = (None, _picklable(e))
             result, error = self.dist.broadcast_object(answer)
             if error is not None:
                 raise error
             return result
 
         return call
+
+
+def _picklable(e: Exception) -> Exception:
+    """``e`` itself when it survives pickling (the broadcast), else a RuntimeError with its message."""
+    import pickle
+
+    try:
+        pickle.loads(pickle.dumps(e))
+        return e
+    except Exception:  # noqa: BLE001 - any pickling failure gets the same stand-in
+        return RuntimeError(f"{type(e).__name__}: {e}")
 
 
 class SilentSinks:
