@@ -39,7 +39,7 @@ class ModelConfig(_Strict):
     # Which prepared built-in models to use; independent of the run seed, so `--seed 1` trains the same
     # student and teacher (a new value prepares a new set, which takes minutes).
     builtin_seed: int = Field(0, ge=0)
-    # memory options of the student's training forward (docs/configuration.md, "Memory options")
+    # memory options of the student's training forward (docs/design.md, "Memory options")
     gradient_checkpointing: bool = Field(False, description="recompute decoder-layer activations in the backward "
                                          "(HF activation checkpointing): less activation memory, ~1/3 more compute")
     autocast: Literal["off", "bf16"] = Field("off", description="bf16 autocast of the student's training and "
