@@ -41,7 +41,7 @@ class ModelConfig(_Strict):
     builtin_seed: int = Field(0, ge=0)
     # memory options of the student's training forward (docs/design.md, "Memory options")
     gradient_checkpointing: bool = Field(False, description="recompute decoder-layer activations in the backward "
-                                         "(HF activation checkpointing): less activation memory, ~1/3 more compute")
+                                         "(HF activation checkpointing): less activation memory, one more forward of the layers")
     autocast: Literal["off", "bf16"] = Field("off", description="bf16 autocast of the student's training and "
                                              "audit forwards over float32 weights (cuda or cpu)")
 
