@@ -39,6 +39,22 @@ class ModelConfig(_Strict):
     # Which prepared built-in models to use; independent of the run seed, so `--seed 1` trains the same
     # student and teacher (a new value prepares a new set, which takes minutes).
     builtin_seed: int = Field(0, ge=0)
+    # memory options of the student's training forward (docs/design.md, "Memory options")
+    gradient_checkpointing: bool = Field(False, description="recompute decoder-layer activations in the backward "
+                                         "(HF activation checkpointing): less activation memory, one more forward of the layers")
+    autocast: Literal["off", "bf16"] = Field("off", description="bf16 autocast of the student's training and "
+                                             "audit forwards over float32 weights (cuda or cpu)")
+
+    @model_validator(mode="after")
+    def _autocast_over_float32(self) -> ModelConfig:
+        if self.autocast != "off" and self.dtype != "float32":
+            raise ValueError(f"model.autocast: {self.autocast} autocast computes in bf16 over float32 weights; with "
+                             f"model.dtype={self.dtype!r} the weights already set the precision: set "
+                             "model.autocast: off (or model.dtype: float32)")
+        if self.autocast != "off" and self.device.split(":")[0] not in ("cpu", "cuda"):
+            raise ValueError(f"model.autocast: bf16 autocast runs on cuda or cpu, got model.device={self.device!r}; "
+                             "set model.autocast: off")
+        return self
 
 
 class DataConfig(_Strict):
@@ -188,6 +204,9 @@ class OptimConfig(_Strict):
     schedule: Literal["constant", "cosine", "linear"] = "constant"
     max_bad_steps: int = Field(3, ge=1, le=1_000_000,
                                description="consecutive non-finite (skipped) steps before the run stops")
+    micro_batch_size: int | None = Field(None, ge=1, le=1_000_000, description="rows per forward/backward inside "
+                                         "a step (gradient accumulation, the same update as the whole batch; the "
+                                         "audit's too); None = the whole step batch at once")
 
 
 class EvalConfig(_Strict):
@@ -276,6 +295,7 @@ class TrainConfig(_Strict):
             raise ValueError(f"loss.name: scheduler 'asyncopd' trains with {ASYNCOPD_LOSSES} (old-to-current IS "
                              f"on cached behavior logprobs, or OAPL), got {self.loss.name!r}")
         _asyncopd_needs_its_scheduler(self)
+        _memory_options_need_sync(self)
         check_oapl(self)
         return self
 
@@ -291,6 +311,18 @@ def _asyncopd_needs_its_scheduler(cfg: TrainConfig) -> None:
     if changed:
         raise ValueError(f"asyncopd.{changed[0]}: read only by scheduler 'asyncopd' (got scheduler "
                          f"{cfg.scheduler!r}); drop it or set scheduler: asyncopd (--scheduler asyncopd)")
+
+
+def _memory_options_need_sync(cfg: TrainConfig) -> None:
+    """The AsyncOPD learner trains on whole update batches in full precision: refuse what it would ignore."""
+    if cfg.scheduler != "asyncopd":
+        return
+    for field, value, default in (("optim.micro_batch_size", cfg.optim.micro_batch_size, None),
+                                  ("model.gradient_checkpointing", cfg.model.gradient_checkpointing, False),
+                                  ("model.autocast", cfg.model.autocast, "off")):
+        if value != default:
+            raise ValueError(f"{field}: the AsyncOPD learner (scheduler 'asyncopd') does not apply it (got "
+                             f"{value!r}); drop it, or train with scheduler: sync")
 
 
 def load_config(path: str | Path | None = None, overrides: dict[str, Any] | None = None) -> TrainConfig:

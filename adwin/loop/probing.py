@@ -268,7 +268,8 @@ def audit_settings(cfg: TrainConfig) -> AuditSettings:
     return AuditSettings(candidates=list(cfg.window.candidates), method=a.method, metric=a.metric,
                          sketch_dim=a.sketch_dim, seed=cfg.seed, macro=a.macro, params=a.params,
                          estimator=a.estimator, ci_level=a.ci_level, ci_samples=a.ci_samples,
-                         is_method=p.is_method, is_low=p.is_low, is_high=p.is_high, is_level=p.is_level)
+                         is_method=p.is_method, is_low=p.is_low, is_high=p.is_high, is_level=p.is_level,
+                         micro_batch=cfg.optim.micro_batch_size, autocast=cfg.model.autocast)
 
 
 def open_probe_side(cfg: TrainConfig, controller: ControllerAPI, run_id: str, parts: Parts, gen: Sampler,

@@ -22,6 +22,12 @@ import math
 
 import torch
 
+from adwin.objectives.aggregation import (  # noqa: F401  (re-exported: part of the losses API)
+    AGGREGATIONS,
+    aggregate,
+    loss_mask,
+    loss_normalizer,
+)
 from adwin.objectives.divergences import (  # noqa: F401  (re-exported: part of the losses API)
     forward_kl,
     forward_kl_topk,
@@ -45,7 +51,6 @@ from adwin.objectives.logprobs import (  # noqa: F401  (re-exported: part of the
     window_mask,
 )
 
-AGGREGATIONS: tuple[str, ...] = ("token-mean", "seq-mean-token-mean", "seq-mean-token-sum")
 LOSS_NAMES: tuple[str, ...] = (
     "reverse_kl_pg", "reverse_kl_mc", "forward_kl_topk", "forward_kl", "reverse_kl", "jsd", "k2", "k3",
 )
@@ -203,28 +208,6 @@ def iw_opd_weights(advantage: torch.Tensor, mask: torch.Tensor, gamma: float) ->
 # ----------------------------------------------------------------------------- aggregation, dispatch
 
 
-def aggregate(per_token: torch.Tensor, mask: torch.Tensor, mode: str = "token-mean") -> torch.Tensor:
-    """Reduce (B, L) per-token losses to a scalar over the mask.
-
-    ``token-mean``: sum over all masked tokens / their count. ``seq-mean-token-mean``: per-sample mean,
-    then mean over samples with at least one token. ``seq-mean-token-sum``: per-sample sum, mean over
-    those samples.
-    """
-    mask = mask.float()
-    per_token = fill_off(per_token, mask)
-    if mode == "token-mean":
-        return per_token.sum() / mask.sum().clamp_min(1.0)
-    per_seq_tokens = mask.sum(dim=1)  # (B,)
-    per_seq = per_token.sum(dim=1)  # (B,)
-    live = per_seq_tokens > 0
-    n_live = live.float().sum().clamp_min(1.0)
-    if mode == "seq-mean-token-mean":
-        return (per_seq / per_seq_tokens.clamp_min(1.0) * live).sum() / n_live
-    if mode == "seq-mean-token-sum":
-        return (per_seq * live).sum() / n_live
-    raise ValueError(f"aggregation must be one of {AGGREGATIONS}, got {mode!r}")
-
-
 def _require(name: str, **inputs: torch.Tensor | None) -> None:
     missing = [k for k, v in inputs.items() if v is None]
     if missing:
@@ -257,6 +240,7 @@ def opd_loss(
     is_low: float = 0.5,
     is_high: float = 2.0,
     iw_gamma: float = 0.0,
+    normalizer: torch.Tensor | float | None = None,
 ) -> tuple[torch.Tensor, dict[str, float]]:
     """One OPD loss by name over the first ``window`` response tokens -> (scalar loss, metrics).
 
@@ -270,6 +254,11 @@ def opd_loss(
     percentiles and affected fractions or the top-k masses. ``iw_gamma > 0`` (sampled-token losses only)
     multiplies each token's loss by the IW-OPD weight ``iw_opd_weights(A, mask, iw_gamma)`` with
     ``A = log q - log p`` over the counted tokens (metric ``loss/iw_weight_mean``).
+
+    ``normalizer``: the aggregation's denominator when this batch is one shard (micro-batch, rank) of a
+    larger one: the sum of ``loss_normalizer(loss_mask(...), aggregation)`` over all shards. The shards'
+    losses (and gradients) then add up to the whole batch's; the metrics stay this shard's own means
+    (weight them by ``loss/tokens`` to combine). None: this batch is the whole batch.
     """
     if name not in LOSS_NAMES:
         raise ValueError(f"loss must be one of {LOSS_NAMES}, got {name!r}")
@@ -279,8 +268,7 @@ def opd_loss(
     if teacher_logits is not None and student_logits is not None and teacher_logits.shape != student_logits.shape:
         raise ValueError(f"teacher_logits {tuple(teacher_logits.shape)} must match student_logits "
                          f"{tuple(student_logits.shape)} (same vocabulary, same layout)")
-    mask = window_mask(response_mask, window).clone()  # (B, L)
-    mask[:, 0] = 0.0  # position 0 has no predictor
+    mask = loss_mask(response_mask, window)  # (B, L)
     metrics: dict[str, float] = {"loss/tokens": float(mask.sum())}
 
     realized: torch.Tensor | None = student_logprobs
@@ -339,7 +327,7 @@ def opd_loss(
         per_token = per_token * weights
         metrics["loss/iw_weight_mean"] = _masked_mean(weights, mask)
 
-    loss = aggregate(per_token, mask, aggregation)
+    loss = aggregate(per_token, mask, aggregation, normalizer)
     metrics["loss/value"] = float(loss.detach())
     if name != "reverse_kl_mc" and realized is not None and teacher_realized is not None:
         lp = upcast(realized.detach())

@@ -1,0 +1,65 @@
+"""Memory options of the training forward: micro-batch slices, activation checkpointing and autocast.
+
+``optim.micro_batch_size`` splits a step's rows into micro-batches (``micro_slices``);
+``model.gradient_checkpointing`` and ``model.autocast`` wrap the student's training forward
+(``training_forward``). Why checkpointing flips only the decoder layers' own ``training`` flag: see
+``training_forward`` and docs/decisions.md, "Micro-batches and memory options".
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterator
+
+import torch
+
+from adwin.config import TrainConfig
+from adwin.objectives.precision import autocast
+
+
+def micro_slices(n: int, size: int | None) -> list[slice]:
+    """Row slices of at most ``size`` rows covering ``range(n)`` in order; one slice when ``size`` is None."""
+    if size is None or size >= n:
+        return [slice(0, n)]
+    if size < 1:
+        raise ValueError(f"optim.micro_batch_size must be >= 1, got {size}")
+    return [slice(s, min(n, s + size)) for s in range(0, n, size)]
+
+
+def _checkpointed_layers(model: torch.nn.Module) -> list[torch.nn.Module]:
+    from transformers.modeling_layers import GradientCheckpointingLayer  # heavy; only this option needs it
+
+    return [m for m in model.modules() if isinstance(m, GradientCheckpointingLayer)]
+
+
+def enable_checkpointing(model: torch.nn.Module) -> list[torch.nn.Module]:
+    """Turn on HF activation checkpointing (non-reentrant) once; returns the checkpointed decoder layers."""
+    layers = _checkpointed_layers(model)
+    if not layers or not hasattr(model, "activation_checkpointing_enable"):
+        raise ValueError(f"model.gradient_checkpointing: {type(model).__name__} has no HF checkpointing layers; "
+                         "set model.gradient_checkpointing: false")
+    if not any(getattr(m, "gradient_checkpointing", False) for m in layers):
+        model.activation_checkpointing_enable({"use_reentrant": False})
+    return layers
+
+
+@contextlib.contextmanager
+def training_forward(model: torch.nn.Module, cfg: TrainConfig) -> Iterator[None]:
+    """The student's training forward under ``model.gradient_checkpointing`` and ``model.autocast``.
+
+    HF checkpoints a decoder layer only while that layer is in training mode. The trainer computes in eval
+    mode (no dropout: the update's logprobs must be those of the sampling policy), so only the checkpointed
+    layers' own ``training`` flag is set, not their children's: dropout and attention dropout stay off, and
+    the forward computes exactly what it computes without the option. The flags are restored on exit, so
+    generation and the audit (which needs the KV cache HF disables under checkpointing) never see them.
+    """
+    device = next(model.parameters()).device
+    with contextlib.ExitStack() as stack:
+        if cfg.model.gradient_checkpointing:
+            layers = enable_checkpointing(model)
+            was = [m.training for m in layers]
+            for m in layers:
+                m.training = True  # this module only (not .train()): see the docstring
+            stack.callback(lambda: [setattr(m, "training", w) for m, w in zip(layers, was, strict=True)])
+        stack.enter_context(autocast(cfg.model.autocast, device))
+        yield
