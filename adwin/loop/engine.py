@@ -77,9 +77,12 @@ class VLLMEngine:
     def load(cls, cfg: TrainConfig, student_path: str, eos: set[int]) -> VLLMEngine:
         """An engine on ``student_path`` sized for this run: prompts of ``data.max_prompt_len`` plus
         ``rollout.max_response_len`` tokens, ``model.vllm_gpu_memory`` of the GPU, ``model.dtype``."""
+        # raw logprobs (temperature 1), as transformers' generate records them: behavior logprobs mean the same
+        # thing whichever engine sampled (the AsyncOPD engine keeps vLLM's processed ones; decisions.md)
         ro = VLLMRollout.load(student_path, dtype=cfg.model.dtype, seed=cfg.seed,
                               gpu_memory_utilization=cfg.model.vllm_gpu_memory,
-                              max_model_len=cfg.data.max_prompt_len + cfg.rollout.max_response_len)
+                              max_model_len=cfg.data.max_prompt_len + cfg.rollout.max_response_len,
+                              logprobs_mode="raw_logprobs")
         return cls(ro, eos)
 
     def generate(self, contexts: Sequence[Sequence[int]], budgets: Sequence[int], *, temperature: float,

@@ -4,7 +4,6 @@ evaluation and (inline) probe extension all go through it, on the engine ``rollo
 from __future__ import annotations
 
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Literal
 
 from adwin.config import TrainConfig
@@ -85,12 +84,11 @@ class Sampler:
 
 def open_engine(backend: Backend, cfg: TrainConfig, parts: Parts, eos: set[int], pad_id: int) -> RolloutEngine:
     """``hf``: transformers on the trainer's student; ``vllm``: a vLLM engine on the student's checkpoint
-    folder (lazily imported; no vLLM or no CUDA fails here naming ``rollout.backend``)."""
+    (folder or hub id; lazily imported: no vLLM or no CUDA fails here naming ``rollout.backend``)."""
     if backend == "hf":
         return HFEngine(parts.student, eos, pad_id)
     path = str(getattr(parts.student, "name_or_path", "") or "")
-    if not path or not Path(path).is_dir():
-        raise ValueError(f"rollout.backend: 'vllm' loads the student from its checkpoint folder; the student's "
-                         f"name_or_path {path!r} is not a folder (load it with from_pretrained from a local "
-                         "folder, or set rollout.backend=hf)")
+    if not path:  # the engine is built from a checkpoint (then synced with the trainer's weights before use)
+        raise ValueError("rollout.backend: 'vllm' loads the student from its checkpoint (a folder or hub id); this "
+                         "student was not loaded with from_pretrained (no name_or_path): set rollout.backend=hf")
     return VLLMEngine.load(cfg, path, eos)

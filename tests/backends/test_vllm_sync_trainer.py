@@ -70,6 +70,7 @@ def test_sync_trainer_samples_everything_through_the_engine_with_per_request_bud
     (engine,) = engines
     assert loaded["path"] == cfg.model.student and loaded["max_model_len"] == cfg.data.max_prompt_len + 16
     assert loaded["gpu_memory_utilization"] == cfg.model.vllm_gpu_memory and loaded["dtype"] == cfg.model.dtype
+    assert loaded["logprobs_mode"] == "raw_logprobs"  # temperature-1 behavior logprobs, as transformers records
     # one sync before first use (the engine loaded a checkpoint, the trainer may hold other weights), then
     # one after every optimizer step, in order
     assert engine.syncs == [0, 1, 2, 3]
