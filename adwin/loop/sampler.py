@@ -31,7 +31,6 @@ class Batch:
     behavior_logprobs: list[list[float]] | None = None
 
 
-
 class Sampler:
     """Student sampling for rollouts, evaluation and probe extension: all of it through one ``RolloutEngine``
     (``adwin.loop.engine``; ``rollout.backend`` picks it), kept on the trainer's weights by ``sync_weights``."""
