@@ -290,7 +290,8 @@ def open_probe_side(cfg: TrainConfig, controller: ControllerAPI, run_id: str, pa
         side.schedule = AuditSchedule(threshold=cfg.window.threshold, every=a.every, skip_margin=a.skip_margin,
                                       skip_history=a.skip_history, max_skips=a.max_skips)
     side.score = parts.teachers.score
-    side.drift = partial(teacher_drift, parts.teachers.logits, candidates=tuple(cfg.window.candidates))
+    if parts.teachers.dense:  # drift/* needs the teacher's full logits (none with model.teacher_backend: vllm)
+        side.drift = partial(teacher_drift, parts.teachers.logits, candidates=tuple(cfg.window.candidates))
     side.pad_id = pad_id_of(parts.tokenizer, eos_ids(parts.student, parts.tokenizer))
     if cfg.audit.metric == "adam" and p.backend != "inline":
         side.adam_moments = lambda: adam_snapshot(optimizer, parts.student)

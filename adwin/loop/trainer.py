@@ -105,6 +105,7 @@ def train(cfg: TrainConfig, controller: ControllerAPI, parts: Parts | None = Non
             sinks.log(t, m | controller_metrics(controller))
             stop_after_faults(faults, t, cfg, checkpoint(t + 1), probes, sinks)
         version = t + 1  # optimizer steps applied: the weights every probe token from now on comes from
+        gen.sync_weights(version)  # the rollout engine samples probes, evaluations and the next rollouts from it
         save = (cfg.checkpoint_every and (t + 1) % cfg.checkpoint_every == 0) or t == cfg.steps - 1
         if probes.enabled:
             with clock("probe"):
