@@ -21,6 +21,7 @@ from adwin.config_common import (  # noqa: F401  (re-exported: part of the confi
     _Strict,
     check_is_bounds,
 )
+from adwin.config_engines import DEFAULT_VLLM_GPU_MEMORY, MAX_VLLM_GPU_MEMORY, check_engines
 from adwin.config_loss import BEHAVIOR_LOSSES, LossConfig  # noqa: F401  (re-exported)
 from adwin.config_oapl import OAPLSection, check_oapl, lag_of  # noqa: F401  (lag_of: part of the config API)
 from adwin.policies.base import WindowConfigError
@@ -39,9 +40,14 @@ class ModelConfig(_Strict):
     # Which prepared built-in models to use; independent of the run seed, so `--seed 1` trains the same
     # student and teacher (a new value prepares a new set, which takes minutes).
     builtin_seed: int = Field(0, ge=0)
-    # memory options of the student's training forward (docs/configuration.md, "Memory options")
+    teacher_backend: Literal["hf", "vllm"] = Field(
+        "hf", description="teacher scoring: transformers forwards, or vLLM prompt logprobs (realized tokens only: "
+        "loss.name reverse_kl_pg; docs/decisions.md 'Rollout engines')")
+    vllm_gpu_memory: float = Field(DEFAULT_VLLM_GPU_MEMORY, gt=0.0, le=MAX_VLLM_GPU_MEMORY, description="fraction of the GPU each vLLM engine "
+                                   "reserves (the rollout engine; one per teacher checkpoint with teacher_backend vllm)")
+    # memory options of the student's training forward (docs/design.md, "Memory options")
     gradient_checkpointing: bool = Field(False, description="recompute decoder-layer activations in the backward "
-                                         "(HF activation checkpointing): less activation memory, ~1/3 more compute")
+                                         "(HF activation checkpointing): less activation memory, one more forward of the layers")
     autocast: Literal["off", "bf16"] = Field("off", description="bf16 autocast of the student's training and "
                                              "audit forwards over float32 weights (cuda or cpu)")
 
@@ -302,6 +308,7 @@ class TrainConfig(_Strict):
         _per_sample_scope(self)
         _memory_options_need_sync(self)
         check_oapl(self)
+        check_engines(self)
         return self
 
 

@@ -19,7 +19,7 @@ FOLDERS = {"adwin": "adwin", "adwin.controller": "controller", "adwin.probes": "
 LAYERS: list[tuple[str, ...]] = [
     ("adwin.objectives", "adwin.tasks", "adwin.backends"),  # math of the losses; the built-in task; engines
     ("adwin.audit", "adwin.policies", "adwin.sampling"),  # alignment audit; window policies; rollouts, teacher, prompts
-    ("adwin.config", "adwin.config_common", "adwin.config_loss", "adwin.config_oapl"),  # pydantic models of a run
+    ("adwin.config", "adwin.config_common", "adwin.config_loss", "adwin.config_oapl", "adwin.config_engines"),  # pydantic models of a run
     ("adwin.controller",),
     ("adwin.probes",),
     ("adwin.runtime",),  # checkpoints, resume, guards, logging, degraded mode

@@ -35,6 +35,7 @@ from adwin.audit.grams import (
 )
 from adwin.audit.params import audited_parameters
 from adwin.audit.sketch import Grads, countsketch, countsketch_hashes  # noqa: F401  (countsketch_hashes: public API)
+from adwin.objectives import precision
 from adwin.objectives.losses import response_positions, reverse_kl_pg, token_logprobs  # noqa: F401  (last two: kept importable here)
 
 
@@ -214,6 +215,7 @@ def audit(
     estimator: str = "batch",
     ci_level: float | None = None,
     ci_samples: int = 200,
+    autocast: str = "off",
     combine: Combiner | None = None,
 ) -> AuditResult:
     """Cosine of each candidate prefix gradient with the full-rollout gradient (ADWIN section 4.2).
@@ -258,8 +260,10 @@ def audit(
 
     ``macro`` adds per-sample cosines (mean over samples; samples whose prefix gradient is zero are
     left out, a candidate with no such sample is absent). It processes ``fast``/``sketch`` one sample
-    at a time (``micro_batch`` defaults to 1, else to the whole batch), which also bounds activation
-    memory. Gradients are taken in eval mode (no dropout) under the current parameters; the model's
+    at a time (as ``debiased`` and ``ci_level`` do), which also bounds activation memory; otherwise
+    ``micro_batch`` bounds the rows per forward/backward (None: the whole batch; the trainer passes
+    ``optim.micro_batch_size``). ``autocast`` (``off`` | ``bf16``, ``model.autocast``) runs the forwards
+    under bf16 autocast (``adwin.objectives.precision``). Gradients are taken in eval mode (no dropout) under the current parameters; the model's
     mode is restored and no parameter's ``.grad`` is touched.
 
     ``combine`` (a data-parallel process group, ``adwin.audit.combine``): every rank passes the whole probe
@@ -289,9 +293,7 @@ def audit(
         raise ValueError("audit needs a decoder-only (causal) model; got an encoder-decoder")
     if estimator not in ESTIMATORS:
         raise ValueError(f"audit.estimator must be one of {ESTIMATORS}, got {estimator!r}")
-    per_sample = macro or estimator == "debiased" or ci_level is not None
-    if per_sample and micro_batch not in (None, 1):
-        raise ValueError("macro cosines, estimator='debiased' and ci_level need micro_batch=1 (the default)")
+    per_sample = macro or estimator == "debiased" or ci_level is not None  # one row at a time (any micro_batch)
     vector_dim = (DEFAULT_SKETCH_DIM if sketch_dim is None else int(sketch_dim)) if ci_level is not None else None
 
     n_samples = int(batch.input_ids.shape[0])
@@ -313,9 +315,9 @@ def audit(
     scale = metric_scaler([p for _, p in named], metric, optimizer)
 
     was_training = model.training
-    model.eval()
+    model.eval()  # also keeps HF activation checkpointing (model.gradient_checkpointing) off: it drops the KV cache
     try:
-        with torch.enable_grad():
+        with torch.enable_grad(), precision.autocast(autocast, device):
             if method == "reference":
                 gram, sample_grams, vectors = reference_grams(
                     model, named, b, len(cands) + 1, scale, per_sample, vector_dim is not None, reduce

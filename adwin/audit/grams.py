@@ -150,16 +150,18 @@ def chunked_grams(
 ) -> tuple[np.ndarray, list[np.ndarray], np.ndarray | None, list[np.ndarray]]:
     """``fast`` (sketch_dim None) and ``sketch``: micro-batches through the causal chunked graph.
 
+    ``micro_batch``: at most this many rows per forward/backward (None: the whole batch); ``macro``
+    (per-sample Grams) always runs one row at a time, which is within any bound.
+
     With ``vector_dim`` (needs ``macro``) also each sample's (K+1, vector_dim) CountSketch of its segment
     gradients (the sketch itself for ``sketch``), for the bootstrap's cross-sample Gram. ``reduce`` sums the
     batch-level segment gradients (``fast``: a (K+1, n_params) matrix) or the batch sketch over
     data-parallel ranks before the Gram (``adwin.audit.combine``)."""
     n = b.input_ids.shape[0]
-    mb = (1 if macro else n) if micro_batch is None else int(micro_batch)
-    if mb < 1:
+    if micro_batch is not None and int(micro_batch) < 1:
         raise ValueError(f"micro_batch must be >= 1, got {micro_batch}")
-    if macro and mb != 1:
-        raise ValueError("macro cosines need per-sample gradients: use micro_batch=1 (the default)")
+    # micro_batch bounds the rows per forward/backward; per-sample gradients (macro) take one row at a time
+    mb = 1 if macro else (n if micro_batch is None else int(micro_batch))
     names = [name for name, _ in named]
     device = b.input_ids.device
     acc: list[Grads | None] = [None] * n_seg  # batch-level segment gradients (fast)

@@ -44,6 +44,8 @@ class AuditSettings:
     is_low: float = 0.5
     is_high: float = 2.0
     is_level: str = "token"
+    micro_batch: int | None = None  # rows per forward/backward (optim.micro_batch_size); None: the whole batch
+    autocast: str = "off"  # model.autocast of the audit's forwards
     extra: dict[str, Any] = field(default_factory=dict)  # further keyword arguments of ``audit``
 
 
@@ -80,7 +82,8 @@ def run_audit_job(model: torch.nn.Module, job: AuditJob, optimizer: Any = None) 
                                               level=s.is_level)
     result = audit(model, job.batch, s.candidates, method=s.method, metric=s.metric, optimizer=optimizer,
                    sketch_dim=s.sketch_dim, seed=s.seed, macro=s.macro, token_weights=weights, params=s.params,
-                   estimator=s.estimator, ci_level=s.ci_level, ci_samples=s.ci_samples, **s.extra)
+                   estimator=s.estimator, ci_level=s.ci_level, ci_samples=s.ci_samples,
+                   micro_batch=s.micro_batch, autocast=s.autocast, **s.extra)
     return AuditOutcome(job.audit_id, job.version, result, is_metrics)
 
 

@@ -3,14 +3,18 @@
 The CPU install never imports vLLM. ``check_backends(cfg)`` runs before any model loads and turns a
 config asking for an engine this machine cannot run into one clear error naming the field.
 
-- ``vllm_rollout``: student rollout with ``SamplingParams.max_tokens = W``, behavior logprobs, weight
-  sync into the engine after each optimizer step, and the AsyncOPD ``RolloutEngine`` on top of it.
+- ``vllm_rollout``: student rollout with per-request ``SamplingParams.max_tokens`` (the window for
+  rollouts, the remaining budget for probe extension), behavior logprobs, weight sync into the engine
+  after each optimizer step. The synchronous trainer's engine (``adwin.loop.engine``) and the AsyncOPD
+  ``RolloutEngine`` (``adwin.trainer_adapters.asyncopd.vllm``) sit on top of it.
 - ``vllm_teacher``: teacher scoring with ``prompt_logprobs`` (top-k) for ``forward_kl_topk``, or the
-  realized tokens' logprobs for the sampled reverse-KL estimators.
+  realized tokens' logprobs for the sampled reverse-KL estimators (``model.teacher_backend: vllm``).
 - ``logprob_gap``: the train-rollout logprob gap diagnostic (pure torch).
 
 Status: the vLLM code paths are untested on hardware (no GPU was available while writing them); the
-parsing and tensor layout code is unit-tested on CPU with stand-in engine outputs.
+parsing and tensor layout code is unit-tested on CPU with stand-in engine outputs, and the synchronous
+trainer runs end to end on CPU with a stand-in ``vllm.LLM`` that samples with a transformers model
+(tests/backends/test_vllm_sync_trainer.py).
 """
 
 from __future__ import annotations
@@ -35,23 +39,25 @@ def require_vllm(field: str = "rollout.backend") -> ModuleType:
     if not vllm_available():
         raise BackendUnavailable(f"{field}: 'vllm' needs vLLM, which is not installed: {INSTALL_HINT}, "
                                  f"or set {field}=hf")
+    require_cuda(field)
     import vllm
 
     return vllm
 
 
-def check_backends(cfg: Any) -> None:
-    """Fail before compute when ``cfg`` asks for an engine that cannot run here."""
-    if cfg.rollout.backend != "vllm":
-        return
-    if not vllm_available():
-        raise BackendUnavailable(f"rollout.backend: 'vllm' needs vLLM, which is not installed: {INSTALL_HINT}, "
-                                 "or set rollout.backend=hf")
+def require_cuda(field: str) -> None:
+    """vLLM runs on a CUDA GPU only: raise ``BackendUnavailable`` naming ``field`` when none is visible."""
     import torch
 
     if not torch.cuda.is_available():
-        raise BackendUnavailable("rollout.backend: 'vllm' needs a CUDA GPU and none is visible; "
-                                 "set rollout.backend=hf to sample with transformers")
-    if getattr(cfg, "scheduler", "sync") != "asyncopd":
-        raise BackendUnavailable("rollout.backend: 'vllm' is wired into --scheduler asyncopd only; the sync "
-                                 "trainer samples with transformers (rollout.backend=hf)")
+        raise BackendUnavailable(f"{field}: 'vllm' needs a CUDA GPU and none is visible; set {field}=hf to run "
+                                 "with transformers")
+
+
+def check_backends(cfg: Any) -> None:
+    """Fail before compute when ``cfg`` asks for an engine that cannot run here: ``rollout.backend`` (the
+    student's sampler, both schedulers) and ``model.teacher_backend`` (teacher scoring)."""
+    for field, value in (("rollout.backend", cfg.rollout.backend),
+                         ("model.teacher_backend", getattr(cfg.model, "teacher_backend", "hf"))):
+        if value == "vllm":
+            require_vllm(field)

@@ -5,7 +5,8 @@ UNTESTED ON HARDWARE: written against vLLM's offline ``LLM`` API (``generate`` w
 stand-in outputs. Pieces:
 
 - ``VLLMRollout.generate(prompt_ids, window)``: one request per prompt with ``max_tokens = window`` (the
-  window caps generated tokens; learner tensors keep their global width). ``logprobs=0`` returns the
+  window caps generated tokens; learner tensors keep their global width); ``generate_each`` gives every
+  request its own ``max_tokens`` and seed (the synchronous trainer: windows, probe budgets). ``logprobs=0`` returns the
   sampled token's logprob; the engine is built with ``logprobs_mode="processed_logprobs"`` so those are
   the logprobs of the distribution actually sampled (after temperature / top-p), which the old-to-current
   importance ratio needs (vLLM's default, raw logprobs, ignores the temperature).
@@ -99,6 +100,25 @@ class VLLMRollout:
                              seed=seed)
         prompts = [{"prompt_token_ids": list(p)} for p in prompt_ids]
         return parse_outputs(self.llm.generate(prompts, params, use_tqdm=False))
+
+    def generate_each(self, prompt_ids: Sequence[Sequence[int]], max_tokens: Sequence[int], *,
+                      temperature: float = 1.0, top_p: float = 1.0, seeds: Sequence[int | None] | None = None,
+                      stop_token_ids: Sequence[int] = ()) -> list[Completion]:
+        """One sample per prompt, each request with its own ``max_tokens`` (>= 1) and seed, in one engine call.
+
+        ``stop_token_ids``: every id that ends a sample (the trainer's EOS set), so the engine stops where
+        the transformers sampler would, whatever the checkpoint's generation config says.
+        """
+        if len(max_tokens) != len(prompt_ids):
+            raise ValueError(f"{len(prompt_ids)} prompts but {len(max_tokens)} max_tokens")
+        if any(m < 1 for m in max_tokens):
+            raise ValueError(f"every max_tokens must be >= 1, got {min(max_tokens)}")
+        seeds = list(seeds) if seeds is not None else [None] * len(prompt_ids)
+        params = [self.params(max_tokens=int(m), temperature=temperature, top_p=top_p, n=1, logprobs=0, seed=s,
+                              stop_token_ids=list(stop_token_ids))
+                  for m, s in zip(max_tokens, seeds, strict=True)]
+        prompts = [{"prompt_token_ids": list(p)} for p in prompt_ids]
+        return [per[0] for per in parse_outputs(self.llm.generate(prompts, params, use_tqdm=False))]
 
     def _runner_model(self) -> Any | None:
         """The in-process model of the engine's driver worker, when there is one (TRL colocate path)."""

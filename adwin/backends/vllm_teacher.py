@@ -2,6 +2,9 @@
 logprobs for the sampled reverse-KL estimators (``reverse_kl_pg``; ``reverse_kl_mc`` needs the logprobs of
 actions that are not in the sequence, which ``prompt_logprobs`` cannot give: score those with the HF teacher).
 
+``VLLMTeacher.score_rows`` scores whole right-padded rows for ``model.teacher_backend: vllm``
+(``adwin.sampling.teacher.EngineTeachers``).
+
 UNTESTED ON HARDWARE (no GPU while writing it); ``scores_to_tensors`` and the parsing are unit-tested on
 CPU with stand-in outputs. One request per sequence (prompt + response) with ``max_tokens=1`` and
 ``prompt_logprobs=k``: vLLM returns, for every position ``i >= 1``, a ``{token_id: Logprob}`` dict holding
@@ -97,3 +100,23 @@ class VLLMTeacher:
         outs = self.llm.generate([{"prompt_token_ids": s} for s in seqs], params, use_tqdm=False)
         return [parse_prompt_logprobs(s, len(p), o.prompt_logprobs, self.topk)
                 for s, p, o in zip(seqs, prompt_ids, outs, strict=True)]
+
+    def score_rows(self, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
+        """Teacher logprob of every realized token of right-padded rows, as ``Teachers.score`` lays it out.
+
+        input_ids, attention_mask: (B, L) -> (B, L) float32: position ``i >= 1`` of row ``b`` holds
+        ``log q(input_ids[b, i] | input_ids[b, :i])``; position 0 (no predictor) and padding hold 0.
+        """
+        lengths = attention_mask.sum(dim=1).tolist()  # (B,)
+        seqs = []
+        for b, n in enumerate(lengths):
+            if not bool(attention_mask[b, : int(n)].all()):
+                raise ValueError(f"row {b}: score_rows needs right-padded rows (the attention mask has a hole)")
+            seqs.append([int(t) for t in input_ids[b, : int(n)].tolist()])
+        out = torch.zeros(input_ids.shape, dtype=torch.float32)
+        scoreable = [b for b, s in enumerate(seqs) if len(s) > 1]
+        if scoreable:  # position 0 has no predictor: a one-token row has nothing to score
+            scores = self.score([seqs[b][:1] for b in scoreable], [seqs[b][1:] for b in scoreable])
+            for b, sc in zip(scoreable, scores, strict=True):
+                out[b, 1 : len(seqs[b])] = torch.tensor(sc.realized, dtype=torch.float32)
+        return out

@@ -3,7 +3,7 @@
 ``optim.micro_batch_size`` splits a step's rows into micro-batches (``micro_slices``);
 ``model.gradient_checkpointing`` and ``model.autocast`` wrap the student's training forward
 (``training_forward``). Why checkpointing flips only the decoder layers' own ``training`` flag: see
-``training_forward`` and docs/decisions.md, "Memory options".
+``training_forward`` and docs/decisions.md, "Micro-batches and memory options".
 """
 
 from __future__ import annotations

@@ -13,11 +13,9 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 
-import torch
-
 from adwin.loop.distributed import LocalDist
 from adwin.probes.pool import Extension
-from adwin.sampling.rollout import generate
+from adwin.sampling.rollout import Generation
 from adwin.sampling.seeding import context_keys, row_seed
 
 
@@ -25,9 +23,7 @@ from adwin.sampling.seeding import context_keys, row_seed
 class RoundExtender:
     """An ``Extender`` (``adwin.probes.pool``) over the trainer's student; see the module docstring."""
 
-    model: torch.nn.Module
-    eos: set[int]
-    pad_id: int
+    generate: Callable[..., Generation]  # the rollout engine's (``Sampler.generate``): probes continue on it
     temperature: float
     top_p: float
     dist: LocalDist
@@ -40,8 +36,8 @@ class RoundExtender:
         if self.seed is not None:
             v = self.version()
             seeds = [row_seed(self.seed, "probe", v, k) for k in context_keys(contexts)][mine]
-        g = generate(self.model, contexts[mine], budgets[mine], eos=self.eos, pad_id=self.pad_id,
-                     temperature=self.temperature, top_p=self.top_p, with_logprobs=True, row_seeds=seeds)
+        g = self.generate(contexts[mine], budgets[mine], temperature=self.temperature, top_p=self.top_p,
+                          with_logprobs=True, row_seeds=seeds)
         local = (g.response_ids, g.logprobs or [[] for _ in g.response_ids], g.finished)
         parts = self.dist.all_gather_object(local)
         return Extension(*([x for part in parts for x in part[i]] for i in range(3)))

@@ -270,7 +270,8 @@ def audit_settings(cfg: TrainConfig) -> AuditSettings:
     return AuditSettings(candidates=list(cfg.window.candidates), method=a.method, metric=a.metric,
                          sketch_dim=a.sketch_dim, seed=cfg.seed, macro=a.macro, params=a.params,
                          estimator=a.estimator, ci_level=a.ci_level, ci_samples=a.ci_samples,
-                         is_method=p.is_method, is_low=p.is_low, is_high=p.is_high, is_level=p.is_level)
+                         is_method=p.is_method, is_low=p.is_low, is_high=p.is_high, is_level=p.is_level,
+                         micro_batch=cfg.optim.micro_batch_size, autocast=cfg.model.autocast)
 
 
 def open_probe_side(cfg: TrainConfig, controller: ControllerAPI, run_id: str, parts: Parts, gen: Sampler,
@@ -290,7 +291,7 @@ def open_probe_side(cfg: TrainConfig, controller: ControllerAPI, run_id: str, pa
     p, r = cfg.probes, cfg.rollout
     extend = gen.extend
     if dist.world > 1 or r.seeding == "per_sample":
-        extend = RoundExtender(parts.student, gen.eos, gen.pad, r.temperature, r.top_p, dist,
+        extend = RoundExtender(gen.generate, r.temperature, r.top_p, dist,
                                cfg.seed if r.seeding == "per_sample" else None, lambda: side.executor.version)
     side.executor = build_executor(p.backend, side.pool, parts.student, eos=gen.eos, pad_id=gen.pad,
                                    temperature=r.temperature, top_p=r.top_p, extend=extend, workers=p.workers,
@@ -304,7 +305,7 @@ def open_probe_side(cfg: TrainConfig, controller: ControllerAPI, run_id: str, pa
         side.schedule = AuditSchedule(threshold=cfg.window.threshold, every=a.every, skip_margin=a.skip_margin,
                                       skip_history=a.skip_history, max_skips=a.max_skips)
     side.score = parts.teachers.score
-    if dist.is_main:
+    if dist.is_main and parts.teachers.dense:  # drift/*: rank 0's; needs the teacher's full logits (not vLLM's)
         side.drift = partial(teacher_drift, parts.teachers.logits, candidates=tuple(cfg.window.candidates))
     side.pad_id = pad_id_of(parts.tokenizer, eos_ids(parts.student, parts.tokenizer))
     if cfg.audit.metric == "adam" and p.backend != "inline":

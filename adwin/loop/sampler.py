@@ -1,15 +1,19 @@
 """A step's rollouts (``Batch``) and the one student sampler that makes them (``Sampler``): rollouts,
-evaluation and probe extension all go through it."""
+evaluation and (inline) probe extension all go through it, on the engine ``rollout.backend`` names."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Literal
 
 from adwin.config import TrainConfig
+from adwin.loop.engine import HFEngine, RolloutEngine, VLLMEngine
 from adwin.loop.parts import Parts
-from adwin.probes.extender import ModelExtender
+from adwin.probes.pool import Extension
 from adwin.sampling.data import Prompt
-from adwin.sampling.rollout import Rows, encode_prompts, eos_ids, generate, layout, pad_id_of
+from adwin.sampling.rollout import Generation, Rows, encode_prompts, eos_ids, layout, pad_id_of
+
+Backend = Literal["hf", "vllm"]
 
 
 @dataclass
@@ -27,18 +31,43 @@ class Batch:
     behavior_logprobs: list[list[float]] | None = None
 
 
-
 class Sampler:
-    """Student sampling for rollouts, evaluation and probe extension: all of it through ``generate``."""
+    """Student sampling for rollouts, evaluation and probe extension: all of it through one ``RolloutEngine``
+    (``adwin.loop.engine``; ``rollout.backend`` picks it), kept on the trainer's weights by ``sync_weights``."""
 
-    def __init__(self, parts: Parts, cfg: TrainConfig) -> None:
+    def __init__(self, parts: Parts, cfg: TrainConfig, engine: RolloutEngine | None = None, *,
+                 backend: Backend | None = None) -> None:
+        """``engine``: a ready engine (tests); else the one ``backend`` (default ``rollout.backend``) names."""
         self.parts, self.cfg = parts, cfg
         self.eos = eos_ids(parts.student, parts.tokenizer)
         self.pad = pad_id_of(parts.tokenizer, self.eos)
-        r = cfg.rollout
-        # probe extension with the trainer's own student (the inline probe backend): the extender the probe
-        # workers run on their replicas, sampling like the rollouts and recording behavior logprobs
-        self.extend = ModelExtender(parts.student, self.eos, self.pad, r.temperature, r.top_p)
+        self.engine = engine or open_engine(backend or cfg.rollout.backend, cfg, parts, self.eos, self.pad)
+        self.version = 0  # the student version the engine holds once synced
+        # an engine with its own copy of the weights is synced before its first use: the student may have
+        # changed since the engine loaded its checkpoint (--resume loads the checkpoint's weights after this)
+        self._synced = isinstance(self.engine, HFEngine)
+
+    def sync_weights(self, version: int) -> None:
+        """After each optimizer step: the engine samples probes, evaluations and the next rollouts from
+        ``version`` (the trainer calls this once per step, skipped steps included: the version counts steps)."""
+        self.version = version
+        self.engine.sync_weights(self.parts.student, version)
+        self._synced = True
+
+    def generate(self, contexts: list[list[int]], budgets: list[int], *, temperature: float, top_p: float,
+                 with_logprobs: bool, row_seeds: list[int] | None = None) -> Generation:
+        """The engine's ``generate``; ``row_seeds`` (``rollout.seeding: per_sample``): one seed per context."""
+        if not self._synced:
+            self.sync_weights(self.version)
+        return self.engine.generate(contexts, budgets, temperature=temperature, top_p=top_p,
+                                    with_logprobs=with_logprobs, row_seeds=row_seeds)
+
+    def extend(self, contexts: list[list[int]], budgets: list[int]) -> Extension:
+        """The inline probe backend's ``Extender``: probes continue on the rollout engine, sampling like the
+        rollouts and recording behavior logprobs (thread/Ray workers extend on their own replicas instead)."""
+        r = self.cfg.rollout
+        g = self.generate(contexts, budgets, temperature=r.temperature, top_p=r.top_p, with_logprobs=True)
+        return Extension(g.response_ids, g.logprobs or [[] for _ in contexts], g.finished)
 
     def roll_out(self, prompts: list[Prompt], n: int, window: int, *, evaluation: bool = False,
                  seeds: list[int] | None = None) -> Batch:
@@ -51,6 +80,18 @@ class Sampler:
         ctx = encode_prompts(self.parts.tokenizer, [p.prompt for p in rep], self.cfg.data.max_prompt_len)
         s = self.cfg.eval if evaluation else self.cfg.rollout
         record = self.cfg.loss.weights_by_behavior and not evaluation
-        g = generate(self.parts.student, ctx, [window] * len(ctx), eos=self.eos, pad_id=self.pad,
-                     temperature=s.temperature, top_p=s.top_p, with_logprobs=record, row_seeds=seeds)
+        g = self.generate(ctx, [window] * len(ctx), temperature=s.temperature, top_p=s.top_p, with_logprobs=record,
+                          row_seeds=seeds)
         return Batch(rep, ctx, g.response_ids, g.finished, layout(ctx, g.response_ids, self.pad), g.logprobs)
+
+
+def open_engine(backend: Backend, cfg: TrainConfig, parts: Parts, eos: set[int], pad_id: int) -> RolloutEngine:
+    """``hf``: transformers on the trainer's student; ``vllm``: a vLLM engine on the student's checkpoint
+    (folder or hub id; lazily imported: no vLLM or no CUDA fails here naming ``rollout.backend``)."""
+    if backend == "hf":
+        return HFEngine(parts.student, eos, pad_id)
+    path = str(getattr(parts.student, "name_or_path", "") or "")
+    if not path:  # the engine is built from a checkpoint (then synced with the trainer's weights before use)
+        raise ValueError("rollout.backend: 'vllm' loads the student from its checkpoint (a folder or hub id); this "
+                         "student was not loaded with from_pretrained (no name_or_path): set rollout.backend=hf")
+    return VLLMEngine.load(cfg, path, eos)

@@ -3,7 +3,7 @@
 Both run in micro-batches of ``optim.micro_batch_size`` rows (``adwin.loop.memory``): the teacher's forward
 and the student's forward/backward never see more rows at once, and the update equals the whole batch's
 because every loss is normalised by the whole batch's token or sample count (docs/decisions.md,
-"Micro-batches"). ``optimize``'s ``reducer`` (``adwin.loop.reduce``) extends the same sums across ranks.
+"Micro-batches and memory options"). ``optimize``'s ``reducer`` (``adwin.loop.reduce``) extends the same sums across ranks.
 """
 
 from __future__ import annotations
@@ -53,7 +53,7 @@ def score_teacher(teachers: Teachers, batch: Batch, cfg: TrainConfig) -> Teacher
     The teacher runs one micro-batch of ``optim.micro_batch_size`` rows at a time and only what the loss
     reads is kept: (B, L) logprobs for the sampled-token losses, plus (B, L, k) top-k for
     ``forward_kl_topk``. The dense losses (``forward_kl``, ``reverse_kl``, ``jsd``) need every row's
-    (L, V) logits: they are kept in host memory, B x L x V float32 (docs/configuration.md, "Memory options").
+    (L, V) logits: they are kept in host memory, B x L x V float32 (docs/design.md, "Memory options").
     """
     ids, attn, routes = batch.rows.input_ids, batch.rows.attention_mask, [p.route for p in batch.prompts]
     name = cfg.loss.name

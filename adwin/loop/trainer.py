@@ -129,6 +129,7 @@ def train(cfg: TrainConfig, controller: ControllerAPI | None, parts: Parts | Non
             sinks.log(t, m | controller_metrics(controller))
             stop_after_faults(faults, t, cfg, checkpoint(t + 1), probes, sinks)
         version = t + 1  # optimizer steps applied: the weights every probe token from now on comes from
+        gen.sync_weights(version)  # the rollout engine samples probes, evaluations and the next rollouts from it
         save = (cfg.checkpoint_every and (t + 1) % cfg.checkpoint_every == 0) or t == cfg.steps - 1
         batch, behavior, teacher_lp = gather_rollouts(dist, batch, behavior, teacher.logprobs, gen.pad)
         if probes.enabled:

@@ -5,7 +5,7 @@ IW-OPD weight and its importance ratio depend only on its own sample), so splitt
 micro-batches, or across data-parallel ranks, changes nothing but the aggregation's denominator: the
 token count (``token-mean``) or the count of samples with a counted token (the ``seq-mean-*`` modes).
 ``loss_normalizer`` gives a shard's share of it; the shares add up to the whole batch's, so a caller sums
-them over the shards first and hands the total to ``aggregate`` (docs/decisions.md, "Micro-batches").
+them over the shards first and hands the total to ``aggregate`` (docs/decisions.md, "Micro-batches and memory options").
 """
 
 from __future__ import annotations

@@ -3,13 +3,15 @@
 A teacher scores the realized tokens of prompt+response rows: ``log q(input_ids[b, i])`` from its full
 logits at ``i - 1`` (``adwin.objectives.losses.token_logprobs``). OPD compares student and teacher logprobs token by
 token, so every teacher must share the student's tokenizer; ``check_tokenizers`` refuses a mismatch at
-start-up instead of producing silently wrong losses.
+start-up instead of producing silently wrong losses. ``model.teacher_backend: vllm`` scores with vLLM
+prompt logprobs instead (``EngineTeachers``: realized tokens only).
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
+from typing import Any
 
 import torch
 
@@ -72,8 +74,19 @@ def check_tokenizers(student_tok: object, teacher_toks: Mapping[str, object | No
             )
 
 
+def route_of(keys: Sequence[str], key: str) -> str:
+    """The teacher key that scores route ``key``: the only teacher, or the route's own."""
+    if len(keys) == 1:
+        return keys[0]
+    if key not in keys:
+        raise UnknownTeacher(f"no teacher for route {key!r}; model.teachers has {sorted(keys)}")
+    return key
+
+
 class Teachers:
     """One or more frozen teachers keyed by route; a single teacher scores every route."""
+
+    dense = True  # full logits available (dense losses, the drift diagnostics)
 
     def __init__(self, models: Mapping[str, torch.nn.Module]) -> None:
         if not models:
@@ -104,11 +117,7 @@ class Teachers:
         return cls(models)
 
     def route(self, key: str) -> str:
-        if len(self.models) == 1:
-            return next(iter(self.models))
-        if key not in self.models:
-            raise UnknownTeacher(f"no teacher for route {key!r}; model.teachers has {sorted(self.models)}")
-        return key
+        return route_of(list(self.models), key)
 
     @torch.no_grad()
     def score(self, input_ids: torch.Tensor, attention_mask: torch.Tensor, routes: Sequence[str]) -> torch.Tensor:
@@ -142,3 +151,69 @@ class Teachers:
             out[rows] = part
         assert out is not None
         return out
+
+
+class EngineTeachers:
+    """Teachers behind vLLM engines (``model.teacher_backend: vllm``), keyed by route like ``Teachers``:
+    realized-token logprobs from prompt logprobs, no full logits (``dense`` is False; the config refuses
+    the losses that need them). ``models``: route -> an engine with ``score_rows`` (a ``VLLMTeacher``)."""
+
+    dense = False
+
+    def __init__(self, models: Mapping[str, Any]) -> None:
+        if not models:
+            raise ValueError("model.teachers must name at least one teacher")
+        self.models = dict(models)
+
+    @classmethod
+    def load(cls, paths: Mapping[str, str | Path], student_tok: object, student_vocab_size: int,
+             dtype: str = "float32", gpu_memory: float = 0.3, max_model_len: int | None = None) -> EngineTeachers:
+        """One engine per distinct checkpoint; tokenizers are checked against the student's first (from the
+        folders' tokenizer and config files: no weights are loaded before the check)."""
+        from transformers import AutoConfig
+
+        from adwin.backends.vllm_teacher import VLLMTeacher
+
+        toks: dict[str, object | None] = {}
+        for k, p in paths.items():
+            try:
+                toks[k] = load_tokenizer(p)
+            except (OSError, ValueError):
+                toks[k] = None
+        sizes = {k: int(AutoConfig.from_pretrained(str(p)).vocab_size) for k, p in paths.items()}
+        check_tokenizers(student_tok, toks, student_vocab_size, sizes)
+        by_path: dict[str, Any] = {}
+        for p in paths.values():
+            if str(p) not in by_path:
+                by_path[str(p)] = VLLMTeacher.load(str(p), topk=1, dtype=dtype, gpu_memory_utilization=gpu_memory,
+                                                   max_model_len=max_model_len)
+        return cls({k: by_path[str(p)] for k, p in paths.items()})
+
+    def route(self, key: str) -> str:
+        return route_of(list(self.models), key)
+
+    @torch.no_grad()
+    def score(self, input_ids: torch.Tensor, attention_mask: torch.Tensor, routes: Sequence[str]) -> torch.Tensor:
+        """As ``Teachers.score``: (B, L) right-padded rows -> (B, L) float32, one engine call per engine."""
+        if len(routes) != input_ids.shape[0]:
+            raise ValueError(f"{len(routes)} routes for {input_ids.shape[0]} rows")
+        owner = [id(self.models[self.route(r)]) for r in routes]
+        out = torch.zeros(input_ids.shape, dtype=torch.float32)
+        for mid in dict.fromkeys(owner):
+            rows = torch.tensor([b for b, o in enumerate(owner) if o == mid], dtype=torch.long)
+            engine = next(m for m in self.models.values() if id(m) == mid)
+            out[rows] = engine.score_rows(input_ids[rows].cpu(), attention_mask[rows].cpu())
+        return out
+
+    def logits(self, input_ids: torch.Tensor, attention_mask: torch.Tensor, routes: Sequence[str]) -> torch.Tensor:
+        raise ValueError("model.teacher_backend: 'vllm' gives realized-token logprobs only, no full logits; set "
+                         "model.teacher_backend: hf for the dense losses")
+
+
+def load_teachers(backend: str, paths: Mapping[str, str | Path], student_tok: object, student_vocab_size: int,
+                  dtype: str = "float32", device: str = "cpu", *, gpu_memory: float = 0.3,
+                  max_model_len: int | None = None) -> Teachers | EngineTeachers:
+    """The teachers ``model.teacher_backend`` names (``hf``: transformers models on ``device``)."""
+    if backend == "vllm":
+        return EngineTeachers.load(paths, student_tok, student_vocab_size, dtype, gpu_memory, max_model_len)
+    return Teachers.load(paths, student_tok, student_vocab_size, dtype, device)

@@ -93,6 +93,8 @@ def profile_fingerprint(profile: str, task: str = DEFAULT_TASK) -> str:
     extra = [] if task == DEFAULT_TASK else [task, get_task(task).noise_line_rate]
     if get_task(task).rule_version != 1:
         extra.append(get_task(task).rule_version)
+    if get_task(task).student_step_scale != 1.0:
+        extra.append(get_task(task).student_step_scale)
     blob = json.dumps([spec, repr(fields), FORMAT_VERSION, *extra], sort_keys=True, default=str)
     return hashlib.sha256(blob.encode()).hexdigest()[:16]
 

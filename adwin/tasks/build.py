@@ -77,6 +77,7 @@ def build_assets(root: Path, profile: str = "default", seed: int = 0, threads: i
 def _build(root: Path, profile: str, seed: int, task: str) -> dict[str, Any]:
     spec = PROFILE_SPECS[profile]
     builtin = get_task(task)
+    student_step = builtin.student_step(spec.student_step, spec.schedule.steps)
     start = time.perf_counter()
     load_start = _load()
     timings: dict[str, float] = {}
@@ -90,7 +91,7 @@ def _build(root: Path, profile: str, seed: int, task: str) -> dict[str, Any]:
         profile,
         n_params,
         spec.schedule.steps,
-        spec.student_step,
+        student_step,
     )
     timings["setup"] = time.perf_counter() - t
 
@@ -113,7 +114,7 @@ def _build(root: Path, profile: str, seed: int, task: str) -> dict[str, Any]:
 
     t = time.perf_counter()
     optimizer, losses_a = train_sft(
-        model, tokenizer, spec.schedule, seed=seed, stop_step=spec.student_step, progress_desc="sft (student)",
+        model, tokenizer, spec.schedule, seed=seed, stop_step=student_step, progress_desc="sft (student)",
         task=builtin, student_phase=True,
     )
     timings["sft_student"] = time.perf_counter() - t
@@ -126,7 +127,7 @@ def _build(root: Path, profile: str, seed: int, task: str) -> dict[str, Any]:
         tokenizer,
         spec.schedule,
         seed=seed,
-        start_step=spec.student_step,
+        start_step=student_step,
         optimizer=optimizer,
         progress_desc="sft (teacher)",
         task=builtin,
@@ -181,7 +182,7 @@ def _build(root: Path, profile: str, seed: int, task: str) -> dict[str, Any]:
         "model": {"architecture": "LlamaForCausalLM", "parameters": n_params, **asdict(spec.model)},
         "sft": {
             **asdict(spec.schedule),
-            "student_step": spec.student_step,
+            "student_step": student_step,
             "loss_first": losses[0] if losses else None,
             "loss_at_student": losses_a[-1] if losses_a else None,
             "loss_last": losses[-1] if losses else None,

@@ -13,11 +13,15 @@ and the answer depends on it. Both values sit in the line just above, so the ski
 chain's own steps: a first version added the *first* line's result, up to 300 tokens back, and the
 266k-parameter teacher learned it only half the time (docs/task.md).
 
-Why the student lacks it: the student initialisation is the early SFT snapshot, and before that
-snapshot every closing character (and the EOS) is masked out of the loss (label -100; see
-:func:`write_late`, ``train_closing=False``). The teacher's later SFT steps train on the whole
-response. The chain lines are trained from step 0 as in ``chain``, so the student is strong on the
-early phase and has no skill at all on the late one (``adwin/tasks/phases.py`` measures both).
+Why the student lacks it: the student initialisation is an early SFT snapshot, and before that
+snapshot the closing line is written with random digits (``A``, ``B``, ``S`` and the answer), which
+are masked out of the loss (label -100; see :func:`write_late`, ``train_closing=False``), while its
+format (``fin:``, ``+``, ``=``, ``ans=``, the EOS) is trained: the student writes a closing line and
+stops, with values it never saw computed. The teacher's later SFT steps train on the whole response. The chain lines
+are trained from step 0 as in ``chain``, so the student is strong on the early phase and weak on
+the late one (``adwin/tasks/phases.py`` measures both; docs/task.md has the numbers). Version 2 of
+the task masked the whole closing phase and the EOS: its student never stopped, so every rollout ran
+to the horizon and no method learned the closing within a run (docs/benchmarks.md).
 """
 
 from __future__ import annotations
@@ -66,7 +70,9 @@ def write_late(
     """A written response (without EOS) and, per character, whether it is trained on. The chain
     lines may carry planted mistakes (:func:`adwin.tasks.noise.corrupt_solution`); the closing line
     combines the values as *written*, like every later field after a mistake. ``train_closing=False``
-    masks the closing phase (the student's SFT steps)."""
+    (the student's SFT steps) writes the closing format with random digits, masks the digits and trains
+    the format and the EOS: the flags then have one entry more than the text, the EOS's
+    (``adwin.tasks.sft.encode_example``)."""
     text, trained = corrupt_solution(problem, rng, line_rate)
     body, _, _ = text.rpartition(ANSWER_PREFIX)
     trained = trained[: len(body)]
@@ -74,7 +80,14 @@ def write_late(
     assert last is not None, "a chain line always matches"
     closing, total = closing_line(int(last.group(1)), int(last.group(2)))
     tail = closing + f"{ANSWER_PREFIX}{total}"
-    return body + tail, trained + [train_closing] * len(tail)
+    if train_closing:
+        return body + tail, trained + [True] * len(tail)
+    # the student phase: the closing format with digits drawn independently of the rule (seeded by the
+    # prompt), masked, so not one student weight depends on the rule, even through the context
+    digits = random.Random(problem.prompt)
+    a, b, s = (digits.randrange(MOD) for _ in range(3))
+    tail = f"{CLOSING_PREFIX}{a}+{b}={s}\n{ANSWER_PREFIX}{digits.randrange(MOD)}"
+    return body + tail, trained + [not c.isdigit() for c in tail] + [True]
 
 
 def verify_late_solution(prompt: str, response_text: str) -> bool:

@@ -36,12 +36,14 @@ def encode_example(
     prompt_ids = tokenizer(problem.prompt)["input_ids"]
     text, trained = task.write(problem, rng or random.Random(0), noise_line_rate, student_phase)
     response_ids = tokenizer(text, add_special_tokens=False)["input_ids"]
+    # a writer may flag the EOS itself (one flag more than characters); else it follows the last character
+    eos_trained = trained[len(text)] if len(trained) > len(text) else trained[-1]
+    trained = trained[: len(text)]
     if len(response_ids) != len(trained):
         raise ValueError("the built-in task's tokenizer must be character-level")
     ids = prompt_ids + response_ids + [tokenizer.eos_token_id]
     labels = [-100] * len(prompt_ids) + [t if ok else -100 for t, ok in zip(response_ids, trained, strict=True)]
-    # the EOS is trained with the response's last character (masked with a hidden closing phase)
-    return ids, labels + [tokenizer.eos_token_id if trained[-1] else -100]
+    return ids, labels + [tokenizer.eos_token_id if eos_trained else -100]
 
 
 def make_batches(

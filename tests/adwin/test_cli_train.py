@@ -96,6 +96,15 @@ def test_presets_validate_and_start_with_their_command(path: Path) -> None:
     load_config(path)
 
 
+def test_paper_preset_uses_vllm_rollouts_inline_probes_sketch_audits_and_launches_on_8_processes() -> None:
+    path = next(p for p in CONFIGS if p.name == "qwen3-4b-math.yaml")
+    first = path.read_text().splitlines()[0]
+    assert "--nproc 8" in first and "torchrun --nproc_per_node 8 -m adwin train" in first
+    cfg = load_config(path)
+    assert (cfg.rollout.backend, cfg.probes.backend, cfg.audit.method) == ("vllm", "inline", "sketch")
+    assert (cfg.rollout.prompts_per_step, cfg.rollout.samples_per_prompt, cfg.rollout.max_response_len) == (128, 8, 8192)
+
+
 def test_builtin_task_trains_with_the_tiny_profile(tmp_path: Path, monkeypatch, capsys) -> None:
     monkeypatch.setenv("ADWIN_HOME", str(tmp_path / "home"))
     default = Path(__file__).resolve().parents[2] / "configs" / "default.yaml"

@@ -148,11 +148,12 @@ def test_parse_outputs_refuses_requests_made_without_logprobs() -> None:
 def test_vllm_backend_without_vllm_fails_before_compute_with_install_hint(tmp_path: Path, monkeypatch,
                                                                            capsys) -> None:
     monkeypatch.setattr(backends, "vllm_available", lambda: False)
-    cfg = load_config(overrides={"rollout.backend": "vllm"})
+    cfg = load_config(overrides={"rollout.backend": "vllm", "probes.backend": "inline"})
     with pytest.raises(BackendUnavailable, match=r"rollout\.backend.*adwin\[vllm\]"):
         check_backends(cfg)
     path = tmp_path / "c.yaml"
-    path.write_text(yaml.safe_dump({"rollout": {"backend": "vllm"}, "out_dir": str(tmp_path / "runs"),
+    path.write_text(yaml.safe_dump({"rollout": {"backend": "vllm"}, "probes": {"backend": "inline"},
+                                    "out_dir": str(tmp_path / "runs"),
                                     "model": {"student": str(tmp_path / "nowhere")}}))
     assert main(["train", "--config", str(path), "--steps", "1"]) == 2
     err = capsys.readouterr().err

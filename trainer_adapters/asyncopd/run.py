@@ -99,7 +99,7 @@ def build_asyncopd(cfg: TrainConfig, controller: ControllerAPI, *, parts: Parts 
 
         engines = vllm_engines(str(parts.student.name_or_path), opts.rollout_workers, eos=set(eos),
                                temperature=r.temperature, top_p=r.top_p, mc_samples=m, seed=cfg.seed,
-                               dtype=cfg.model.dtype)
+                               dtype=cfg.model.dtype, gpu_memory_utilization=cfg.model.vllm_gpu_memory)
     elif opts.workers == "ray":
         from adwin.trainer_adapters.asyncopd.ray_engine import ray_engines
 

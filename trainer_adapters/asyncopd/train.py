@@ -46,7 +46,7 @@ class _StepExtras:
 
     def __init__(self, cfg: TrainConfig, parts: Parts, built: AsyncOPDRun, controller: ControllerAPI) -> None:
         self.cfg, self.parts, self.built, self.controller = cfg, parts, built, controller
-        self.gen = Sampler(parts, cfg)
+        self.gen = Sampler(parts, cfg, backend="hf")  # on the learner's weights: vLLM engines are the pipeline's
         self.ledger = TokenLedger(cfg.rollout.max_response_len)
         self.initial: dict[str, float] = {}
         self.final: dict[str, float] = {}

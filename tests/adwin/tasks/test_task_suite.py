@@ -11,6 +11,7 @@ import torch
 from pydantic import ValidationError
 
 from adwin.config import DataConfig
+from adwin.tasks import late
 from adwin.tasks.chain import MOD, Problem, split_problems
 from adwin.tasks.late import verify_late_solution, write_late
 from adwin.tasks.phases import phase_spans
@@ -107,41 +108,51 @@ def test_chain_drift_teacher_trains_on_clean_solutions_only() -> None:
     assert any(-100 in row for row in _response_labels("chain", 200, rate))  # chain plants mistakes
 
 
-def test_student_phase_masks_every_closing_character_and_the_eos() -> None:
+def test_student_phase_masks_the_closing_digits_and_trains_its_format_and_the_eos() -> None:
     task = get_task("chain-late")
     student = _response_labels("chain-late", 50, 0.0, student_phase=True)
     teacher = _response_labels("chain-late", 50, 0.0)
     for p, s_row, t_row in zip(task.problems(50, seed=0), student, teacher, strict=True):
-        lo, hi = phase_spans(task.solution(p))["late"]
-        closing = len(task.solution(p)) - len(task.solution(p).split("\n")[-2]) - 6  # start of "fin:"
-        assert all(v == -100 for v in s_row[closing:]) and all(v != -100 for v in s_row[:closing])
+        text = task.solution(p)
+        lo, hi = phase_spans(text)["late"]
+        closing = len(text) - len(text.split("\n")[-2]) - 6  # start of "fin:"
+        assert (lo, hi) == (closing, len(text))  # the late phase is the closing phase
+        assert all(v != -100 for v in s_row[:closing])  # the chain lines are trained
+        tail = text[closing:]
+        assert [v == -100 for v in s_row[closing:-1]] == [c.isdigit() for c in tail]  # digits masked, format kept
+        assert sum(c.isdigit() for c in tail) == 4  # A, B, S and the answer
+        assert s_row[-1] != -100 and t_row[-1] != -100  # both learn to stop
         assert all(v != -100 for v in t_row)
-        assert (lo, hi) == (closing, len(task.solution(p)))  # the late phase is the closing phase
 
 
-def test_student_init_learns_nothing_about_the_closing_rule() -> None:
-    """The student snapshot is the same whatever the closing rule says: a changed closing rule changes
-    the teacher's SFT but not one weight of the student's (on the tiny profile)."""
+def test_student_snapshot_step_is_later_for_chain_late_and_inside_the_run() -> None:
+    spec = PROFILE_SPECS["default"]
+    assert get_task("chain").student_step(spec.student_step, spec.schedule.steps) == spec.student_step
+    assert get_task("chain-late").student_step(spec.student_step, spec.schedule.steps) == 800
+    tiny = PROFILE_SPECS["tiny"]
+    assert 0 < get_task("chain-late").student_step(tiny.student_step, tiny.schedule.steps) < tiny.schedule.steps
+
+
+def test_student_init_learns_nothing_about_the_closing_rule(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The student snapshot is the same whatever the closing rule says, even through the context (its
+    closing digits are random): a changed rule changes the teacher's SFT but not one weight of the
+    student's (on the tiny profile)."""
     spec = PROFILE_SPECS["tiny"]
     tok = build_tokenizer()
-    late = get_task("chain-late")
+    task = get_task("chain-late")
 
-    def other_rule(problem: Problem, rng: random.Random, rate: float, student_phase: bool) -> tuple[str, list[bool]]:
-        text, trained = late.write(problem, rng, rate, student_phase)
-        return text[:-1] + str((int(text[-1]) + 1) % MOD), trained  # a different answer digit
-
-    changed = dataclasses.replace(late, write=other_rule)
-
-    def weights(task: object, student_phase: bool) -> list[torch.Tensor]:
+    def weights(student_phase: bool) -> list[torch.Tensor]:
         model = spec.model.build(len(tok), tok, seed=0)
-        train_sft(model, tok, spec.schedule, seed=0, stop_step=spec.student_step, task=task,  # type: ignore[arg-type]
-                  student_phase=student_phase, progress_desc="test")
+        stop = task.student_step(spec.student_step, spec.schedule.steps)
+        train_sft(model, tok, spec.schedule, seed=0, stop_step=stop, task=task, student_phase=student_phase,
+                  progress_desc="test")
         return [p.detach().clone() for p in model.parameters()]
 
-    same = weights(late, True), weights(changed, True)
-    assert all(torch.equal(a, b) for a, b in zip(*same, strict=True))
-    differ = weights(late, False), weights(changed, False)
-    assert any(not torch.equal(a, b) for a, b in zip(*differ, strict=True))
+    rule = weights(True), weights(False)
+    monkeypatch.setattr(late, "closing_line", lambda a, b: (f"fin:{a}+{b}={(a - b) % MOD}\n", (a - b) % MOD))
+    other = weights(True), weights(False)
+    assert all(torch.equal(a, b) for a, b in zip(rule[0], other[0], strict=True))
+    assert any(not torch.equal(a, b) for a, b in zip(rule[1], other[1], strict=True))
 
 
 def test_config_names_the_allowed_tasks_and_refuses_builtin_task_for_jsonl() -> None:
