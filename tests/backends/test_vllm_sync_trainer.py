@@ -48,10 +48,10 @@ def _vllm_run(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, **extra: object):
     roll_out, extend = Sampler.roll_out, Sampler.extend
     calls: list[tuple[str, object]] = []  # (kind, window or the positive budgets), one per Sampler call
 
-    def spy_roll_out(self, prompts, n, window, *, evaluation=False):  # type: ignore[no-untyped-def]
+    def spy_roll_out(self, prompts, n, window, *, evaluation=False, seeds=None):  # type: ignore[no-untyped-def]
         calls.append(("eval" if evaluation else "rollout", window))
         fake.phase = len(calls) - 1
-        return roll_out(self, prompts, n, window, evaluation=evaluation)
+        return roll_out(self, prompts, n, window, evaluation=evaluation, seeds=seeds)
 
     def spy_extend(self, contexts, budgets):  # type: ignore[no-untyped-def]
         calls.append(("probe", [b for b in budgets if b > 0]))

@@ -59,7 +59,7 @@ class _Recorder:
         self.calls: list[tuple[list[int], float, bool]] = []
         self.syncs: list[int] = []
 
-    def generate(self, contexts, budgets, *, temperature, top_p, with_logprobs):  # type: ignore[no-untyped-def]
+    def generate(self, contexts, budgets, *, temperature, top_p, with_logprobs, row_seeds=None):  # type: ignore[no-untyped-def]
         self.calls.append((list(budgets), temperature, with_logprobs))
         return Generation([[7] for _ in contexts], [False] * len(contexts), [[-1.0] for _ in contexts])
 
