@@ -8,8 +8,7 @@ import os
 from pathlib import Path
 from typing import Any
 
-import yaml
-from trainer_fixtures import tiny_overrides
+from trainer_fixtures import tiny_overrides, write_config
 
 
 def ddp_config(tmp: Path, **extra: Any) -> Path:
@@ -18,16 +17,7 @@ def ddp_config(tmp: Path, **extra: Any) -> Path:
     ov = tiny_overrides(tmp, **{"probes.backend": "inline", "rollout.seeding": "per_sample",
                                 "rollout.prompts_per_step": 4, "eval.every": 0, "optim.schedule": "constant",
                                 "name": "run", **extra})
-    data: dict[str, Any] = {}
-    for dotted, value in ov.items():
-        node = data
-        *parents, leaf = dotted.split(".")
-        for p in parents:
-            node = node.setdefault(p, {})
-        node[leaf] = value
-    path = tmp / "cfg.yaml"
-    path.write_text(yaml.safe_dump(data))
-    return path
+    return write_config(tmp / "cfg.yaml", ov)
 
 
 class Crash(RuntimeError):

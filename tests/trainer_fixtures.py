@@ -70,3 +70,18 @@ def tiny_overrides(tmp: Path, **extra: object) -> dict[str, object]:
     })
     ov.update(extra)
     return ov
+
+
+def write_config(path: Path, overrides: dict[str, object]) -> Path:
+    """Dotted ``overrides`` (as ``tiny_overrides`` returns them) written as a nested YAML config at ``path``."""
+    import yaml
+
+    data: dict[str, object] = {}
+    for dotted, value in overrides.items():
+        node = data
+        *parents, leaf = dotted.split(".")
+        for p in parents:
+            node = node.setdefault(p, {})  # type: ignore[assignment]
+        node[leaf] = value
+    path.write_text(yaml.safe_dump(data))
+    return path

@@ -7,9 +7,8 @@ import math
 from pathlib import Path
 
 import torch
-import yaml
 from reliability_record import record
-from trainer_fixtures import tiny_overrides
+from trainer_fixtures import tiny_overrides, write_config
 
 from adwin.audit import job as audit_job
 from adwin.cli import main
@@ -84,15 +83,7 @@ def test_repeated_faults_stop_the_run_with_a_checkpoint_of_the_last_good_state(t
     real_score = Teachers.score
     monkeypatch.setattr(Teachers, "score", lambda self, *a: real_score(self, *a) * float("inf"))
     ov = tiny_overrides(tmp_path, steps=6, name="doomed", **{"optim.max_bad_steps": 2, "eval.every": 0})
-    nested: dict = {}
-    for dotted, v in ov.items():
-        node = nested
-        *parents, leaf = dotted.split(".")
-        for p in parents:
-            node = node.setdefault(p, {})
-        node[leaf] = v
-    path = tmp_path / "doomed.yaml"
-    path.write_text(yaml.safe_dump(nested))
+    path = write_config(tmp_path / "doomed.yaml", ov)
     capsys.readouterr()
     assert main(["train", "--config", str(path), "--no-progress"]) == 3
     err = [x for x in capsys.readouterr().err.splitlines() if x.startswith("adwin")]
