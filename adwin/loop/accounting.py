@@ -16,8 +16,10 @@ class TokenLedger:
 
     Full-rollout estimate per step: finished samples count their real length; each truncated sample
     counts the mean length of the probes completed so far (probes *are* truncated samples continued to
-    EOS or the horizon), clamped to ``[window, max_len]``; before any probe completes, ``max_len`` (an
-    upper bound). A full-policy run has no truncation below ``max_len``, so its estimate is exact.
+    EOS or the horizon), clamped to ``[window, max_len]``, and never less than the sample's own length (a
+    streaming scheduler's update can hold samples cut at an earlier, longer window); before any probe
+    completes, ``max_len`` (an upper bound). A full-policy run has no truncation below ``max_len``, so its
+    estimate is exact.
     """
 
     def __init__(self, max_len: int) -> None:
@@ -35,7 +37,8 @@ class TokenLedger:
         est = float(np.mean(self.completed_lengths)) if self.completed_lengths else float(self.max_len)
         est = min(max(est, float(window)), float(self.max_len))
         sync = float(sum(lens))
-        full = float(sum(n for n, cut in zip(lens, truncated, strict=True) if not cut)) + est * sum(truncated)
+        short = sum(1 for n, cut in zip(lens, truncated, strict=True) if cut and n <= est)
+        full = float(sum(n for n, cut in zip(lens, truncated, strict=True) if not cut or n > est)) + est * short
         self.sync += sync
         self.full += full
         return {"rollout/sync_tokens": sync, "rollout/full_equiv_tokens": full,
