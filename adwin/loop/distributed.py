@@ -120,9 +120,6 @@ class Dist(LocalDist):
         return torch.device("cuda", self.local_rank) if dist.get_backend() == "nccl" else torch.device("cpu")
 
 
-AnyDist = LocalDist  # Dist is a LocalDist: annotate with this
-
-
 def launched_world(env: Mapping[str, str] | None = None) -> int:
     """The world size ``torchrun`` gave this process (1 when not launched by it)."""
     env = os.environ if env is None else env

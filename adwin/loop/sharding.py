@@ -48,9 +48,7 @@ def check_data_parallel(cfg: TrainConfig, world: int) -> None:
 
 def rollout_seeds(cfg: TrainConfig, step: int, prompts: slice, n: int) -> list[int] | None:
     """Per-row seeds of this rank's rollout rows (``rollout.seeding: per_sample``), keyed by global row."""
-    if cfg.rollout.seeding != "per_sample":
-        return None
-    return [row_seed(cfg.seed, "rollout", step, i) for i in range(prompts.start * n, prompts.stop * n)]
+    return seeds_for(cfg, "rollout", step, range(prompts.start * n, prompts.stop * n))
 
 
 def gather_rollouts(dist: LocalDist, batch: Batch, behavior: torch.Tensor, teacher: torch.Tensor,
@@ -86,6 +84,7 @@ def _response_lists(batch: Batch, values: torch.Tensor) -> list[list[float]]:
 
 
 def seeds_for(cfg: TrainConfig, purpose: str, step: int, keys: Sequence[int | str | bytes]) -> list[int] | None:
+    """One seed per key (``rollout.seeding: per_sample``), or None (batch seeding: HF's global RNG)."""
     if cfg.rollout.seeding != "per_sample":
         return None
     return [row_seed(cfg.seed, purpose, step, k) for k in keys]

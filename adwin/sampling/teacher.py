@@ -83,6 +83,37 @@ def route_of(keys: Sequence[str], key: str) -> str:
     return key
 
 
+def one_per_checkpoint(paths: Mapping[str, str | Path], load: Callable[[str | Path], Any]) -> dict[str, Any]:
+    """Route -> ``load(path)``, loading each distinct checkpoint once: routes that share one share the model."""
+    by_path: dict[str, Any] = {}
+    for p in paths.values():
+        if str(p) not in by_path:
+            by_path[str(p)] = load(p)
+    return {k: by_path[str(p)] for k, p in paths.items()}
+
+
+def teacher_tokenizers(paths: Mapping[str, str | Path]) -> dict[str, object | None]:
+    """Route -> its checkpoint's tokenizer; None for a checkpoint without tokenizer files (the vocab size
+    check of ``check_tokenizers`` remains)."""
+    toks: dict[str, object | None] = {}
+    for k, p in paths.items():
+        try:
+            toks[k] = load_tokenizer(p)
+        except (OSError, ValueError):
+            toks[k] = None
+    return toks
+
+
+def rows_per_model(models: Mapping[str, Any], routes: Sequence[str]) -> list[tuple[Any, torch.Tensor]]:
+    """``(model, row indices)`` per distinct model of ``routes`` (one route per row): routes that share a
+    checkpoint are scored by one call."""
+    keys = list(models)
+    owner = [id(models[route_of(keys, r)]) for r in routes]
+    by_id = {id(m): m for m in models.values()}
+    return [(by_id[mid], torch.tensor([b for b, o in enumerate(owner) if o == mid], dtype=torch.long))
+            for mid in dict.fromkeys(owner)]
+
+
 class Teachers:
     """One or more frozen teachers keyed by route; a single teacher scores every route."""
 
@@ -100,20 +131,9 @@ class Teachers:
     def load(cls, paths: Mapping[str, str | Path], student_tok: object, student_vocab_size: int,
              dtype: str = "float32", device: str = "cpu") -> Teachers:
         """Load every teacher and check its tokenizer against the student's before any compute."""
-        by_path: dict[str, torch.nn.Module] = {}  # routes that share a checkpoint share one model
-        models: dict[str, torch.nn.Module] = {}
-        for k, p in paths.items():
-            if str(p) not in by_path:
-                by_path[str(p)] = load_model(p, dtype, device)
-            models[k] = by_path[str(p)]
-        toks: dict[str, object | None] = {}
-        for k, p in paths.items():
-            try:
-                toks[k] = load_tokenizer(p)
-            except (OSError, ValueError):  # a checkpoint without tokenizer files: the vocab size check remains
-                toks[k] = None
+        models = one_per_checkpoint(paths, lambda p: load_model(p, dtype, device))
         sizes = {k: int(m.config.vocab_size) for k, m in models.items()}
-        check_tokenizers(student_tok, toks, student_vocab_size, sizes)
+        check_tokenizers(student_tok, teacher_tokenizers(paths), student_vocab_size, sizes)
         return cls(models)
 
     def route(self, key: str) -> str:
@@ -137,12 +157,8 @@ class Teachers:
                      fn: Callable[[torch.Tensor, torch.Tensor], torch.Tensor]) -> torch.Tensor:
         if len(routes) != input_ids.shape[0]:
             raise ValueError(f"{len(routes)} routes for {input_ids.shape[0]} rows")
-        # group rows by model (not by key): routes that share a checkpoint run one forward pass
-        owner = [id(self.models[self.route(r)]) for r in routes]
         out: torch.Tensor | None = None
-        for mid in dict.fromkeys(owner):
-            rows = torch.tensor([b for b, o in enumerate(owner) if o == mid], dtype=torch.long)
-            model = next(m for m in self.models.values() if id(m) == mid)
+        for model, rows in rows_per_model(self.models, routes):  # one forward pass per model, not per route
             dev = next(model.parameters()).device
             ids = input_ids[rows].to(dev)
             part = fn(model(input_ids=ids, attention_mask=attention_mask[rows].to(dev)).logits, ids).cpu()
@@ -174,20 +190,10 @@ class EngineTeachers:
 
         from adwin.backends.vllm_teacher import VLLMTeacher
 
-        toks: dict[str, object | None] = {}
-        for k, p in paths.items():
-            try:
-                toks[k] = load_tokenizer(p)
-            except (OSError, ValueError):
-                toks[k] = None
         sizes = {k: int(AutoConfig.from_pretrained(str(p)).vocab_size) for k, p in paths.items()}
-        check_tokenizers(student_tok, toks, student_vocab_size, sizes)
-        by_path: dict[str, Any] = {}
-        for p in paths.values():
-            if str(p) not in by_path:
-                by_path[str(p)] = VLLMTeacher.load(str(p), topk=1, dtype=dtype, gpu_memory_utilization=gpu_memory,
-                                                   max_model_len=max_model_len)
-        return cls({k: by_path[str(p)] for k, p in paths.items()})
+        check_tokenizers(student_tok, teacher_tokenizers(paths), student_vocab_size, sizes)
+        return cls(one_per_checkpoint(paths, lambda p: VLLMTeacher.load(
+            str(p), topk=1, dtype=dtype, gpu_memory_utilization=gpu_memory, max_model_len=max_model_len)))
 
     def route(self, key: str) -> str:
         return route_of(list(self.models), key)
@@ -197,11 +203,8 @@ class EngineTeachers:
         """As ``Teachers.score``: (B, L) right-padded rows -> (B, L) float32, one engine call per engine."""
         if len(routes) != input_ids.shape[0]:
             raise ValueError(f"{len(routes)} routes for {input_ids.shape[0]} rows")
-        owner = [id(self.models[self.route(r)]) for r in routes]
         out = torch.zeros(input_ids.shape, dtype=torch.float32)
-        for mid in dict.fromkeys(owner):
-            rows = torch.tensor([b for b, o in enumerate(owner) if o == mid], dtype=torch.long)
-            engine = next(m for m in self.models.values() if id(m) == mid)
+        for engine, rows in rows_per_model(self.models, routes):
             out[rows] = engine.score_rows(input_ids[rows].cpu(), attention_mask[rows].cpu())
         return out
 
