@@ -225,6 +225,11 @@ class EvalConfig(_Strict):
     k: int = Field(1, ge=1, le=1024, description="mean@k samples per problem")
     temperature: float = Field(1.0, ge=0.0, le=10.0)
     top_p: float = Field(1.0, gt=0.0, le=1.0)
+    batch_size: int = Field(64, ge=1, le=65_536, description="rows generated and scored together")
+    # rows that stopped leave the batch at once (adwin/sampling/compact.py): the same samples' distribution at
+    # a fraction of the cost when lengths vary; False = transformers' generate, run until a batch's longest row
+    # stops. With rollout.backend: vllm evaluation samples on vLLM either way (it never computes stopped rows)
+    compact: bool = True
 
 
 class ControllerSection(_Strict):

@@ -11,9 +11,9 @@ at most 1/4 and two methods sampled independently on each problem, the paired di
 averaged over ``k`` samples and ``S`` seeds has variance at most ``2 / (4 k S)``; problem-level variance
 cancels in the pairing. The CI half-width 1.96 * sqrt(1 / (2 k S n)) is <= h when
 ``n k S >= 1.96^2 / (2 h^2)``: 2,135 samples per method for h = 0.03 (:func:`samples_needed`). The
-default suite's 512 problems x k = 1 x 2 seeds = 1,024 do not (what fits its time budget on a 2-core
-machine); the measured half-width is reported next to every difference, since correlated methods do
-better and a bound is not a measurement.
+default suite's 1,024 problems x k = 1 x 2 seeds = 2,048 come close to that worst case; the measured
+half-width is reported next to every difference, since correlated methods do better and a bound is not a
+measurement.
 """
 
 from __future__ import annotations

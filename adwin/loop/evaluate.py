@@ -14,15 +14,18 @@ import torch
 
 from adwin.config import TrainConfig
 from adwin.loop.distributed import LocalDist
+from adwin.loop.engine import HFEngine
 from adwin.loop.parts import Parts
 from adwin.loop.sampler import Sampler
 from adwin.loop.sharding import seeds_for
 from adwin.objectives.losses import token_logprobs
+from adwin.sampling.compact import generate_compacting
+from adwin.sampling.rollout import encode_prompts, layout
 
 log = logging.getLogger(__name__)
 
 @torch.no_grad()
-def evaluate(parts: Parts, cfg: TrainConfig, gen: Sampler, chunk: int = 64,
+def evaluate(parts: Parts, cfg: TrainConfig, gen: Sampler, chunk: int | None = None,
              dist: LocalDist | None = None) -> dict[str, float]:
     """Accuracy mean@k on held-out problems and the teacher KL (k1 of KL(p || q)) on those rollouts.
 
@@ -34,7 +37,7 @@ def evaluate(parts: Parts, cfg: TrainConfig, gen: Sampler, chunk: int = 64,
     """
     with torch.random.fork_rng():
         torch.manual_seed(cfg.seed)
-        return _evaluate(parts, cfg, gen, chunk, dist or LocalDist())
+        return _evaluate(parts, cfg, gen, chunk or cfg.eval.batch_size, dist or LocalDist())
 
 
 def _evaluate(parts: Parts, cfg: TrainConfig, gen: Sampler, chunk: int, dist: LocalDist) -> dict[str, float]:
@@ -42,22 +45,38 @@ def _evaluate(parts: Parts, cfg: TrainConfig, gen: Sampler, chunk: int, dist: Lo
     problems = [p for p in parts.eval_prompts[: e.n_problems] for _ in range(e.k)]
     mine = dist.shard(len(problems))
     problems, first = problems[mine], mine.start
-    correct, kl_sum, kl_tokens, lengths = [], 0.0, 0.0, []
-    for i in range(0, len(problems), chunk):
-        part = problems[i : i + chunk]
-        seeds = seeds_for(cfg, "eval", 0, range(first + i, first + i + len(part)))
-        g = gen.roll_out(part, 1, cfg.rollout.max_response_len, evaluation=True, seeds=seeds)
-        texts = parts.tokenizer.batch_decode(g.response_ids, skip_special_tokens=True)
-        correct += [parts.checker(txt, p.answer) for txt, p in zip(texts, part, strict=True) if p.answer is not None]
-        rows = g.rows
-        dev = next(parts.student.parameters()).device
+    seeds = seeds_for(cfg, "eval", 0, range(first, first + len(problems)))
+    if e.compact and isinstance(gen.engine, HFEngine):
+        ctx = encode_prompts(parts.tokenizer, [p.prompt for p in problems], cfg.data.max_prompt_len)
+        responses = []
+        for i in range(0, len(problems), chunk):
+            responses += generate_compacting(parts.student, ctx[i : i + chunk], cfg.rollout.max_response_len,
+                                             eos=gen.eos, pad_id=gen.pad, temperature=e.temperature, top_p=e.top_p,
+                                             row_seeds=None if seeds is None else seeds[i : i + chunk]).response_ids
+        # score rows of similar length together: far less padding than problem order
+        order = sorted(range(len(problems)), key=lambda b: len(ctx[b]) + len(responses[b]))
+    else:  # one generate call per chunk of rows (vLLM batches continuously itself), scored in that order
+        ctx, responses = [], []
+        for i in range(0, len(problems), chunk):
+            b = gen.roll_out(problems[i : i + chunk], 1, cfg.rollout.max_response_len, evaluation=True,
+                             seeds=None if seeds is None else seeds[i : i + chunk])
+            ctx += b.prompt_ids
+            responses += b.response_ids
+        order = list(range(len(problems)))
+    texts = parts.tokenizer.batch_decode(responses, skip_special_tokens=True)
+    correct = [parts.checker(txt, p.answer) for txt, p in zip(texts, problems, strict=True) if p.answer is not None]
+    lengths = [len(r) for r in responses]
+    kl_sum, kl_tokens = 0.0, 0.0
+    dev = next(parts.student.parameters()).device
+    for i in range(0, len(order), chunk):
+        idx = order[i : i + chunk]
+        rows = layout([ctx[b] for b in idx], [responses[b] for b in idx], gen.pad)
         logits = parts.student(input_ids=rows.input_ids.to(dev), attention_mask=rows.attention_mask.to(dev)).logits
         s_lp = token_logprobs(logits, rows.input_ids.to(dev)).cpu()  # (b, L)
-        t_lp = parts.teachers.score(rows.input_ids, rows.attention_mask, [p.route for p in part])  # (b, L)
-        mask = rows.response_mask.float()
+        t_lp = parts.teachers.score(rows.input_ids, rows.attention_mask, [problems[b].route for b in idx])  # (b, L)
+        mask = rows.response_mask.float()  # (b, L)
         kl_sum += float(((s_lp - t_lp) * mask).sum())
         kl_tokens += float(mask.sum())
-        lengths += [len(r) for r in g.response_ids]
     if dist.world == 1:
         out = {"eval/teacher_kl": kl_sum / max(kl_tokens, 1.0), "eval/mean_len": float(np.mean(lengths))}
         if correct:
