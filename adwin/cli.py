@@ -21,6 +21,7 @@ COMMANDS: list[tuple[tuple[str, ...], str, str]] = [
     (("bench", "controller"), "adwin.bench.controller", "latency and throughput of the controller service"),
     (("bench", "probes"), "adwin.bench.probes", "wall time of fixed vs ADWIN with inline, thread and Ray probe workers"),
     (("bench", "scale"), "adwin.bench.scale", "steps/s on 1 and 2 data-parallel processes, and the audit combine's cost"),
+    (("bench", "eval"), "adwin.bench.evaluation", "evaluation cost: transformers' generate vs the compacting sampler"),
     (("bench", "compare"), "adwin.bench.compare", "every window method side by side: accuracy, tokens, FLOPs, time"),
 ]
 

@@ -3,7 +3,7 @@
 transformers' ``generate`` runs a batch until its longest row stops; rows that emitted EOS stay in the
 batch as padding, attended to and cached at every step. When lengths vary (the built-in tasks: 30 to 320
 tokens in one batch) most of the work is padding. This loop is ``generate``'s sampling loop on the
-model's own KV cache (``DynamicCache``), with one change: after each token the rows that stopped leave
+model's own KV cache (the ``DynamicCache`` it builds), with one change: after each token the rows that stopped leave
 the batch (``Cache.batch_select_indices``), so a step costs what its live rows cost.
 
 The samples are ``generate``'s: the same tempered, top-p filtered distribution (transformers' own
@@ -36,19 +36,20 @@ def generate_compacting(model: torch.nn.Module, contexts: Sequence[Sequence[int]
     finished = [False] * n
     if n == 0 or budget <= 0:
         return Generation(responses, finished, None)
-    from transformers import DynamicCache
-
     device = next(model.parameters()).device
     ids, mask = left_pad(contexts, pad_id, device)  # (B, T)
     pick = _sampler(temperature, top_p, row_seeds, device)
     live = torch.arange(n, device=device)  # (b,) original row of each batch row
     positions = (mask.sum(dim=1) - 1).clamp_min(0)  # (b,) position of each row's last token
-    cache = DynamicCache()
     was_training = model.training
     model.eval()
     try:
-        logits = model(input_ids=ids, attention_mask=mask, position_ids=(mask.cumsum(-1) - 1).clamp_min(0),
-                       past_key_values=cache, use_cache=True).logits[:, -1]  # (b, V)
+        # the model builds its own cache (a DynamicCache laid out for its layer types, sliding windows included)
+        out = model(input_ids=ids, attention_mask=mask, position_ids=(mask.cumsum(-1) - 1).clamp_min(0), use_cache=True)
+        logits, cache = out.logits[:, -1], out.past_key_values  # (b, V)
+        if cache is None or not hasattr(cache, "batch_select_indices"):
+            raise ValueError(f"{type(model).__name__} returned no KV cache that can drop rows; evaluate with "
+                             "eval.compact=false (transformers' generate)")
         eos_t = torch.tensor(sorted(eos), device=device)
         for step in range(budget):
             tokens = pick(logits, live)  # (b,)

@@ -64,3 +64,18 @@ def test_the_model_keeps_its_mode_and_empty_requests_generate_nothing(model) -> 
     assert generate_compacting(model, CONTEXTS[:2], 0, eos=EOS, pad_id=0).response_ids == [[], []]
     with pytest.raises(ValueError, match="row_seeds"):
         generate_compacting(model, CONTEXTS[:2], 3, eos=EOS, pad_id=0, row_seeds=[1])
+
+
+def test_a_model_without_a_droppable_cache_is_refused_naming_the_fallback(model) -> None:
+    class NoCache(torch.nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.inner = model
+
+        def forward(self, **kw):
+            out = self.inner(**kw)
+            out.past_key_values = None
+            return out
+
+    with pytest.raises(ValueError, match="eval.compact=false"):
+        generate_compacting(NoCache(), CONTEXTS[:2], 3, eos=EOS, pad_id=0)
