@@ -25,8 +25,7 @@ from adwin.sampling.rollout import encode_prompts, layout
 log = logging.getLogger(__name__)
 
 @torch.no_grad()
-def evaluate(parts: Parts, cfg: TrainConfig, gen: Sampler, chunk: int | None = None,
-             dist: LocalDist | None = None) -> dict[str, float]:
+def evaluate(parts: Parts, cfg: TrainConfig, gen: Sampler, dist: LocalDist | None = None) -> dict[str, float]:
     """Accuracy mean@k on held-out problems and the teacher KL (k1 of KL(p || q)) on those rollouts.
 
     Samples from its own seeded RNG (``cfg.seed``), restoring the training RNG after: every evaluation of a
@@ -37,11 +36,12 @@ def evaluate(parts: Parts, cfg: TrainConfig, gen: Sampler, chunk: int | None = N
     """
     with torch.random.fork_rng():
         torch.manual_seed(cfg.seed)
-        return _evaluate(parts, cfg, gen, chunk or cfg.eval.batch_size, dist or LocalDist())
+        return _evaluate(parts, cfg, gen, dist or LocalDist())
 
 
-def _evaluate(parts: Parts, cfg: TrainConfig, gen: Sampler, chunk: int, dist: LocalDist) -> dict[str, float]:
+def _evaluate(parts: Parts, cfg: TrainConfig, gen: Sampler, dist: LocalDist) -> dict[str, float]:
     e = cfg.eval
+    chunk = e.batch_size  # rows generated and scored together
     problems = [p for p in parts.eval_prompts[: e.n_problems] for _ in range(e.k)]
     mine = dist.shard(len(problems))
     problems, first = problems[mine], mine.start
@@ -50,7 +50,7 @@ def _evaluate(parts: Parts, cfg: TrainConfig, gen: Sampler, chunk: int, dist: Lo
         ctx = encode_prompts(parts.tokenizer, [p.prompt for p in problems], cfg.data.max_prompt_len)
         responses = []
         for i in range(0, len(problems), chunk):
-            responses += generate_compacting(parts.student, ctx[i : i + chunk], cfg.rollout.max_response_len,
+            responses += generate_compacting(gen.engine.model, ctx[i : i + chunk], cfg.rollout.max_response_len,
                                              eos=gen.eos, pad_id=gen.pad, temperature=e.temperature, top_p=e.top_p,
                                              row_seeds=None if seeds is None else seeds[i : i + chunk]).response_ids
         # score rows of similar length together: far less padding than problem order
