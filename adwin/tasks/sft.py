@@ -12,6 +12,7 @@ import statistics
 import time
 from collections.abc import Callable
 
+import numpy as np
 import torch
 from transformers import LlamaForCausalLM, PreTrainedTokenizerBase
 
@@ -32,18 +33,37 @@ def encode_example(
 ) -> tuple[list[int], list[int]]:
     """Token ids of <bos> prompt response <eos>, and the labels (-100 on the prompt, on planted
     mistakes, see :mod:`adwin.tasks.noise`, and on what ``task`` hides from the student phase)."""
+    return encode_examples(tokenizer, [problem], rng, noise_line_rate, task, student_phase)[0]
+
+
+def encode_examples(
+    tokenizer: PreTrainedTokenizerBase,
+    problems: list[Problem],
+    rng: random.Random | None = None,
+    noise_line_rate: float = 0.0,
+    task: BuiltinTask | None = None,
+    student_phase: bool = False,
+) -> list[tuple[list[int], list[int]]]:
+    """:func:`encode_example` of every problem, writing them in order from one ``rng`` (so the same
+    mistakes are planted as one call per problem would) and tokenizing in two batched calls: one call
+    per text cost half of a prepare's data preparation."""
     task = task or get_task(DEFAULT_TASK)
-    prompt_ids = tokenizer(problem.prompt)["input_ids"]
-    text, trained = task.write(problem, rng or random.Random(0), noise_line_rate, student_phase)
-    response_ids = tokenizer(text, add_special_tokens=False)["input_ids"]
-    # a writer may flag the EOS itself (one flag more than characters); else it follows the last character
-    eos_trained = trained[len(text)] if len(trained) > len(text) else trained[-1]
-    trained = trained[: len(text)]
-    if len(response_ids) != len(trained):
-        raise ValueError("the built-in task's tokenizer must be character-level")
-    ids = prompt_ids + response_ids + [tokenizer.eos_token_id]
-    labels = [-100] * len(prompt_ids) + [t if ok else -100 for t, ok in zip(response_ids, trained, strict=True)]
-    return ids, labels + [tokenizer.eos_token_id if eos_trained else -100]
+    rng = rng or random.Random(0)
+    written = [task.write(p, rng, noise_line_rate, student_phase) for p in problems]
+    prompts = tokenizer([p.prompt for p in problems])["input_ids"]
+    responses = tokenizer([text for text, _ in written], add_special_tokens=False)["input_ids"]
+    eos = tokenizer.eos_token_id
+    out = []
+    for prompt_ids, response_ids, (text, trained) in zip(prompts, responses, written, strict=True):
+        # a writer may flag the EOS itself (one flag more than characters); else it follows the last character
+        eos_trained = trained[len(text)] if len(trained) > len(text) else trained[-1]
+        trained = trained[: len(text)]
+        if len(response_ids) != len(trained):
+            raise ValueError("the built-in task's tokenizer must be character-level")
+        ids = prompt_ids + response_ids + [eos]
+        labels = [-100] * len(prompt_ids) + [t if ok else -100 for t, ok in zip(response_ids, trained, strict=True)]
+        out.append((ids, labels + [eos if eos_trained else -100]))
+    return out
 
 
 def make_batches(
@@ -58,7 +78,7 @@ def make_batches(
     """(input_ids, attention_mask, labels) batches, each (B, T). Examples are grouped by length within
     chunks of 8 batches so that padding wastes little compute, then the batch order is shuffled."""
     noise_rng = random.Random(f"adwin-noise:{seed}")
-    encoded = [encode_example(tokenizer, p, noise_rng, noise_line_rate, task, student_phase) for p in problems]
+    encoded = encode_examples(tokenizer, problems, noise_rng, noise_line_rate, task, student_phase)
     rng = random.Random(seed)
     chunk = batch_size * 8
     batches = []
@@ -67,13 +87,14 @@ def make_batches(
         for b in range(0, len(group), batch_size):
             part = group[b : b + batch_size]
             width = max(len(ids) for ids, _ in part)
-            input_ids = torch.full((len(part), width), tokenizer.pad_token_id, dtype=torch.long)  # (B, T)
-            mask = torch.zeros((len(part), width), dtype=torch.long)  # (B, T)
-            labels = torch.full((len(part), width), -100, dtype=torch.long)  # (B, T)
+            input_ids = np.full((len(part), width), tokenizer.pad_token_id, dtype=np.int64)  # (B, T)
+            mask = np.zeros((len(part), width), dtype=np.int64)  # (B, T)
+            labels = np.full((len(part), width), -100, dtype=np.int64)  # (B, T)
             for i, (ids, example_labels) in enumerate(part):
-                input_ids[i, : len(ids)] = torch.tensor(ids)
+                input_ids[i, : len(ids)] = ids
                 mask[i, : len(ids)] = 1
-                labels[i, : len(ids)] = torch.tensor(example_labels)
+                labels[i, : len(ids)] = example_labels
+            input_ids, mask, labels = (torch.from_numpy(a) for a in (input_ids, mask, labels))
             batches.append((input_ids, mask, labels))
     rng.shuffle(batches)
     return batches
@@ -153,32 +174,19 @@ def generate_responses(
     seed: int,
     batch_size: int = 256,
 ) -> list[str]:
-    """Responses (decoded, special tokens dropped). Prompts are batched by token length so no
-    padding is needed (all task prompts are 24 or 25 tokens)."""
+    """Responses (decoded, special tokens dropped), sampled by the evaluation's sampler, which drops a
+    row from the batch once it stopped (:func:`adwin.sampling.compact.generate_compacting`): a batch
+    of students that ramble to the horizon beside ones that stop early costs what its live rows cost."""
+    from adwin.sampling.compact import generate_compacting
+
     model.eval()
     torch.manual_seed(seed)
     encoded = [tokenizer(p)["input_ids"] for p in prompts]
-    order = sorted(range(len(prompts)), key=lambda i: len(encoded[i]))
-    out: list[str] = [""] * len(prompts)
-    i = 0
-    while i < len(order):
-        length = len(encoded[order[i]])
-        idx = [j for j in order[i : i + batch_size] if len(encoded[j]) == length]
-        input_ids = torch.tensor([encoded[j] for j in idx])  # (B, P)
-        gen = model.generate(
-            input_ids=input_ids,
-            attention_mask=torch.ones_like(input_ids),
-            max_new_tokens=max_new_tokens,
-            do_sample=temperature > 0,
-            temperature=temperature if temperature > 0 else None,
-            top_k=0 if temperature > 0 else None,
-            top_p=None,
-            pad_token_id=tokenizer.pad_token_id,
-            eos_token_id=tokenizer.eos_token_id,
-        )  # (B, P + new)
-        for row, j in enumerate(idx):
-            out[j] = tokenizer.decode(gen[row, input_ids.shape[1] :], skip_special_tokens=True)
-        i += len(idx)
+    out: list[str] = []
+    for start in range(0, len(prompts), batch_size):
+        gen = generate_compacting(model, encoded[start : start + batch_size], max_new_tokens,
+                                  eos={tokenizer.eos_token_id}, pad_id=tokenizer.pad_token_id, temperature=temperature)
+        out += [tokenizer.decode(ids, skip_special_tokens=True) for ids in gen.response_ids]
     return out
 
 

@@ -43,3 +43,23 @@ def test_lr_schedule_warms_up_then_decays_to_floor() -> None:
 def test_profiles_snapshot_the_student_before_the_teacher_finishes() -> None:
     for spec in PROFILE_SPECS.values():
         assert 0 < spec.student_step < spec.schedule.steps
+
+
+@pytest.mark.parametrize("task_name", ["chain", "chain-late"])
+@pytest.mark.parametrize("student_phase", [False, True])
+def test_batched_encoding_plants_the_mistakes_one_call_per_problem_would(tok, task_name, student_phase) -> None:
+    """encode_examples writes every response before tokenizing; the planted mistakes (drawn from one rng
+    in problem order) and the labels must be what encoding the problems one by one gives."""
+    import random
+
+    from adwin.tasks.sft import encode_examples
+    from adwin.tasks.suite import get_task
+
+    task = get_task(task_name)
+    problems = task.problems(40, seed=3)
+    one_by_one_rng, batched_rng = random.Random(5), random.Random(5)
+    one_by_one = [encode_example(tok, p, one_by_one_rng, 0.3, task, student_phase) for p in problems]
+    batched = encode_examples(tok, problems, batched_rng, 0.3, task, student_phase)
+    assert batched == one_by_one
+    assert any(-100 in labels[len(tok(p.prompt)["input_ids"]):] for (_, labels), p in zip(batched, problems, strict=True))
+    assert one_by_one_rng.random() == batched_rng.random()  # the same number of draws
