@@ -17,8 +17,10 @@ FOLDERS = {"adwin": "adwin", "adwin.controller": "controller", "adwin.probes": "
 # The pipeline's layers, bottom first. A module may import its own layer and the layers below it,
 # never one above (function-level imports count too).
 LAYERS: list[tuple[str, ...]] = [
-    ("adwin.objectives", "adwin.tasks", "adwin.backends"),  # math of the losses; the built-in task; engines
-    ("adwin.audit", "adwin.policies", "adwin.sampling"),  # alignment audit; window policies; rollouts, teacher, prompts
+    ("adwin.objectives", "adwin.backends"),  # math of the losses; engines
+    # alignment audit; window policies; rollouts, teacher, prompts; the built-in tasks (whose prompts the sampling
+    # package serves, and whose prepare measures accuracy with the evaluation's sampler)
+    ("adwin.audit", "adwin.policies", "adwin.sampling", "adwin.tasks"),
     ("adwin.config", "adwin.config_common", "adwin.config_loss", "adwin.config_oapl", "adwin.config_engines"),  # pydantic models of a run
     ("adwin.controller",),
     ("adwin.probes",),

@@ -1,4 +1,5 @@
-"""The inline probe backend's extender when rows are seeded or ranks share a round: ``RoundExtender``.
+"""The inline probe backend's extender: ``RoundExtender``. Probes continue on the rollout engine
+(``Sampler.generate``), sampling like the rollouts and recording behavior logprobs.
 
 Every rank holds the same probe pool and runs the same plan (the bookkeeping is replicated, see
 ``adwin.loop.rank_zero``), so every rank is handed the same round. Each rank extends its contiguous share

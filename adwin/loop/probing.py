@@ -289,10 +289,9 @@ def open_probe_side(cfg: TrainConfig, controller: ControllerAPI, run_id: str, pa
     if not (is_audited(cfg.window.policy) and cfg.probes.offers_per_step > 0):
         return side
     p, r = cfg.probes, cfg.rollout
-    extend = gen.extend
-    if dist.world > 1 or r.seeding == "per_sample":
-        extend = RoundExtender(gen.generate, r.temperature, r.top_p, dist,
-                               cfg.seed if r.seeding == "per_sample" else None, lambda: side.executor.version)
+    # inline probes continue on the rollout engine; the thread/Ray workers extend on their own replicas
+    extend = RoundExtender(gen.generate, r.temperature, r.top_p, dist,
+                           cfg.seed if r.seeding == "per_sample" else None, lambda: side.executor.version)
     side.executor = build_executor(p.backend, side.pool, parts.student, eos=gen.eos, pad_id=gen.pad,
                                    temperature=r.temperature, top_p=r.top_p, extend=extend, workers=p.workers,
                                    ray_address=p.ray_address, ray_num_cpus=p.ray_num_cpus,

@@ -1,5 +1,6 @@
 """A step's rollouts (``Batch``) and the one student sampler that makes them (``Sampler``): rollouts,
-evaluation and (inline) probe extension all go through it, on the engine ``rollout.backend`` names."""
+evaluation and inline probe extension (``adwin.loop.probe_rounds.RoundExtender`` over ``Sampler.generate``)
+all go through it, on the engine ``rollout.backend`` names."""
 
 from __future__ import annotations
 
@@ -9,7 +10,6 @@ from typing import Literal
 from adwin.config import TrainConfig
 from adwin.loop.engine import HFEngine, RolloutEngine, VLLMEngine
 from adwin.loop.parts import Parts
-from adwin.probes.pool import Extension
 from adwin.sampling.data import Prompt
 from adwin.sampling.rollout import Generation, Rows, encode_prompts, eos_ids, layout, pad_id_of
 
@@ -61,13 +61,6 @@ class Sampler:
             self.sync_weights(self.version)
         return self.engine.generate(contexts, budgets, temperature=temperature, top_p=top_p,
                                     with_logprobs=with_logprobs, row_seeds=row_seeds)
-
-    def extend(self, contexts: list[list[int]], budgets: list[int]) -> Extension:
-        """The inline probe backend's ``Extender``: probes continue on the rollout engine, sampling like the
-        rollouts and recording behavior logprobs (thread/Ray workers extend on their own replicas instead)."""
-        r = self.cfg.rollout
-        g = self.generate(contexts, budgets, temperature=r.temperature, top_p=r.top_p, with_logprobs=True)
-        return Extension(g.response_ids, g.logprobs or [[] for _ in contexts], g.finished)
 
     def roll_out(self, prompts: list[Prompt], n: int, window: int, *, evaluation: bool = False,
                  seeds: list[int] | None = None) -> Batch:

@@ -23,6 +23,7 @@ from adwin.config import load_config
 from adwin.controller import Controller
 from adwin.loop.engine import VLLMEngine
 from adwin.loop.parts import load_parts
+from adwin.loop.probe_rounds import RoundExtender
 from adwin.loop.sampler import Sampler
 from adwin.loop.trainer import train
 from adwin.sampling.teacher import EngineTeachers, Teachers, load_model
@@ -45,7 +46,7 @@ def _vllm_run(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, **extra: object):
     real_open = VLLMEngine.load.__func__  # type: ignore[attr-defined]
     monkeypatch.setattr(VLLMEngine, "load", classmethod(lambda cls, *a: engines.append(real_open(cls, *a))
                                                         or engines[-1]))
-    roll_out, extend = Sampler.roll_out, Sampler.extend
+    roll_out, extend = Sampler.roll_out, RoundExtender.__call__
     calls: list[tuple[str, object]] = []  # (kind, window or the positive budgets), one per Sampler call
 
     def spy_roll_out(self, prompts, n, window, *, evaluation=False, seeds=None):  # type: ignore[no-untyped-def]
@@ -59,7 +60,7 @@ def _vllm_run(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, **extra: object):
         return extend(self, contexts, budgets)
 
     monkeypatch.setattr(Sampler, "roll_out", spy_roll_out)
-    monkeypatch.setattr(Sampler, "extend", spy_extend)
+    monkeypatch.setattr(RoundExtender, "__call__", spy_extend)
     res = train(cfg, Controller(), parts)
     return cfg, res, fake, engines, loaded, calls
 

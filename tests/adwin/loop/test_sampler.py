@@ -11,7 +11,9 @@ import torch
 from tiny_models import make_tiny_llama
 
 from adwin.config import load_config
+from adwin.loop.distributed import LocalDist
 from adwin.loop.engine import HFEngine
+from adwin.loop.probe_rounds import RoundExtender
 from adwin.loop.sampler import Sampler
 from adwin.probes.extender import ModelExtender
 from adwin.sampling.data import Prompt
@@ -46,7 +48,7 @@ def test_hf_engine_probe_extension_is_the_model_extender_the_inline_backend_ran(
     gen = _sampler()
     ctx = [[1, 5, 6, 7], [1, 8, 9]]
     torch.manual_seed(5)
-    got = gen.extend(ctx, [5, 3])
+    got = RoundExtender(gen.generate, 0.9, 0.95, LocalDist(), seed=None)(ctx, [5, 3])
     torch.manual_seed(5)
     want = ModelExtender(gen.parts.student, gen.eos, gen.pad, 0.9, 0.95)(ctx, [5, 3])
     assert got == want
@@ -75,7 +77,7 @@ def test_rollouts_evaluation_and_probes_share_the_engine_which_is_synced_before_
     assert eng.syncs == [0]
     gen.sync_weights(1)
     gen.roll_out(PROMPTS, 1, 16, evaluation=True)
-    ext = gen.extend([[1, 2, 3]], [4])
+    ext = RoundExtender(gen.generate, 0.9, 0.95, LocalDist(), seed=None)([[1, 2, 3]], [4])  # the inline extender
     assert eng.syncs == [0, 1]
     assert eng.calls == [([6] * 4, 0.9, False), ([16] * 2, 0.0, False), ([4], 0.9, True)]
     assert ext.tokens == [[7]] and ext.logprobs == [[-1.0]]
