@@ -43,11 +43,10 @@ def corrupt_solution(problem: Problem, rng: random.Random, line_rate: float) -> 
     x, counter, lines = problem.x, problem.n, 0
     while counter >= 1:
         kind = rng.choice(KINDS) if rng.random() < line_rate else None
-        if kind is None:  # most lines: in one piece, the characters the field-by-field path below writes unflagged
-            p = first_op(problem.route, x, problem.a)
-            q = second_op(problem.route, p, problem.b)
-            put(f"{counter:02d}:{x}{op1}{problem.a}={p}{op2}{problem.b}={q}\n")
-            x, counter, lines = q, counter - 1, lines + 1
+        if kind is None:  # most lines: the clean line in one piece (what the field-by-field path below writes unflagged)
+            line, x = problem.line(counter, x)
+            put(line)
+            counter, lines = counter - 1, lines + 1
             continue
         if kind == "counter":
             # a wrong counter is followed, so the response must still fit MAX_STEPS lines
