@@ -47,6 +47,8 @@ def encode_examples(
     """:func:`encode_example` of every problem, writing them in order from one ``rng`` (so the same
     mistakes are planted as one call per problem would) and tokenizing in two batched calls: one call
     per text cost half of a prepare's data preparation."""
+    if not problems:  # a tokenizer's batched call fails on an empty list
+        return []
     task = task or get_task(DEFAULT_TASK)
     rng = rng or random.Random(0)
     written = [task.write(p, rng, noise_line_rate, student_phase) for p in problems]

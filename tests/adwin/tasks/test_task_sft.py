@@ -63,3 +63,7 @@ def test_batched_encoding_plants_the_mistakes_one_call_per_problem_would(tok, ta
     assert batched == one_by_one
     assert any(-100 in labels[len(tok(p.prompt)["input_ids"]):] for (_, labels), p in zip(batched, problems, strict=True))
     assert one_by_one_rng.random() == batched_rng.random()  # the same number of draws
+
+
+def test_no_problems_make_no_batches(tok) -> None:
+    assert make_batches(tok, [], batch_size=8, seed=0) == []
