@@ -99,3 +99,46 @@ def test_every_test_the_docs_name_exists() -> None:
                       if not (ROOT / m.group(1)).is_file()
                       or f"def {m.group(2)}(" not in (ROOT / m.group(1)).read_text()})
     assert not missing, f"the docs name tests that do not exist: {missing}"
+
+
+# The docs describe the product, not the work: history lives in git.
+WORK_WORDS = re.compile(r"\bsessions? \d|\b(?:this|that|each|every|a|one|another|earlier|later|next|previous) session\b"
+                        r"|\bsession's\b|\bissues? \d+\b|(?<![\w&])#\d+\b|/tmp/|\bsprint\b", re.I)
+
+
+@pytest.mark.parametrize("doc", [_rel(d) for d in DOCS])
+def test_no_page_speaks_of_work_periods_tracker_numbers_or_tmp_paths(doc: str) -> None:
+    text = (ROOT / doc).read_text()
+    bad = [f"{doc}:{i}: {m.group(0)!r}" for i, line in enumerate(text.splitlines(), 1)
+           for m in WORK_WORDS.finditer(line)]
+    assert not bad, f"say it as what the product does, pinned to a commit where it is a measurement: {bad[:10]}"
+
+
+def test_every_doc_page_is_linked_from_the_readme_or_the_design_doc() -> None:
+    hubs = (ROOT / "README.md").read_text() + (ROOT / "docs" / "design.md").read_text()
+    orphans = [_rel(d) for d in DOCS[1:] if d.name != "design.md" and d.name not in hubs]
+    assert not orphans, f"link these pages from README.md or docs/design.md: {orphans}"
+
+
+SECTION_CITED = re.compile(r"docs/(\w+\.md),?\s+\"([^\"]+)\"")
+
+
+def _headings(doc: Path) -> list[str]:
+    return [line.lstrip("#").strip().strip("`") for line in doc.read_text().splitlines() if line.startswith("#")]
+
+
+def test_every_cited_section_of_a_doc_exists() -> None:
+    """``docs/benchmarks.md, "Probe workers"``: a heading of that page starts with the cited words."""
+    bad = []
+    for p in SOURCES + [ROOT / "README.md"]:
+        text = " ".join(p.read_text(errors="replace").split())
+        for m in SECTION_CITED.finditer(text):
+            page = ROOT / "docs" / m.group(1)
+            if page.is_file() and not any(h.startswith(m.group(2).strip("`")) for h in _headings(page)):
+                bad.append(f"{_rel(p)}: {m.group(1)} \"{m.group(2)}\"")
+    assert not bad, f"these cite sections that do not exist: {sorted(set(bad))}"
+
+
+def test_the_readme_and_the_benchmarks_page_stay_readable_in_length() -> None:
+    assert len((ROOT / "README.md").read_text().splitlines()) <= 200
+    assert len((ROOT / "docs" / "benchmarks.md").read_text().splitlines()) <= 700

@@ -4,7 +4,7 @@ On-policy distillation scores the *student's* rollouts, and a weak student makes
 teacher trained only on clean solutions has never seen a prefix with a wrong digit or a wrong
 counter, and its predictions there are arbitrary: we measured that a clean-only teacher rated
 "keep writing lines" as likely after a derailed counter, so OPD taught the student to ramble and its
-accuracy fell with every window policy (docs/benchmarks.md, "Built-in task").
+accuracy fell with every window policy (docs/decisions.md, "Built-in task: the teacher is trained to continue after mistakes").
 
 The fix is the task's own local rule: every line follows from what the previous line *wrote*, and the
 answer follows the line whose counter is ``01``. :func:`corrupt_solution` writes a solution in which a

@@ -1,5 +1,5 @@
 """What `adwin prepare` spends outside the SFT steps, the current code against the way it was done before,
-side by side in one process (docs/benchmarks.md, "Prepare: data and evaluation cost").
+side by side in one process (docs/benchmarks.md, "adwin prepare").
 
 * data: the SFT batches of 32,000 `chain` examples (what the 2,000 steps x 16 consume), written and
   tokenized one example at a time with a tensor per row (before) and by `adwin.tasks.sft.make_batches`

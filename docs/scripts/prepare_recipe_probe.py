@@ -1,4 +1,4 @@
-"""Probe a cheaper SFT recipe for `adwin prepare` (docs/task.md, "Prepare time"): train a built-in task's
+"""Probe a cheaper SFT recipe for `adwin prepare` (docs/task.md, "Targets and measured numbers"): train a built-in task's
 model with another step count, batch or model size and print, at each checkpoint, the T = 1 accuracy and
 the teacher-forced phase skill on held-out problems. The steps up to --student are the student's (what
 `chain-late` hides from them stays hidden); one line of JSON per checkpoint.
