@@ -14,7 +14,10 @@ import logging
 import os
 import sys
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:  # imported inside the functions at run time: `adwin train --help` stays fast
+    from adwin.config import ConfigSource, TrainConfig
 
 log = logging.getLogger(__name__)
 
@@ -166,7 +169,7 @@ def launch(nproc: int, argv: list[str] | None) -> int:
     return subprocess.run(cmd, check=False).returncode
 
 
-def open_controller(cfg: Any, checkpoint: Path | None = None) -> tuple[Any, Any, str | None]:
+def open_controller(cfg: TrainConfig, checkpoint: Path | None = None) -> tuple[Any, Any, str | None]:
     """The controller the run talks to, a stop callback for its HTTP server, and its dashboard URL.
 
     A remote controller is wrapped in degraded mode (``adwin.runtime.resilient_controller``); an embedded one
@@ -189,10 +192,11 @@ def open_controller(cfg: Any, checkpoint: Path | None = None) -> tuple[Any, Any,
     return controller, stop, url
 
 
-def run(cfg: Any, profile: str = "default", resume: Path | None = None, source: Any = None) -> int:
+def run(cfg: TrainConfig, profile: str = "default", resume: Path | None = None,
+        source: ConfigSource | None = None) -> int:
     """One process of the run: the whole run, or one rank of a data-parallel run started by torchrun
     (rank 0 alone opens the controller, serves the dashboard, shows progress and writes the summary).
-    ``source`` (a ``ConfigSource``) is written to the run folder as ``config_source.txt``; a resumed run keeps
+    ``source`` is written to the run folder as ``config_source.txt``; a resumed run keeps
     the one its first start wrote."""
     from transformers.utils import logging as hf_logging
 
@@ -212,7 +216,7 @@ def run(cfg: Any, profile: str = "default", resume: Path | None = None, source: 
         dist.close()
 
 
-def _run(cfg: Any, profile: str, resume: Path | None, dist: Any) -> int:
+def _run(cfg: TrainConfig, profile: str, resume: Path | None, dist: Any) -> int:
     import torch
     from rich.console import Console
 
@@ -294,5 +298,5 @@ class _Bar:
         self.bar.close()
 
 
-def _progress(cfg: Any) -> _Bar | None:
+def _progress(cfg: TrainConfig) -> _Bar | None:
     return _Bar(cfg.steps) if cfg.logging.progress else None

@@ -118,3 +118,5 @@ def test_wheel_has_no_generic_top_level_modules(tmp_path):
     assert not tops & {"controller", "probes", "trainer_adapters", "tests", "configs"}
     names = zipfile.ZipFile(wheel).namelist()
     assert "adwin/controller/api.py" in names and "adwin/probes/__init__.py" in names
+    presets = {n for n in names if n.startswith("adwin/configs/") and n.endswith(".yaml")}
+    assert presets == {f"adwin/configs/{p.name}" for p in (ROOT / "configs").glob("*.yaml")}  # shipped presets

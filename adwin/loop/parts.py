@@ -112,9 +112,7 @@ def load_prompts(cfg: TrainConfig) -> tuple[TrainPrompts, list[Prompt]]:
 
 def run_spec(cfg: TrainConfig) -> RunIn:
     w, p = cfg.window, cfg.probes
-    policy = PolicyIn(name=w.policy, candidates=w.candidates, threshold=w.threshold,
-                      max_len=cfg.rollout.max_response_len, initial=w.initial, window=w.window,
-                      start=w.start, step=w.step, options=w.policy_options())
+    policy = PolicyIn(name=w.policy, max_len=cfg.rollout.max_response_len, options=w.policy_options(), **w.knobs())
     return RunIn(name=cfg.name, policy=policy, probe_batch_size=p.batch_size, staleness_limit=p.staleness_limit,
                  offers_per_step=p.offers_per_step, max_active_probes=p.max_active, lookahead=p.lookahead,
                  selection=p.selection, seed=cfg.seed, config=cfg.model_dump(mode="json"))
