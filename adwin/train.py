@@ -11,7 +11,6 @@ from __future__ import annotations
 import argparse
 import json
 import logging
-import os
 import sys
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -105,45 +104,42 @@ def config_error(e: Exception) -> str:
 def main(args: argparse.Namespace) -> int:
     from pydantic import ValidationError
 
-    from adwin.config import ConfigSource, fit_world, load_config, load_source
+    from adwin.config import ConfigSource, load_config, load_source
+    from adwin.loop.distributed import launched_world
     from adwin.policies.base import WindowConfigError
 
     resume = Path(args.resume) if getattr(args, "resume", None) else None
+    nproc = getattr(args, "nproc", None)
     try:
+        if nproc is not None and nproc < 1:
+            raise ValueError(f"--nproc must be at least 1, got {nproc}")
+        world = nproc or launched_world()
         overrides = _overrides(args)
         if resume is not None:  # the run's own resolved config; it lives where it already is
             path = resume / "config.json"
             if not path.is_file():
                 raise ValueError(f"--resume {resume}: not a run folder (no config.json)")
             overrides.update({"out_dir": str(resume.parent), "name": resume.name})
-            cfg, source = load_config(path, overrides), ConfigSource(path.resolve())
+            cfg, source = load_config(path, overrides, world=world), ConfigSource(path.resolve())
             log.info("config: %s", source.describe())
         else:
-            cfg, source = load_source(args.config, overrides)
+            cfg, source = load_source(args.config, overrides, world=world)
     except (ValidationError, WindowConfigError, ValueError) as e:
         sys.stderr.write(f"adwin train: {config_error(e)}\n")
         return 2
     from adwin.backends import BackendUnavailable, check_backends
-    from adwin.loop.distributed import launched_world
     from adwin.loop.sharding import check_data_parallel
 
-    nproc = getattr(args, "nproc", None)
     try:
-        if nproc is not None and nproc < 1:
-            raise ValueError(f"--nproc must be at least 1, got {nproc}")
-        world = nproc or launched_world()
-        fitted = fit_world(cfg, world)
-        if fitted is not cfg and os.environ.get("RANK", "0") == "0":  # the command the user typed, and rank 0
-            log.info("probes.backend: inline (probes extended on the %d ranks themselves; the thread and ray "
-                     "backends work with one process only)", world)
-        cfg = fitted
         check_backends(cfg)
         check_data_parallel(cfg, world)
-    except (BackendUnavailable, ValidationError, ValueError) as e:
-        sys.stderr.write(f"adwin train: {config_error(e)}\n")
+    except (BackendUnavailable, ValueError) as e:
+        sys.stderr.write(f"adwin train: {e}\n")
         return 2
     if nproc is not None and nproc > 1 and launched_world() == 1:
-        return launch(nproc, getattr(args, "argv", None))
+        # the ranks get the backend chosen here by name: they neither choose nor log it again
+        named = ["--probe-backend", "inline"] if args.probe_backend is None and cfg.probes.backend == "inline" else []
+        return launch(nproc, [*(getattr(args, "argv", None) or sys.argv[1:]), *named])
     return run(cfg, profile=args.profile, resume=resume, source=None if resume is not None else source)
 
 

@@ -26,7 +26,7 @@ from adwin.config.loading import (
 )
 from adwin.config.loss import LossConfig
 from adwin.config.oapl import OAPLSection
-from adwin.config.run import TrainConfig, check_engines, check_oapl, fit_world, lag_of, vllm_engine_count
+from adwin.config.run import TrainConfig, check_engines, check_oapl, lag_of, vllm_engine_count
 from adwin.config.sections import (
     DEFAULT_VLLM_GPU_MEMORY,
     MAX_VLLM_GPU_MEMORY,
@@ -51,6 +51,6 @@ __all__ = [
     "ISHighField", "ISLowField", "ISMethodField", "LoggingConfig", "LossConfig", "ModelConfig", "OAPLSection",
     "OptimConfig", "ProbeConfig", "RolloutConfig", "SurpriseSection", "TrainConfig", "UnknownPreset",
     "WindowSection", "_Strict", "apply_policy_spec", "check_engines", "check_is_bounds", "check_oapl",
-    "default_config_path", "fit_world", "lag_of", "load_config", "load_source", "parse_set", "policy_overrides",
+    "default_config_path", "lag_of", "load_config", "load_source", "parse_set", "policy_overrides",
     "preset_names", "preset_path", "resolve_config", "vllm_engine_count",
 ]

@@ -69,8 +69,9 @@ def resolve_config(spec: str | Path | None) -> ConfigSource:
     if text in preset_names():
         return ConfigSource(preset_path(text), text)
     path = Path(text)
-    if path.is_file():
-        return ConfigSource(path.resolve())
+    if path.is_file():  # the repository's configs/NAME.yaml is the shipped preset NAME itself
+        shipped = path.stem in preset_names() and path.resolve() == preset_path(path.stem).resolve()
+        return ConfigSource(path.resolve(), path.stem if shipped else None)
     if path.parent.name == "configs" and path.suffix == PRESET_SUFFIX and path.stem in preset_names():
         return ConfigSource(preset_path(path.stem), path.stem)
     raise UnknownPreset(f"--config {text!r}: no such preset or file; presets: {', '.join(preset_names())} "
@@ -82,20 +83,16 @@ def default_config_path() -> Path:
     return preset_path(DEFAULT_PRESET)
 
 
-def load_config(path: str | Path | None = None, overrides: dict[str, Any] | None = None) -> TrainConfig:
-    """Load a YAML file (or defaults) and apply dotted overrides like ``{"window.threshold": 0.8}``."""
-    data: dict[str, Any] = {}
-    if path is not None:
-        text = Path(path).read_text()
-        try:
-            loaded = yaml.safe_load(text)
-        except yaml.YAMLError as e:  # one line naming the file and line, not the parser's multi-line dump
-            mark = getattr(e, "problem_mark", None)
-            where = f":{mark.line + 1}" if mark is not None else ""
-            raise ValueError(f"{path}{where}: invalid YAML ({getattr(e, 'problem', None) or e})") from e
-        if loaded is not None and not isinstance(loaded, dict):
-            raise ValueError(f"{path}: top level must be a mapping of config sections")
-        data = loaded or {}
+def load_config(path: str | Path | None = None, overrides: dict[str, Any] | None = None, *,
+                world: int = 1) -> TrainConfig:
+    """Load a YAML file (or defaults) and apply dotted overrides like ``{"window.threshold": 0.8}``.
+
+    ``world`` > 1 (a data-parallel run): a probing run whose file and overrides name no ``probes.backend``
+    extends probes on the ranks themselves (``inline``, the one backend that works with several ranks; logged).
+    It is chosen before validation, so the rules that need it (``rollout.seeding: per_sample``) see it. A
+    backend that is named is kept, and ``check_data_parallel`` refuses one that cannot work, naming the fix.
+    """
+    data = _read(path)
     for dotted, value in (overrides or {}).items():
         node = data
         *parents, leaf = dotted.split(".")
@@ -104,13 +101,39 @@ def load_config(path: str | Path | None = None, overrides: dict[str, Any] | None
             if not isinstance(node, dict):  # e.g. ``rollout: 5`` and then ``rollout.top_p``
                 raise ValueError(f"{dotted}: {'.'.join(parents[: i + 1])} is not a config section (got {node!r})")
         node[leaf] = value
+    probes = data.get("probes", {})
+    if world > 1 and isinstance(probes, dict) and "backend" not in probes:
+        try:
+            fitted = TrainConfig.model_validate(data | {"probes": probes | {"backend": "inline"}})
+        except ValueError:  # invalid either way: the config as given says why
+            fitted = None
+        if fitted is not None and fitted.probing:
+            log.info("probes.backend: inline (none named; a data-parallel run extends probes on its %d ranks, "
+                     "the thread and ray backends work with one process only)", world)
+            return fitted
     return TrainConfig.model_validate(data)
 
 
-def load_source(spec: str | Path | None, overrides: dict[str, Any] | None = None) -> tuple[TrainConfig, ConfigSource]:
+def _read(path: str | Path | None) -> dict[str, Any]:
+    if path is None:
+        return {}
+    text = Path(path).read_text()
+    try:
+        loaded = yaml.safe_load(text)
+    except yaml.YAMLError as e:  # one line naming the file and line, not the parser's multi-line dump
+        mark = getattr(e, "problem_mark", None)
+        where = f":{mark.line + 1}" if mark is not None else ""
+        raise ValueError(f"{path}{where}: invalid YAML ({getattr(e, 'problem', None) or e})") from e
+    if loaded is not None and not isinstance(loaded, dict):
+        raise ValueError(f"{path}: top level must be a mapping of config sections")
+    return loaded or {}
+
+
+def load_source(spec: str | Path | None, overrides: dict[str, Any] | None = None, *,
+                world: int = 1) -> tuple[TrainConfig, ConfigSource]:
     """``resolve_config`` then ``load_config``, logging which file the run uses."""
     source = resolve_config(spec)
-    cfg = load_config(source.path, overrides)
+    cfg = load_config(source.path, overrides, world=world)
     log.info("config: %s", source.describe())
     return cfg, source
 

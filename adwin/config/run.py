@@ -253,12 +253,3 @@ def _held_out_eval(cfg: TrainConfig) -> None:
                          f"evaluates only that many (the rest would be neither trained on nor evaluated); set "
                          f"data.n_eval <= {cfg.eval.n_problems} or raise eval.n_problems")
 
-
-def fit_world(cfg: TrainConfig, world: int) -> TrainConfig:
-    """The config a ``world``-rank data-parallel run trains with: a probing run whose config names no
-    ``probes.backend`` extends probes on the ranks themselves (``inline``, the one backend that works with
-    several ranks). A backend the config names is kept, and ``check_data_parallel`` refuses it if it cannot
-    work (naming the fix)."""
-    if world <= 1 or not cfg.probing or cfg.probes.backend == "inline" or "backend" in cfg.probes.model_fields_set:
-        return cfg
-    return TrainConfig.model_validate(cfg.model_dump() | {"probes": cfg.probes.model_dump() | {"backend": "inline"}})

@@ -11,7 +11,7 @@ import typing
 import pytest
 from pydantic import ValidationError
 
-from adwin.config import WindowSection, fit_world, load_config
+from adwin.config import WindowSection, load_config
 from adwin.config.loss import LossConfig
 from adwin.controller.schemas import PolicyIn
 from adwin.loop.sharding import check_data_parallel
@@ -95,26 +95,41 @@ def test_a_config_window_section_registers_as_the_same_policy_on_the_controller(
 # --- data-parallel probe backend ----------------------------------------------------------------------
 
 
-def test_several_ranks_extend_probes_inline_when_the_config_names_no_backend() -> None:
-    cfg = load_config(None, {})
-    assert "backend" not in cfg.probes.model_fields_set and cfg.probes.backend == "thread"
-    assert fit_world(cfg, 1) is cfg
-    two = fit_world(cfg, 2)
-    assert two.probes.backend == "inline" and two.model_dump(exclude={"probes"}) == cfg.model_dump(exclude={"probes"})
+def test_several_ranks_extend_probes_inline_when_the_config_names_no_backend(caplog) -> None:
+    one = load_config(None, {})
+    assert one.probes.backend == "thread"
+    with caplog.at_level(logging.INFO, logger="adwin.config"):
+        two = load_config(None, {}, world=2)
+    assert two.probes.backend == "inline" and two.model_dump(exclude={"probes"}) == one.model_dump(exclude={"probes"})
+    assert [r for r in caplog.records if "probes.backend: inline" in r.getMessage()]
     check_data_parallel(two, 2)
 
 
+def test_the_chosen_backend_is_what_per_sample_seeding_needs() -> None:
+    with pytest.raises(ValidationError, match="probes.backend: inline"):
+        load_config(None, {"rollout.seeding": "per_sample"})
+    assert load_config(None, {"rollout.seeding": "per_sample"}, world=2).probes.backend == "inline"
+
+
 @pytest.mark.parametrize("named", ["thread", "ray"])
-def test_a_named_backend_is_kept_and_refused_naming_the_fix(named: str) -> None:
-    cfg = load_config(None, {"probes.backend": named})
-    assert fit_world(cfg, 2) is cfg
-    with pytest.raises(ValueError, match="probes.backend: inline"):
-        check_data_parallel(fit_world(cfg, 2), 2)
+def test_a_named_backend_is_kept_and_refused_naming_the_fix(named: str, tmp_path) -> None:
+    by_flag = load_config(None, {"probes.backend": named}, world=2)
+    path = tmp_path / "c.yaml"
+    path.write_text(f"probes: {{backend: {named}}}\n")
+    for cfg in (by_flag, load_config(path, world=2)):
+        assert cfg.probes.backend == named
+        with pytest.raises(ValueError, match="probes.backend: inline"):
+            check_data_parallel(cfg, 2)
 
 
 def test_a_run_without_probes_keeps_its_backend() -> None:
-    cfg = load_config(None, {"probes.offers_per_step": 0})
-    assert fit_world(cfg, 2) is cfg
+    assert load_config(None, {"probes.offers_per_step": 0}, world=2).probes.backend == "thread"
+    assert load_config(None, {"window.policy": "full"}, world=2).probes.backend == "thread"
+
+
+def test_a_config_invalid_either_way_fails_with_its_own_error() -> None:
+    with pytest.raises(ValidationError, match="window.threshold"):
+        load_config(None, {"window.threshold": 2.0}, world=2)
 
 
 # --- settings no loop reads ---------------------------------------------------------------------------

@@ -36,6 +36,12 @@ def test_no_config_reads_the_default_preset_from_any_folder(cwd: str, tmp_path: 
 
 
 @pytest.mark.parametrize("name", REPO_PRESETS)
+def test_the_repositorys_preset_file_by_path_is_the_preset(name: str, monkeypatch) -> None:
+    monkeypatch.chdir(REPO_CONFIGS.parent)
+    assert resolve_config(f"configs/{name}.yaml") == resolve_config(name)
+
+
+@pytest.mark.parametrize("name", REPO_PRESETS)
 def test_a_preset_is_found_by_name_and_by_its_headers_relative_path_from_another_folder(
         name: str, tmp_path: Path, monkeypatch) -> None:
     monkeypatch.chdir(tmp_path)
