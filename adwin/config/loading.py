@@ -52,8 +52,7 @@ def preset_names() -> tuple[str, ...]:
 def preset_path(name: str) -> Path:
     """The file of the shipped preset ``name``; ``UnknownPreset`` listing the presets otherwise."""
     if name not in preset_names():
-        raise UnknownPreset(f"--config {name!r}: no such preset or file; presets: {', '.join(preset_names())} "
-                            "(or a path to a YAML file)")
+        raise _unknown(name)
     return Path(str(resources.files(PRESET_PACKAGE).joinpath(name + PRESET_SUFFIX)))
 
 
@@ -74,8 +73,12 @@ def resolve_config(spec: str | Path | None) -> ConfigSource:
         return ConfigSource(path.resolve(), path.stem if shipped else None)
     if path.parent.name == "configs" and path.suffix == PRESET_SUFFIX and path.stem in preset_names():
         return ConfigSource(preset_path(path.stem), path.stem)
-    raise UnknownPreset(f"--config {text!r}: no such preset or file; presets: {', '.join(preset_names())} "
-                        "(or a path to a YAML file)")
+    raise _unknown(text)
+
+
+def _unknown(spec: str) -> UnknownPreset:
+    return UnknownPreset(f"--config {spec!r}: no such preset or file; presets: {', '.join(preset_names())} "
+                         "(or a path to a YAML file)")
 
 
 def default_config_path() -> Path:

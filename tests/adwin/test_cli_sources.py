@@ -57,3 +57,13 @@ def test_two_processes_run_as_typed_with_inline_probes_chosen_and_said(home: Pat
     run_dir = tmp_path / "runs" / "adwin-builtin"
     assert json.loads((run_dir / "config.json").read_text())["probes"]["backend"] == "inline"
     assert [json.loads(x)["step"] for x in (run_dir / "metrics.jsonl").read_text().splitlines()] == [0, 1]
+
+
+def test_an_unknown_preset_stops_the_command_before_compute_listing_the_presets(tmp_path: Path, monkeypatch,
+                                                                                capsys) -> None:
+    monkeypatch.chdir(tmp_path)
+    assert main(["train", "--config", "no-such-preset", "--no-serve"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and "no-such-preset" in err
+    assert all(name in err for name in ("default", "fixed", "qwen3-4b-math"))
+    assert not (tmp_path / "runs").exists()
