@@ -2,20 +2,31 @@
 
 With no flags, trains on the built-in task on CPU with the embedded controller (its HTTP API and
 dashboard are served on 127.0.0.1; the URL is printed), shows a progress bar and ends with a summary
-table. Every run writes runs/<name>/ (config.json, metrics.jsonl, summary.json, checkpoints).
+table. Every run writes runs/<name>/ (config.json, config_source.txt, metrics.jsonl, summary.json,
+checkpoints).
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import logging
 import sys
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:  # imported inside the functions at run time: `adwin train --help` stays fast
+    from adwin.config import ConfigSource, TrainConfig
+
+log = logging.getLogger(__name__)
+
+CONFIG_SOURCE_FILE = "config_source.txt"  # in the run folder: which YAML the run's config.json came from
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--config", metavar="YAML", help="config preset (default: configs/default.yaml if present, else built-in defaults)")
+    parser.add_argument("--config", metavar="PRESET|YAML",
+                        help="a shipped preset by name (default, fixed, full, linear, qwen3-4b-math, ...: the files "
+                             "of configs/) or a path to a YAML file; default: the 'default' preset, from any folder")
     parser.add_argument("--window-policy", metavar="SPEC",
                         help="window policy: adwin | full | fixed:W | linear:START:STEP | surprise (teacher-surprise horizon, no gradients; overrides window.*)")
     parser.add_argument("--threshold", type=float, metavar="TAU",
@@ -93,38 +104,43 @@ def config_error(e: Exception) -> str:
 def main(args: argparse.Namespace) -> int:
     from pydantic import ValidationError
 
-    from adwin.config import default_config_path, load_config
+    from adwin.config import ConfigSource, load_config, load_source
+    from adwin.loop.distributed import launched_world
     from adwin.policies.base import WindowConfigError
 
-    path = args.config or default_config_path()
     resume = Path(args.resume) if getattr(args, "resume", None) else None
+    nproc = getattr(args, "nproc", None)
     try:
+        if nproc is not None and nproc < 1:
+            raise ValueError(f"--nproc must be at least 1, got {nproc}")
+        world = nproc or launched_world()
         overrides = _overrides(args)
         if resume is not None:  # the run's own resolved config; it lives where it already is
             path = resume / "config.json"
             if not path.is_file():
                 raise ValueError(f"--resume {resume}: not a run folder (no config.json)")
             overrides.update({"out_dir": str(resume.parent), "name": resume.name})
-        cfg = load_config(path, overrides)
+            cfg, source = load_config(path, overrides, world=world), ConfigSource(path.resolve())
+            log.info("config: %s", source.describe())
+        else:
+            cfg, source = load_source(args.config, overrides, world=world)
     except (ValidationError, WindowConfigError, ValueError) as e:
         sys.stderr.write(f"adwin train: {config_error(e)}\n")
         return 2
     from adwin.backends import BackendUnavailable, check_backends
-    from adwin.loop.distributed import launched_world
     from adwin.loop.sharding import check_data_parallel
 
-    nproc = getattr(args, "nproc", None)
     try:
-        if nproc is not None and nproc < 1:
-            raise ValueError(f"--nproc must be at least 1, got {nproc}")
         check_backends(cfg)
-        check_data_parallel(cfg, nproc or launched_world())
+        check_data_parallel(cfg, world)
     except (BackendUnavailable, ValueError) as e:
         sys.stderr.write(f"adwin train: {e}\n")
         return 2
     if nproc is not None and nproc > 1 and launched_world() == 1:
-        return launch(nproc, getattr(args, "argv", None))
-    return run(cfg, profile=args.profile, resume=resume)
+        # the ranks get the backend chosen here by name: they neither choose nor log it again
+        named = ["--probe-backend", "inline"] if args.probe_backend is None and cfg.probes.backend == "inline" else []
+        return launch(nproc, [*(getattr(args, "argv", None) or sys.argv[1:]), *named])
+    return run(cfg, profile=args.profile, resume=resume, source=None if resume is not None else source)
 
 
 def launch(nproc: int, argv: list[str] | None) -> int:
@@ -149,7 +165,7 @@ def launch(nproc: int, argv: list[str] | None) -> int:
     return subprocess.run(cmd, check=False).returncode
 
 
-def open_controller(cfg: Any, checkpoint: Path | None = None) -> tuple[Any, Any, str | None]:
+def open_controller(cfg: TrainConfig, checkpoint: Path | None = None) -> tuple[Any, Any, str | None]:
     """The controller the run talks to, a stop callback for its HTTP server, and its dashboard URL.
 
     A remote controller is wrapped in degraded mode (``adwin.runtime.resilient_controller``); an embedded one
@@ -172,9 +188,12 @@ def open_controller(cfg: Any, checkpoint: Path | None = None) -> tuple[Any, Any,
     return controller, stop, url
 
 
-def run(cfg: Any, profile: str = "default", resume: Path | None = None) -> int:
+def run(cfg: TrainConfig, profile: str = "default", resume: Path | None = None,
+        source: ConfigSource | None = None) -> int:
     """One process of the run: the whole run, or one rank of a data-parallel run started by torchrun
-    (rank 0 alone opens the controller, serves the dashboard, shows progress and writes the summary)."""
+    (rank 0 alone opens the controller, serves the dashboard, shows progress and writes the summary).
+    ``source`` is written to the run folder as ``config_source.txt``; a resumed run keeps
+    the one its first start wrote."""
     from transformers.utils import logging as hf_logging
 
     from adwin.loop.distributed import init_distributed
@@ -184,12 +203,16 @@ def run(cfg: Any, profile: str = "default", resume: Path | None = None) -> int:
     try:
         if device != cfg.model.device:  # cuda: each rank on its own GPU
             cfg = cfg.model_copy(update={"model": cfg.model.model_copy(update={"device": device})})
+        if source is not None and dist.is_main:
+            run_dir = Path(cfg.out_dir) / cfg.name
+            run_dir.mkdir(parents=True, exist_ok=True)
+            (run_dir / CONFIG_SOURCE_FILE).write_text(source.describe() + "\n")
         return _run(cfg, profile, resume, dist)
     finally:
         dist.close()
 
 
-def _run(cfg: Any, profile: str, resume: Path | None, dist: Any) -> int:
+def _run(cfg: TrainConfig, profile: str, resume: Path | None, dist: Any) -> int:
     import torch
     from rich.console import Console
 
@@ -271,5 +294,5 @@ class _Bar:
         self.bar.close()
 
 
-def _progress(cfg: Any) -> _Bar | None:
+def _progress(cfg: TrainConfig) -> _Bar | None:
     return _Bar(cfg.steps) if cfg.logging.progress else None

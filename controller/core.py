@@ -54,17 +54,7 @@ class Controller(ProbeScheduler, AuditAggregator):
     def register_run(self, spec: RunIn, *, idempotency_key: str | None = None) -> RunOut:
         p = spec.policy
         try:
-            policy = build_policy(
-                p.name,
-                max_len=p.max_len,
-                candidates=p.candidates,
-                threshold=p.threshold,
-                initial=p.initial,
-                window=p.window,
-                start=p.start,
-                step=p.step,
-                options=p.options,
-            )
+            policy = build_policy(p.name, max_len=p.max_len, options=p.options, **p.knobs())
         except WindowConfigError as e:
             raise InvalidInput(f"policy: {e}") from e
         if policy.audited:

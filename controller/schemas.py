@@ -11,12 +11,11 @@ from typing import Annotated, Any, ClassVar, Literal
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from adwin.controller.json_guard import json_problem
+from adwin.policies.fields import MAX_INT, PolicyKnobs, PositiveCount  # noqa: F401  (re-exported)
 from adwin.policies.registry import PolicyName
 
 # Integers on the wire stay within what SQLite (int64) stores and JavaScript (the dashboard) reads
-# exactly; larger values are refused with a 422 naming the field instead of failing deep inside.
-MAX_INT = 2**53 - 1
-PositiveCount = Annotated[int, Field(ge=1, le=MAX_INT)]
+# exactly (MAX_INT); larger values are refused with a 422 naming the field instead of failing deep inside.
 
 
 class _In(BaseModel):
@@ -41,15 +40,11 @@ class _Out(BaseModel):
 # --- runs --------------------------------------------------------------------------------------
 
 
-class PolicyIn(_In):
+class PolicyIn(_In, PolicyKnobs):
+    """The policy of a registered run: its name, its horizon, ``PolicyKnobs`` and policy-specific options."""
+
     name: PolicyName = "adwin"
-    candidates: list[PositiveCount] = Field(default_factory=list)
-    threshold: float = Field(0.7, gt=0.0, le=1.0)
     max_len: int = Field(8192, ge=1, le=MAX_INT)
-    initial: int | None = Field(None, ge=1, le=MAX_INT)
-    window: int | None = Field(None, ge=1, le=MAX_INT)
-    start: int | None = Field(None, ge=1, le=MAX_INT)
-    step: int | None = Field(None, ge=0, le=MAX_INT)
     options: dict[str, Annotated[float, Field(allow_inf_nan=False, ge=-1e9, le=1e9)]] = Field(
         default_factory=dict, description="policy-specific numbers (surprise: min, max, ema, ...)")
 

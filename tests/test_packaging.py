@@ -12,7 +12,7 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
 FOLDERS = {"adwin": "adwin", "adwin.controller": "controller", "adwin.probes": "probes",
-           "adwin.trainer_adapters": "trainer_adapters"}
+           "adwin.trainer_adapters": "trainer_adapters", "adwin.configs": "configs"}
 
 # The pipeline's layers, bottom first. A module may import its own layer and the layers below it,
 # never one above (function-level imports count too).
@@ -21,7 +21,7 @@ LAYERS: list[tuple[str, ...]] = [
     # alignment audit; window policies; rollouts, teacher, prompts; the built-in tasks (whose prompts the sampling
     # package serves, and whose prepare measures accuracy with the evaluation's sampler)
     ("adwin.audit", "adwin.policies", "adwin.sampling", "adwin.tasks"),
-    ("adwin.config", "adwin.config_common", "adwin.config_loss", "adwin.config_oapl", "adwin.config_engines"),  # pydantic models of a run
+    ("adwin.config", "adwin.configs"),  # pydantic models of a run; the YAML presets
     ("adwin.controller",),
     ("adwin.probes",),
     ("adwin.runtime",),  # checkpoints, resume, guards, logging, degraded mode
@@ -118,3 +118,5 @@ def test_wheel_has_no_generic_top_level_modules(tmp_path):
     assert not tops & {"controller", "probes", "trainer_adapters", "tests", "configs"}
     names = zipfile.ZipFile(wheel).namelist()
     assert "adwin/controller/api.py" in names and "adwin/probes/__init__.py" in names
+    presets = {n for n in names if n.startswith("adwin/configs/") and n.endswith(".yaml")}
+    assert presets == {f"adwin/configs/{p.name}" for p in (ROOT / "configs").glob("*.yaml")}  # shipped presets

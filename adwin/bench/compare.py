@@ -102,7 +102,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--seeds", help="number of seeds (N: 0..N-1) or a comma-separated list (default 2; quick 1)")
     p.add_argument("--steps", type=int, help=f"optimizer steps per run (default {STEPS['default']}; "
                                              f"quick {STEPS['quick']}; tiny {STEPS['tiny']})")
-    p.add_argument("--config", metavar="YAML", help="base config (default: configs/default.yaml if present)")
+    p.add_argument("--config", metavar="YAML", help="base config: preset name or YAML path (default: the 'default' preset)")
     p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="config override (repeatable)")
     p.add_argument("--assets-seed", type=int, default=0, help="which prepared built-in models to use")
     p.add_argument("--out", default="bench/compare", help="results go to OUT/<date>[-quick|-tiny]/")
@@ -147,7 +147,7 @@ def base_overrides(args: argparse.Namespace, mode: str, steps: int) -> dict[str,
 
 
 def main(args: argparse.Namespace) -> int:
-    from adwin.config import load_config
+    from adwin.config import load_config, resolve_config
 
     mode = "tiny" if args.profile == "tiny" else "quick" if args.quick else "default"
     if args.jobs is None:
@@ -157,7 +157,7 @@ def main(args: argparse.Namespace) -> int:
     tasks = parse_tasks(args.tasks)
     steps = args.steps or STEPS[mode]
     seeds = parse_seeds(args.seeds, SEEDS[mode])
-    config_path = args.config or ("configs/default.yaml" if Path("configs/default.yaml").is_file() else None)
+    config_path = resolve_config(args.config).path
     base = load_config(config_path, base_overrides(args, mode, steps))
     methods = all_methods(base.rollout.max_response_len, list(base.window.candidates),
                           samples_per_step=base.rollout.prompts_per_step * base.rollout.samples_per_prompt,
@@ -172,7 +172,7 @@ def main(args: argparse.Namespace) -> int:
         "date": dt.datetime.now().isoformat(timespec="seconds"),
         "command": command_line(),
         "mode": mode, "smoke": mode != "default", "profile": args.profile, "steps": steps, "seeds": seeds,
-        "methods": [m.key for m in chosen], "tasks": tasks, "base_config": config_path, "overrides": base_overrides(args, mode, steps),
+        "methods": [m.key for m in chosen], "tasks": tasks, "base_config": str(config_path), "overrides": base_overrides(args, mode, steps),
         "assets_seed": args.assets_seed, "jobs": args.jobs, "machine_before": machine_info(),
     }
     from adwin.bench.compare_report import finish, finish_suite

@@ -26,7 +26,7 @@ SAMPLERS = {"generate": False, "compact": True}  # eval.compact of each
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--config", metavar="YAML", help="config preset (default: configs/default.yaml if present)")
+    p.add_argument("--config", metavar="YAML", help="preset name or YAML path (default: the 'default' preset)")
     p.add_argument("--profile", choices=["default", "tiny"], default="default", help="built-in task model size")
     p.add_argument("--problems", type=int, default=256, help="held-out problems per evaluation")
     p.add_argument("--repeats", type=int, default=2, help="timed evaluations per sampler (alternating)")
@@ -40,7 +40,7 @@ def main(args: argparse.Namespace) -> int:
     from rich.console import Console
     from rich.table import Table
 
-    from adwin.config import default_config_path, load_config, parse_set
+    from adwin.config import load_config, resolve_config, parse_set
     from adwin.loop.evaluate import evaluate
     from adwin.loop.parts import load_parts
     from adwin.loop.sampler import Sampler
@@ -48,7 +48,7 @@ def main(args: argparse.Namespace) -> int:
     if args.problems < 1 or args.repeats < 1 or args.threads < 1:
         raise ValueError("--problems, --repeats and --threads must be >= 1")
     torch.set_num_threads(args.threads)
-    cfg = load_config(args.config or default_config_path(), {**parse_set(args.set), "eval.n_problems": args.problems})
+    cfg = load_config(resolve_config(args.config).path, {**parse_set(args.set), "eval.n_problems": args.problems})
     parts = load_parts(cfg, args.profile)
     runs: dict[str, list[dict[str, float]]] = {name: [] for name in SAMPLERS}
     for _ in range(args.repeats):

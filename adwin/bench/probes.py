@@ -30,7 +30,7 @@ VARIANTS = ("inline", "thread", "ray", "fixed")
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--config", metavar="YAML", help="config preset (default: configs/default.yaml if present)")
+    p.add_argument("--config", metavar="YAML", help="preset name or YAML path (default: the 'default' preset)")
     p.add_argument("--profile", choices=["default", "tiny"], default="default", help="built-in task model size")
     p.add_argument("--steps", type=int, default=8, help="optimizer steps per run")
     p.add_argument("--variants", default=",".join(VARIANTS), help=f"comma-separated subset of {','.join(VARIANTS)}")
@@ -40,17 +40,17 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def _config(args: argparse.Namespace, variant: str, out: Path, fixed_window: int | None = None) -> Any:
-    from adwin.config import default_config_path, load_config, parse_set, policy_overrides
+    from adwin.config import load_config, resolve_config, parse_set, policy_overrides
 
     ov = parse_set(args.set)
     ov |= {"steps": args.steps, "name": f"bench-{variant}", "out_dir": str(out), "eval.every": 0,
            "controller.serve": False, "logging.progress": False, "checkpoint_every": 0}
-    base = load_config(args.config or default_config_path(), ov)
+    base = load_config(resolve_config(args.config).path, ov)
     if variant == "fixed":
         ov |= policy_overrides("fixed", window=fixed_window or base.window.initial or max(base.window.candidates))
     else:
         ov |= {"probes.backend": variant}
-    return load_config(args.config or default_config_path(), ov)
+    return load_config(resolve_config(args.config).path, ov)
 
 
 def run_variant(args: argparse.Namespace, variant: str, out: Path, fixed_window: int | None = None) -> dict[str, float]:

@@ -34,7 +34,7 @@ log = logging.getLogger(__name__)
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--config", metavar="YAML", help="config preset (default: configs/default.yaml if present)")
+    p.add_argument("--config", metavar="YAML", help="preset name or YAML path (default: the 'default' preset)")
     p.add_argument("--profile", choices=["default", "tiny"], default="default", help="built-in task model size")
     p.add_argument("--steps", type=int, default=6, help="optimizer steps per run (the first is not timed)")
     p.add_argument("--repeats", type=int, default=20, help="timed all-reduces of the audit combine")
@@ -119,12 +119,12 @@ def main(args: argparse.Namespace) -> int:
     from rich.table import Table
 
     from adwin.audit.alignment import DEFAULT_SKETCH_DIM
-    from adwin.config import default_config_path, load_config, parse_set
+    from adwin.config import load_config, resolve_config, parse_set
     from adwin.loop.parts import load_parts
 
     if args.steps < 2:
         raise ValueError(f"--steps must be at least 2 (the first step is not timed), got {args.steps}")
-    cfg = load_config(args.config or default_config_path(), parse_set(args.set))
+    cfg = load_config(resolve_config(args.config).path, parse_set(args.set))
     out = Path(args.out) if args.out else Path(tempfile.mkdtemp(prefix="adwin-bench-scale-"))
     results = {n: run_once(args, n, out) for n in (1, 2)}
     ratio = results[2]["steps_per_s"] / results[1]["steps_per_s"]

@@ -104,7 +104,7 @@ def load_prompts(cfg: TrainConfig) -> tuple[TrainPrompts, list[Prompt]]:
     if d.eval_path:
         return PromptStream(train_p, cfg.seed), load_jsonl(d.eval_path, d.route_key)[: cfg.eval.n_problems]
     # No eval file: hold out the tail (at most a fifth of the file) so eval prompts are never trained on.
-    n_hold = max(1, min(cfg.eval.n_problems, d.n_eval, len(train_p) // 5))
+    n_hold = max(1, min(d.n_eval or cfg.eval.n_problems, len(train_p) // 5))  # n_eval <= n_problems: config rule
     if len(train_p) <= n_hold:
         raise ValueError(f"data.path has {len(train_p)} prompts: too few to hold out evaluation problems")
     return PromptStream(train_p[:-n_hold], cfg.seed), train_p[-n_hold:]
@@ -112,9 +112,7 @@ def load_prompts(cfg: TrainConfig) -> tuple[TrainPrompts, list[Prompt]]:
 
 def run_spec(cfg: TrainConfig) -> RunIn:
     w, p = cfg.window, cfg.probes
-    policy = PolicyIn(name=w.policy, candidates=w.candidates, threshold=w.threshold,
-                      max_len=cfg.rollout.max_response_len, initial=w.initial, window=w.window,
-                      start=w.start, step=w.step, options=w.policy_options())
+    policy = PolicyIn(name=w.policy, max_len=cfg.rollout.max_response_len, options=w.policy_options(), **w.knobs())
     return RunIn(name=cfg.name, policy=policy, probe_batch_size=p.batch_size, staleness_limit=p.staleness_limit,
                  offers_per_step=p.offers_per_step, max_active_probes=p.max_active, lookahead=p.lookahead,
                  selection=p.selection, seed=cfg.seed, config=cfg.model_dump(mode="json"))

@@ -17,7 +17,6 @@ import torch
 from adwin.config import TrainConfig
 from adwin.loop.distributed import LocalDist
 from adwin.loop.sampler import Batch
-from adwin.policies.registry import is_audited
 from adwin.sampling.rollout import layout, response_values
 from adwin.sampling.seeding import row_seed
 
@@ -36,7 +35,7 @@ def check_data_parallel(cfg: TrainConfig, world: int) -> None:
     if r.prompts_per_step % world:
         raise ValueError(f"rollout.prompts_per_step={r.prompts_per_step} must be divisible by the world size "
                          f"{world} (each rank samples an equal share of the prompts)")
-    if is_audited(cfg.window.policy) and p.offers_per_step > 0:
+    if cfg.probing:
         if p.backend != "inline":
             raise ValueError(f"probes.backend: data-parallel training (--nproc {world}) extends probes on the "
                              f"ranks themselves; set probes.backend: inline (--probe-backend inline), got "

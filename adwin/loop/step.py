@@ -21,6 +21,9 @@ from adwin.controller.schemas import WindowOut
 from adwin.loop.memory import micro_slices, training_forward
 from adwin.loop.reduce import LocalReducer, Reducer, all_sum_grads
 from adwin.loop.sampler import Batch
+from adwin.objectives.loss_table import (
+    SAMPLED_TOKEN_LOSSES,  # need only the teacher's realized-token logprobs
+)
 from adwin.objectives.losses import (
     fill_off,
     loss_mask,
@@ -36,7 +39,6 @@ from adwin.sampling.teacher import Teachers
 
 log = logging.getLogger(__name__)
 
-SAMPLED_TOKEN_LOSSES = ("reverse_kl_pg", "k2", "k3")  # need only the teacher's realized-token logprobs
 
 
 @dataclass

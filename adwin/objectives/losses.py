@@ -50,10 +50,9 @@ from adwin.objectives.logprobs import (  # noqa: F401  (re-exported: part of the
     upcast,
     window_mask,
 )
+from adwin.objectives.loss_table import BEHAVIOR_LOSSES, SAMPLED_TOKEN_LOSSES, TOKEN_LOSSES
 
-LOSS_NAMES: tuple[str, ...] = (
-    "reverse_kl_pg", "reverse_kl_mc", "forward_kl_topk", "forward_kl", "reverse_kl", "jsd", "k2", "k3",
-)
+LOSS_NAMES: tuple[str, ...] = TOKEN_LOSSES
 
 
 def _pg_surrogate(
@@ -275,13 +274,13 @@ def opd_loss(
     teacher_realized = teacher_logprobs if name != "reverse_kl_mc" else None
     if name != "reverse_kl_mc":
         # only reverse_kl_pg/k2/k3 differentiate through it; elsewhere it feeds metrics, so skip the graph
-        with torch.set_grad_enabled(torch.is_grad_enabled() and name in ("reverse_kl_pg", "k2", "k3")):
+        with torch.set_grad_enabled(torch.is_grad_enabled() and name in SAMPLED_TOKEN_LOSSES):
             if realized is None and student_logits is not None:
                 realized = token_logprobs(student_logits, input_ids)  # (B, L)
             if teacher_realized is None and teacher_logits is not None:
                 teacher_realized = token_logprobs(teacher_logits, input_ids)  # (B, L)
 
-    if name in ("reverse_kl_pg", "k2", "k3"):
+    if name in SAMPLED_TOKEN_LOSSES:
         _require(name, student_logits_or_logprobs=realized, teacher_logprobs=teacher_realized)
         if name == "reverse_kl_pg":
             per_token = reverse_kl_pg(realized, teacher_realized, mask, behavior_logprobs=behavior_logprobs,
@@ -320,8 +319,8 @@ def opd_loss(
             per_token = generalized_jsd(student_logits, teacher_logits, beta, mask)
 
     if iw_gamma:
-        if name not in ("reverse_kl_pg", "k2", "k3"):
-            raise ValueError(f"iw_gamma needs a sampled-token loss (reverse_kl_pg, k2, k3), got {name!r}")
+        if name not in SAMPLED_TOKEN_LOSSES:
+            raise ValueError(f"iw_gamma needs a sampled-token loss {SAMPLED_TOKEN_LOSSES}, got {name!r}")
         lp = upcast(realized.detach())
         weights = iw_opd_weights(fill_off(upcast(teacher_realized), mask, lp) - lp, mask, iw_gamma)  # (B, L)
         per_token = per_token * weights
@@ -334,7 +333,7 @@ def opd_loss(
         lq = fill_off(upcast(teacher_realized), mask, lp)
         metrics["loss/teacher_kl"] = _masked_mean(k1(lp, lq), mask)
         metrics["loss/teacher_kl_k3"] = _masked_mean(k3(lp, lq), mask)
-    if behavior_logprobs is not None and realized is not None and name in ("reverse_kl_pg", "reverse_kl_mc"):
+    if behavior_logprobs is not None and realized is not None and name in BEHAVIOR_LOSSES:
         teacher = teacher_logprobs if name == "reverse_kl_mc" else teacher_realized
         metrics.update(_ratio_metrics(realized, teacher, behavior_logprobs, mask, clip=clip,
                                       is_method=is_method, is_low=is_low, is_high=is_high))

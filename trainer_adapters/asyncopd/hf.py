@@ -29,6 +29,7 @@ import torch
 from adwin.audit.alignment import ProbeBatch, audit
 from adwin.backends.logprob_gap import logprob_gap
 from adwin.controller.schemas import AuditIn
+from adwin.objectives.loss_table import ASYNCOPD_TOKEN_LOSSES as LEARNER_LOSSES
 from adwin.objectives.losses import action_logprobs, opd_loss, token_logprobs
 from adwin.sampling.rollout import Rows, layout, left_pad, response_values
 from adwin.sampling.teacher import Teachers
@@ -125,8 +126,6 @@ class HFTeacherScorer:
             if mc is not None and it.mc_actions:
                 it.teacher_mc_logprobs = mc[b, n_p : n_p + n].tolist()
 
-
-LEARNER_LOSSES = ("reverse_kl_mc", "reverse_kl_pg")
 
 
 class HFLearner:

@@ -1,6 +1,6 @@
 """What every config section shares: strict models and the importance-ratio fields (``loss.is_*`` and ``probes.is_*``).
 
-Part of the config layer (``adwin.config`` re-exports it; it must not import ``adwin.config`` back).
+The bottom of the config package: every other module of it may import this one, and it imports none of them.
 """
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """``loss``: the training objective's section of ``TrainConfig`` (adwin.objectives).
 
-Part of the config layer (``adwin.config`` re-exports it; it must not import ``adwin.config`` back).
+Which loss needs what is ``adwin.objectives.loss_table``; this section only validates against it.
 """
 
 from __future__ import annotations
@@ -9,16 +9,15 @@ from typing import Literal
 
 from pydantic import Field, model_validator
 
-from adwin.config_common import ISHighField, ISLowField, ISMethodField, _Strict, check_is_bounds
-from adwin.config_oapl import OAPLSection
+from adwin.config.base import ISHighField, ISLowField, ISMethodField, _Strict, check_is_bounds
+from adwin.config.oapl import OAPLSection
+from adwin.objectives.loss_table import ALL_LOSSES, BEHAVIOR_LOSSES, SAMPLED_TOKEN_LOSSES
 
-BEHAVIOR_LOSSES = ("reverse_kl_pg", "reverse_kl_mc")
+LossName = Literal[ALL_LOSSES]  # type: ignore[valid-type]  # pydantic reads the names from the table
 
 
 class LossConfig(_Strict):
-    name: Literal[
-        "reverse_kl_pg", "reverse_kl_mc", "forward_kl_topk", "forward_kl", "reverse_kl", "jsd", "k2", "k3", "oapl"
-    ] = "reverse_kl_pg"
+    name: LossName = "reverse_kl_pg"
     aggregation: Literal["token-mean", "seq-mean-token-mean", "seq-mean-token-sum"] = "token-mean"
     jsd_beta: float = Field(0.5, ge=0.0, le=1.0)
     topk: int = Field(20, ge=1, le=1_000_000)
@@ -49,8 +48,8 @@ class LossConfig(_Strict):
 
     @model_validator(mode="after")
     def _iw_needs_sampled_tokens(self) -> LossConfig:
-        if self.iw_gamma > 0 and self.name not in ("reverse_kl_pg", "k2", "k3"):
-            raise ValueError(f"loss.iw_gamma: IW-OPD weights need a sampled-token loss (reverse_kl_pg, k2, k3), "
+        if self.iw_gamma > 0 and self.name not in SAMPLED_TOKEN_LOSSES:
+            raise ValueError(f"loss.iw_gamma: IW-OPD weights need a sampled-token loss {SAMPLED_TOKEN_LOSSES}, "
                              f"got loss.name={self.name!r}")
         return self
 

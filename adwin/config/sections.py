@@ -1,32 +1,20 @@
-"""Typed run configuration. YAML presets in ``configs/`` map onto ``TrainConfig`` one to one.
-
-Its layer sits above the math (objectives, audit, policies, sampling) and below the controller
-(``LAYERS`` in tests/test_packaging.py): it imports the window policies to validate them. Every invalid value
-fails at load time with a pydantic ``ValidationError`` naming the field and its allowed range.
+"""The sections of a run's configuration (``model``, ``data``, ``rollout``, ``window``, ``probes``, ...), each
+validated on its own; the rules across sections are ``adwin.config.run``.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable
-from pathlib import Path
 from typing import Any, Literal
 
-import yaml
 from pydantic import BaseModel, Field, field_validator, model_validator
 
-from adwin.config_common import (  # noqa: F401  (re-exported: part of the config API)
-    ISHighField,
-    ISLowField,
-    ISMethodField,
-    _Strict,
-    check_is_bounds,
-)
-from adwin.config_engines import DEFAULT_VLLM_GPU_MEMORY, MAX_VLLM_GPU_MEMORY, check_engines
-from adwin.config_loss import BEHAVIOR_LOSSES, LossConfig  # noqa: F401  (re-exported)
-from adwin.config_oapl import OAPLSection, check_oapl, lag_of  # noqa: F401  (lag_of: part of the config API)
-from adwin.policies.base import WindowConfigError
-from adwin.policies.registry import PolicyName, build_policy, is_audited, parse_policy_spec
+from adwin.config.base import ISHighField, ISLowField, ISMethodField, _Strict, check_is_bounds
+from adwin.policies.fields import DEFAULT_CANDIDATES, Candidates, PolicyKnobs
+from adwin.policies.registry import PolicyName
 from adwin.tasks.suite import DEFAULT_TASK, TASK_NAMES
+
+DEFAULT_VLLM_GPU_MEMORY = 0.3  # ModelConfig.vllm_gpu_memory's default
+MAX_VLLM_GPU_MEMORY = 0.95  # what all engines together may reserve: the learner needs the rest
 
 
 class ModelConfig(_Strict):
@@ -70,7 +58,9 @@ class DataConfig(_Strict):
     path: str | None = None  # JSONL with "prompt", optional "answer", optional routing key
     eval_path: str | None = None
     route_key: str = "teacher"
-    n_eval: int = Field(64, ge=1, le=100_000)
+    n_eval: int | None = Field(None, ge=1, le=100_000, description="JSONL without eval_path: prompts held out "
+                               "from the end of data.path for evaluation; None = eval.n_problems (at most a fifth "
+                               "of the file either way)")
     max_prompt_len: int = Field(128, ge=1, le=131_072)
 
     @field_validator("builtin_task")
@@ -114,17 +104,12 @@ class SurpriseSection(_Strict):
     max: int | None = Field(None, ge=1, description="None: rollout.max_response_len")
 
 
-class WindowSection(_Strict):
+class WindowSection(_Strict, PolicyKnobs):
     """Window policy: ``adwin`` (default), ``full``, ``fixed`` (``window``), ``linear`` (``start``, ``step``),
-    ``surprise`` (``surprise.*``)."""
+    ``surprise`` (``surprise.*``). The policy's own fields are ``PolicyKnobs`` (adwin/policies/fields.py)."""
 
     policy: PolicyName = "adwin"
-    candidates: list[int] = Field(default_factory=lambda: [32, 64, 128, 192, 256])
-    threshold: float = Field(0.7, gt=0.0, le=1.0)
-    initial: int | None = Field(None, ge=1)
-    window: int | None = Field(None, ge=1)
-    start: int | None = Field(None, ge=1)
-    step: int | None = Field(None, ge=0)
+    candidates: Candidates = Field(default_factory=lambda: list(DEFAULT_CANDIDATES))
     surprise: SurpriseSection = Field(default_factory=SurpriseSection)
     confidence: bool = Field(False, description="audited policies: change the window only when a candidate's "
                              "cosine interval (audit.ci_level) is clear of the threshold, never on one that "
@@ -260,161 +245,3 @@ class AsyncOPDSection(_Strict):
     ray_address: str | None = None  # None: start a local Ray instance
     sync_every: int = Field(1, ge=1, le=1_000_000, description="push the learner's weights to the rollout workers "
                             "every this many updates (keep-mode; 1: AsyncOPD's sync after every update)")
-
-
-ASYNCOPD_LOSSES = ("reverse_kl_mc", "reverse_kl_pg", "oapl")
-
-
-class TrainConfig(_Strict):
-    name: str = "adwin-builtin"
-    seed: int = Field(0, ge=0)
-    steps: int = Field(40, ge=1, le=10_000_000)
-    out_dir: str = "runs"
-    checkpoint_every: int = Field(0, ge=0, description="0 = only at the end")
-    scheduler: Literal["sync", "asyncopd"] = "sync"
-    model: ModelConfig = Field(default_factory=ModelConfig)
-    data: DataConfig = Field(default_factory=DataConfig)
-    rollout: RolloutConfig = Field(default_factory=RolloutConfig)
-    window: WindowSection = Field(default_factory=WindowSection)
-    probes: ProbeConfig = Field(default_factory=ProbeConfig)
-    audit: AuditConfig = Field(default_factory=AuditConfig)
-    loss: LossConfig = Field(default_factory=LossConfig)
-    optim: OptimConfig = Field(default_factory=OptimConfig)
-    eval: EvalConfig = Field(default_factory=EvalConfig)
-    controller: ControllerSection = Field(default_factory=ControllerSection)
-    logging: LoggingConfig = Field(default_factory=LoggingConfig)
-    asyncopd: AsyncOPDSection = Field(default_factory=AsyncOPDSection)
-
-    @model_validator(mode="after")
-    def _window_fits_horizon(self) -> TrainConfig:
-        w = self.window
-        try:
-            build_policy(
-                w.policy,
-                max_len=self.rollout.max_response_len,
-                candidates=w.candidates,
-                threshold=w.threshold,
-                initial=w.initial,
-                window=w.window,
-                start=w.start,
-                step=w.step,
-                options=w.policy_options(),
-            )
-        except WindowConfigError as e:
-            raise ValueError(f"window: {e} (rollout.max_response_len={self.rollout.max_response_len})") from e
-        if w.confidence and not is_audited(w.policy):
-            raise ValueError(f"window.confidence: policy {w.policy!r} does not decide from audits; unset it")
-        if w.confidence and self.audit.ci_level is None:
-            raise ValueError("window.confidence needs audit.ci_level (e.g. 0.9): the interval it decides on")
-        if self.scheduler == "asyncopd" and self.loss.name not in ASYNCOPD_LOSSES:
-            raise ValueError(f"loss.name: scheduler 'asyncopd' trains with {ASYNCOPD_LOSSES} (old-to-current IS "
-                             f"on cached behavior logprobs, or OAPL), got {self.loss.name!r}")
-        _asyncopd_needs_its_scheduler(self)
-        _per_sample_scope(self)
-        _memory_options_need_sync(self)
-        check_oapl(self)
-        check_engines(self)
-        return self
-
-
-def _asyncopd_needs_its_scheduler(cfg: TrainConfig) -> None:
-    if cfg.scheduler == "asyncopd":
-        return
-    if cfg.loss.name == "reverse_kl_mc":  # the sync step has no cached MC actions: it would fail at step 0
-        raise ValueError("loss.name: 'reverse_kl_mc' trains on the MC actions the AsyncOPD rollout engines "
-                         "cache; set scheduler: asyncopd (--scheduler asyncopd) or pick another loss")
-    default = AsyncOPDSection()
-    changed = [k for k in AsyncOPDSection.model_fields if getattr(cfg.asyncopd, k) != getattr(default, k)]
-    if changed:
-        raise ValueError(f"asyncopd.{changed[0]}: read only by scheduler 'asyncopd' (got scheduler "
-                         f"{cfg.scheduler!r}); drop it or set scheduler: asyncopd (--scheduler asyncopd)")
-
-
-def _per_sample_scope(cfg: TrainConfig) -> None:
-    """``rollout.seeding: per_sample`` seeds what the synchronous trainer samples with HF ``generate``."""
-    if cfg.rollout.seeding != "per_sample":
-        return
-    if cfg.scheduler != "sync" or cfg.rollout.backend != "hf":
-        raise ValueError("rollout.seeding: per_sample seeds HF generate in the sync scheduler; set scheduler: sync "
-                         "and rollout.backend: hf, or rollout.seeding: batch")
-    probing = is_audited(cfg.window.policy) and cfg.probes.offers_per_step > 0
-    if probing and cfg.probes.backend != "inline":
-        raise ValueError(f"rollout.seeding: per_sample seeds probe rounds on the inline backend only (probe workers "
-                         f"sample with their replica's RNG); set probes.backend: inline, got {cfg.probes.backend!r}")
-
-
-def _memory_options_need_sync(cfg: TrainConfig) -> None:
-    """The AsyncOPD learner trains on whole update batches in full precision: refuse what it would ignore."""
-    if cfg.scheduler != "asyncopd":
-        return
-    for field, value, default in (("optim.micro_batch_size", cfg.optim.micro_batch_size, None),
-                                  ("model.gradient_checkpointing", cfg.model.gradient_checkpointing, False),
-                                  ("model.autocast", cfg.model.autocast, "off")):
-        if value != default:
-            raise ValueError(f"{field}: the AsyncOPD learner (scheduler 'asyncopd') does not apply it (got "
-                             f"{value!r}); drop it, or train with scheduler: sync")
-
-
-def load_config(path: str | Path | None = None, overrides: dict[str, Any] | None = None) -> TrainConfig:
-    """Load a YAML preset (or defaults) and apply dotted overrides like ``{"window.threshold": 0.8}``."""
-    data: dict[str, Any] = {}
-    if path is not None:
-        text = Path(path).read_text()
-        try:
-            loaded = yaml.safe_load(text)
-        except yaml.YAMLError as e:  # one line naming the file and line, not the parser's multi-line dump
-            mark = getattr(e, "problem_mark", None)
-            where = f":{mark.line + 1}" if mark is not None else ""
-            raise ValueError(f"{path}{where}: invalid YAML ({getattr(e, 'problem', None) or e})") from e
-        if loaded is not None and not isinstance(loaded, dict):
-            raise ValueError(f"{path}: top level must be a mapping of config sections")
-        data = loaded or {}
-    for dotted, value in (overrides or {}).items():
-        node = data
-        *parents, leaf = dotted.split(".")
-        for i, p in enumerate(parents):
-            node = node.setdefault(p, {})
-            if not isinstance(node, dict):  # e.g. ``rollout: 5`` and then ``rollout.top_p``
-                raise ValueError(f"{dotted}: {'.'.join(parents[: i + 1])} is not a config section (got {node!r})")
-        node[leaf] = value
-    return TrainConfig.model_validate(data)
-
-
-def parse_set(items: Iterable[str]) -> dict[str, Any]:
-    """``--set KEY=VALUE`` items as dotted overrides, each value parsed as YAML.
-
-    New ``window.candidates`` without a ``window.initial`` also reset the preset's initial window to
-    ``None`` (the largest new candidate): the preset's initial window belongs to the preset's candidates.
-    """
-    overrides: dict[str, Any] = {}
-    for item in items:
-        key, sep, value = item.partition("=")
-        if not sep or not key:
-            raise ValueError(f"--set expects KEY=VALUE, got {item!r}")
-        overrides[key] = yaml.safe_load(value)
-    if "window.candidates" in overrides:
-        overrides.setdefault("window.initial", None)
-    return overrides
-
-
-def policy_overrides(name: str, **fields: Any) -> dict[str, Any]:
-    """Dotted overrides that switch the window policy to ``name`` with its ``fields``. A policy that does not
-    audit also unsets ``window.confidence``: a preset that turns it on for ADWIN (configs/default.yaml) must not
-    block a switch to ``full`` or ``fixed`` (setting both by hand is still refused, naming the field)."""
-    out: dict[str, Any] = {"window.policy": name} | {f"window.{k}": v for k, v in fields.items()}
-    if not is_audited(name):
-        out["window.confidence"] = False
-    return out
-
-
-def apply_policy_spec(overrides: dict[str, Any], spec: str) -> dict[str, Any]:
-    """Turn ``--window-policy fixed:64`` into dotted overrides for the window section."""
-    fields = parse_policy_spec(spec)
-    overrides |= policy_overrides(fields.pop("name"), **fields)
-    return overrides
-
-
-def default_config_path() -> Path | None:
-    """``configs/default.yaml`` in the working folder, if present (the README's commands run from the repo root)."""
-    path = Path("configs/default.yaml")
-    return path if path.is_file() else None
