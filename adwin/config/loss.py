@@ -17,12 +17,14 @@ LossName = Literal[ALL_LOSSES]  # type: ignore[valid-type]  # pydantic reads the
 
 
 class LossConfig(_Strict):
-    name: LossName = "reverse_kl_pg"
-    aggregation: Literal["token-mean", "seq-mean-token-mean", "seq-mean-token-sum"] = "token-mean"
-    jsd_beta: float = Field(0.5, ge=0.0, le=1.0)
-    topk: int = Field(20, ge=1, le=1_000_000)
-    clip_low: float | None = Field(None, gt=0.0, lt=1.0)
-    clip_high: float | None = Field(None, gt=0.0)
+    name: LossName = Field("reverse_kl_pg", description="the OPD loss (adwin.objectives.loss_table says what "
+                           "each needs)")
+    aggregation: Literal["token-mean", "seq-mean-token-mean", "seq-mean-token-sum"] = Field(
+        "token-mean", description="how per-token losses reduce to the batch's")
+    jsd_beta: float = Field(0.5, ge=0.0, le=1.0, description="mixture weight of loss.name: jsd")
+    topk: int = Field(20, ge=1, le=1_000_000, description="teacher tokens per position of forward_kl_topk")
+    clip_low: float | None = Field(None, gt=0.0, lt=1.0, description="PPO clip epsilon below 1 (with clip_high)")
+    clip_high: float | None = Field(None, gt=0.0, description="PPO clip epsilon above 1 (with clip_low)")
     # old-to-current ratio rho = p_theta / p_behavior on the sampled tokens (behavior: the logprobs recorded
     # when the tokens were sampled); only the behavior-weighted losses use it (BEHAVIOR_LOSSES)
     is_method: ISMethodField = "none"

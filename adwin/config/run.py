@@ -35,12 +35,13 @@ log = logging.getLogger(__name__)
 
 
 class TrainConfig(_Strict):
-    name: str = "adwin-builtin"
-    seed: int = Field(0, ge=0)
-    steps: int = Field(40, ge=1, le=10_000_000)
-    out_dir: str = "runs"
+    name: str = Field("adwin-builtin", description="run name: its folder under out_dir")
+    seed: int = Field(0, ge=0, description="seed of sampling, data order and probe selection")
+    steps: int = Field(40, ge=1, le=10_000_000, description="optimizer steps (learner updates)")
+    out_dir: str = Field("runs", description="folder of run folders")
     checkpoint_every: int = Field(0, ge=0, description="0 = only at the end")
-    scheduler: Literal["sync", "asyncopd"] = "sync"
+    scheduler: Literal["sync", "asyncopd"] = Field("sync", description="sync: the prefix-window trainer; "
+                                                   "asyncopd: the streaming rollout/teacher/learner pipeline")
     model: ModelConfig = Field(default_factory=ModelConfig)
     data: DataConfig = Field(default_factory=DataConfig)
     rollout: RolloutConfig = Field(default_factory=RolloutConfig)
@@ -126,16 +127,27 @@ def _per_sample_scope(cfg: TrainConfig) -> None:
                          f"sample with their replica's RNG); set probes.backend: inline, got {cfg.probes.backend!r}")
 
 
+# Fields only the synchronous trainer reads, with their defaults: the AsyncOPD learner trains on whole update
+# batches in full precision and its teacher stage scores with full logits, so it refuses any other value. The
+# config reference (adwin.config.reference) reads its "read by" column from here.
+SYNC_ONLY: dict[str, object] = {
+    "optim.micro_batch_size": None,
+    "model.gradient_checkpointing": False,
+    "model.autocast": "off",
+    "model.teacher_backend": "hf",
+}
+
+
 def _memory_options_need_sync(cfg: TrainConfig) -> None:
-    """The AsyncOPD learner trains on whole update batches in full precision: refuse what it would ignore."""
+    """The AsyncOPD learner and teacher stage: refuse what they would ignore (``SYNC_ONLY``)."""
     if cfg.scheduler != "asyncopd":
         return
-    for field, value, default in (("optim.micro_batch_size", cfg.optim.micro_batch_size, None),
-                                  ("model.gradient_checkpointing", cfg.model.gradient_checkpointing, False),
-                                  ("model.autocast", cfg.model.autocast, "off")):
+    for field, default in SYNC_ONLY.items():
+        section, name = field.split(".")
+        value = getattr(getattr(cfg, section), name)
         if value != default:
-            raise ValueError(f"{field}: the AsyncOPD learner (scheduler 'asyncopd') does not apply it (got "
-                             f"{value!r}); drop it, or train with scheduler: sync")
+            raise ValueError(f"{field}: scheduler 'asyncopd' does not apply it (got {value!r}); drop it, or train "
+                             "with scheduler: sync")
 
 
 def check_oapl(cfg: TrainConfig) -> None:

@@ -20,14 +20,17 @@ MAX_VLLM_GPU_MEMORY = 0.95  # what all engines together may reserve: the learner
 class ModelConfig(_Strict):
     """Student and teacher checkpoints. ``builtin`` means the built-in task's cached tiny models."""
 
-    student: str = "builtin"
-    # routing key -> teacher path; a single teacher uses the key "default".
-    teachers: dict[str, str] = Field(default_factory=lambda: {"default": "builtin"})
-    dtype: Literal["float32", "bfloat16", "float16"] = "float32"
-    device: str = "cpu"
-    # Which prepared built-in models to use; independent of the run seed, so `--seed 1` trains the same
-    # student and teacher (a new value prepares a new set, which takes minutes).
-    builtin_seed: int = Field(0, ge=0)
+    student: str = Field("builtin", description="student checkpoint: a transformers folder or hub-style path "
+                         "already on disk; builtin = the built-in task's prepared student")
+    teachers: dict[str, str] = Field(default_factory=lambda: {"default": "builtin"}, description="routing key -> "
+                                     "teacher checkpoint; one teacher uses the key 'default', several are chosen "
+                                     "per prompt by data.route_key")
+    dtype: Literal["float32", "bfloat16", "float16"] = Field("float32", description="weights' dtype of student "
+                                                             "and teachers")
+    device: str = Field("cpu", description="torch device of the learner (cpu, cuda, cuda:1, ...)")
+    # independent of the run seed, so `--seed 1` trains the same student and teacher
+    builtin_seed: int = Field(0, ge=0, description="which prepared built-in models to use (a new value prepares "
+                              "a new set, which takes minutes)")
     teacher_backend: Literal["hf", "vllm"] = Field(
         "hf", description="teacher scoring: transformers forwards, or vLLM prompt logprobs (realized tokens only: "
         "loss.name reverse_kl_pg; docs/decisions.md 'Rollout engines')")
@@ -52,16 +55,17 @@ class ModelConfig(_Strict):
 
 
 class DataConfig(_Strict):
-    task: Literal["builtin", "jsonl"] = "builtin"
-    # which built-in task (adwin.tasks.suite, docs/task.md); each has its own prepared models
-    builtin_task: str = DEFAULT_TASK
-    path: str | None = None  # JSONL with "prompt", optional "answer", optional routing key
-    eval_path: str | None = None
-    route_key: str = "teacher"
+    task: Literal["builtin", "jsonl"] = Field("builtin", description="prompts from a built-in task or a JSONL file")
+    builtin_task: str = Field(DEFAULT_TASK, description="which built-in task (docs/task.md); each has its own "
+                              "prepared models")
+    path: str | None = Field(None, description="JSONL of training prompts: 'prompt', optional 'answer', optional "
+                             "routing key")
+    eval_path: str | None = Field(None, description="JSONL of evaluation prompts; None = held out from data.path")
+    route_key: str = Field("teacher", description="JSONL field naming the teacher (model.teachers key) of a prompt")
     n_eval: int | None = Field(None, ge=1, le=100_000, description="JSONL without eval_path: prompts held out "
                                "from the end of data.path for evaluation; None = eval.n_problems (at most a fifth "
                                "of the file either way)")
-    max_prompt_len: int = Field(128, ge=1, le=131_072)
+    max_prompt_len: int = Field(128, ge=1, le=131_072, description="prompt tokens kept (longer prompts are cut)")
 
     @field_validator("builtin_task")
     @classmethod
@@ -80,12 +84,13 @@ class DataConfig(_Strict):
 
 
 class RolloutConfig(_Strict):
-    backend: Literal["hf", "vllm"] = "hf"
-    prompts_per_step: int = Field(16, ge=1, le=65_536)
-    samples_per_prompt: int = Field(2, ge=1, le=1024)
-    max_response_len: int = Field(320, ge=1, le=1_048_576)
-    temperature: float = Field(1.0, gt=0.0, le=10.0)
-    top_p: float = Field(1.0, gt=0.0, le=1.0)
+    backend: Literal["hf", "vllm"] = Field("hf", description="rollout engine: transformers generate, or vLLM (GPU)")
+    prompts_per_step: int = Field(16, ge=1, le=65_536, description="prompts per optimizer step")
+    samples_per_prompt: int = Field(2, ge=1, le=1024, description="rollouts per prompt")
+    max_response_len: int = Field(320, ge=1, le=1_048_576, description="the horizon: response tokens of a full "
+                                  "rollout (probes run to it)")
+    temperature: float = Field(1.0, gt=0.0, le=10.0, description="sampling temperature of rollouts and probes")
+    top_p: float = Field(1.0, gt=0.0, le=1.0, description="nucleus sampling of rollouts and probes; 1 = off")
     seeding: Literal["batch", "per_sample"] = Field(
         "batch", description="batch: HF generate draws a batch's sampling noise from the global RNG; per_sample: "
         "each row from its own generator (run seed, step, row), so a row's tokens do not depend on its batch "
@@ -108,8 +113,9 @@ class WindowSection(_Strict, PolicyKnobs):
     """Window policy: ``adwin`` (default), ``full``, ``fixed`` (``window``), ``linear`` (``start``, ``step``),
     ``surprise`` (``surprise.*``). The policy's own fields are ``PolicyKnobs`` (adwin/policies/fields.py)."""
 
-    policy: PolicyName = "adwin"
-    candidates: Candidates = Field(default_factory=lambda: list(DEFAULT_CANDIDATES))
+    policy: PolicyName = Field("adwin", description="the window policy (adwin.policies.registry)")
+    candidates: Candidates = Field(default_factory=lambda: list(DEFAULT_CANDIDATES), description="increasing "
+                                   "window lengths an audit picks from")
     surprise: SurpriseSection = Field(default_factory=SurpriseSection)
     confidence: bool = Field(False, description="audited policies: change the window only when a candidate's "
                              "cosine interval (audit.ci_level) is clear of the threshold, never on one that "
@@ -128,9 +134,12 @@ class ProbeConfig(_Strict):
     batch_size: int = Field(8, ge=1, le=65_536, description="P: completed probes per audit")
     staleness_limit: int = Field(5, ge=1, le=10_000, description="S: optimizer steps before forced completion")
     offers_per_step: int = Field(4, ge=0, le=65_536, description="unfinished prefixes the controller may take per step")
-    max_active: int = Field(32, ge=1, le=1_000_000)
-    backend: Literal["inline", "thread", "ray"] = "thread"
-    selection: Literal["uniform", "stratified"] = "uniform"
+    max_active: int = Field(32, ge=1, le=1_000_000, description="probes in flight at most")
+    backend: Literal["inline", "thread", "ray"] = Field("thread", description="where probe rounds and audits run: "
+                                                        "in the step (inline), a thread with its own student "
+                                                        "replica, or Ray actors")
+    selection: Literal["uniform", "stratified"] = Field("uniform", description="which offers the controller "
+                                                        "accepts: uniformly, or spread over prompts")
     offer_finished: Literal["at_horizon", "always"] = Field(
         "at_horizon", description="offer rollouts that finished inside the window as already complete probes: "
         "only at the full horizon (the paper: probes are unfinished prefixes) or always (the audit batch then "
@@ -141,7 +150,7 @@ class ProbeConfig(_Strict):
     is_high: ISHighField = 2.0
     is_level: Literal["token", "prefix"] = Field(
         "token", description="probe IS weight per token: its own ratio (token) or the running product (prefix)")
-    ray_address: str | None = None
+    ray_address: str | None = Field(None, description="Ray cluster of the probe workers; None = start a local one")
     ray_num_cpus: int = Field(2, ge=1, le=4096, description="CPUs of the local Ray cluster when no ray_address")
     workers: int = Field(1, ge=1, le=1024, description="probe workers (threads or Ray actors), one round each in flight")
     fault_policy: Literal["reissue", "drop"] = Field("reissue", description="probes of a failed worker round")
@@ -156,9 +165,13 @@ class ProbeConfig(_Strict):
 class AuditConfig(_Strict):
     """How the alignment audit runs (``adwin.audit``); cost and agreement of each option in docs/benchmarks.md."""
 
-    method: Literal["fast", "reference", "sketch"] = "fast"
-    metric: Literal["identity", "adam"] = "identity"
-    sketch_dim: int = Field(16_384, ge=1, le=1 << 24)
+    method: Literal["fast", "reference", "sketch"] = Field("fast", description="fast: exact, one chunked forward "
+                                                           "and one backward per segment; reference: one backward "
+                                                           "per segment over the whole batch (tests); sketch: "
+                                                           "CountSketched segment gradients (large models, ranks)")
+    metric: Literal["identity", "adam"] = Field("identity", description="inner product of the cosine: plain, or "
+                                                "weighted by Adam's second moment (the paper's metric-aware cosine)")
+    sketch_dim: int = Field(16_384, ge=1, le=1 << 24, description="sketch width of audit.method: sketch")
     params: str = Field("all", description="'all' or 'top:N': gradients of the last N transformer blocks and "
                         "the head only (the backward stops early)")
     estimator: Literal["batch", "debiased"] = Field(
@@ -171,7 +184,7 @@ class AuditConfig(_Strict):
                        "are consumed unaudited and the window stays)")
     skip_margin: float = Field(0.0, ge=0.0, lt=1.0, description="skip audits while the last skip_history audits "
                                "had every cosine this far from the threshold; 0 = off")
-    skip_history: int = Field(2, ge=1, le=1000)
+    skip_history: int = Field(2, ge=1, le=1000, description="audits audit.skip_margin looks back over")
     max_skips: int = Field(4, ge=0, le=1_000_000, description="consecutive skips before an audit is forced")
     @model_validator(mode="before")
     @classmethod
@@ -190,13 +203,14 @@ class AuditConfig(_Strict):
 
 
 class OptimConfig(_Strict):
-    lr: float = Field(1e-4, gt=0.0, le=1.0)
-    weight_decay: float = Field(0.0, ge=0.0, le=1.0)
-    betas: tuple[float, float] = (0.9, 0.999)
-    eps: float = Field(1e-8, gt=0.0)
-    grad_clip: float = Field(1.0, ge=0.0)
-    warmup_steps: int = Field(0, ge=0)
-    schedule: Literal["constant", "cosine", "linear"] = "constant"
+    lr: float = Field(1e-4, gt=0.0, le=1.0, description="AdamW learning rate")
+    weight_decay: float = Field(0.0, ge=0.0, le=1.0, description="AdamW weight decay")
+    betas: tuple[float, float] = Field((0.9, 0.999), description="AdamW betas")
+    eps: float = Field(1e-8, gt=0.0, description="AdamW epsilon")
+    grad_clip: float = Field(1.0, ge=0.0, description="gradient-norm clip; 0 = off")
+    warmup_steps: int = Field(0, ge=0, description="linear learning-rate warm-up steps")
+    schedule: Literal["constant", "cosine", "linear"] = Field("constant", description="learning-rate schedule "
+                                                              "after the warm-up")
     max_bad_steps: int = Field(3, ge=1, le=1_000_000,
                                description="consecutive non-finite (skipped) steps before the run stops")
     micro_batch_size: int | None = Field(None, ge=1, le=1_000_000, description="rows per forward/backward inside "
@@ -206,28 +220,27 @@ class OptimConfig(_Strict):
 
 class EvalConfig(_Strict):
     every: int = Field(10, ge=0, le=1_000_000, description="0 = only at start and end")
-    n_problems: int = Field(64, ge=1, le=1_000_000)
+    n_problems: int = Field(64, ge=1, le=1_000_000, description="held-out problems per evaluation")
     k: int = Field(1, ge=1, le=1024, description="mean@k samples per problem")
-    temperature: float = Field(1.0, ge=0.0, le=10.0)
-    top_p: float = Field(1.0, gt=0.0, le=1.0)
+    temperature: float = Field(1.0, ge=0.0, le=10.0, description="evaluation sampling temperature; 0 = greedy")
+    top_p: float = Field(1.0, gt=0.0, le=1.0, description="evaluation nucleus sampling; 1 = off")
     batch_size: int = Field(64, ge=1, le=65_536, description="rows generated and scored together")
-    # rows that stopped leave the batch at once (adwin/sampling/compact.py): the same samples' distribution at
-    # a fraction of the cost when lengths vary; False = transformers' generate, run until a batch's longest row
-    # stops. With rollout.backend: vllm evaluation samples on vLLM either way (it never computes stopped rows)
-    compact: bool = True
+    # with rollout.backend: vllm evaluation samples on vLLM either way (it never computes stopped rows)
+    compact: bool = Field(True, description="rows that stopped leave the batch at once (adwin/sampling/compact.py): "
+                          "the same samples' distribution at a fraction of the cost; false = transformers' generate")
 
 
 class ControllerSection(_Strict):
-    url: str | None = None  # None = embedded controller in-process
-    serve: bool = True  # serve the embedded controller's API + dashboard on 127.0.0.1
-    port: int = Field(8470, ge=0, le=65_535)
-    token: str | None = None
+    url: str | None = Field(None, description="a running `adwin controller serve`; None = the embedded controller")
+    serve: bool = Field(True, description="serve the embedded controller's API and dashboard on 127.0.0.1")
+    port: int = Field(8470, ge=0, le=65_535, description="port of the embedded controller's API; 0 = any free one")
+    token: str | None = Field(None, description="bearer token of the remote controller's writes")
 
 
 class LoggingConfig(_Strict):
-    wandb: Literal["off", "offline", "online"] = "off"
-    stdout: bool = False
-    progress: bool = True
+    wandb: Literal["off", "offline", "online"] = Field("off", description="also log to Weights & Biases")
+    stdout: bool = Field(False, description="print one metrics line per step")
+    progress: bool = Field(True, description="show a progress bar")
 
 
 class AsyncOPDSection(_Strict):
@@ -235,13 +248,14 @@ class AsyncOPDSection(_Strict):
     this section). A sync run refuses values other than the defaults: it would ignore them."""
 
     queue_depth: int = Field(4, ge=0, le=4096, description="tau: the feeder holds at most (tau + 1) * B permits")
-    rollout_workers: int = Field(1, ge=1, le=1024)
-    workers: Literal["thread", "ray"] = "thread"  # where rollout workers' engines run
+    rollout_workers: int = Field(1, ge=1, le=1024, description="rollout workers, each with its own engine")
+    workers: Literal["thread", "ray"] = Field("thread", description="where the rollout workers' engines run")
     worker_batch: int = Field(16, ge=1, le=65_536, description="active requests per rollout worker")
-    teacher_batch: int = Field(16, ge=1, le=65_536)
-    pad_to_horizon: bool = True  # learner tensors padded to max prompt + max response length
+    teacher_batch: int = Field(16, ge=1, le=65_536, description="completed items the teacher stage scores at once")
+    pad_to_horizon: bool = Field(True, description="learner tensors padded to max prompt + max response length, so "
+                                 "a changing window never changes shapes")
     throughput_warmup: int = Field(5, ge=1, le=1_000_000, description="learner updates left out of throughput")
     wait_timeout_s: float = Field(600.0, gt=0.0, description="no pipeline progress for this long: fail")
-    ray_address: str | None = None  # None: start a local Ray instance
+    ray_address: str | None = Field(None, description="Ray cluster of asyncopd.workers: ray; None = a local one")
     sync_every: int = Field(1, ge=1, le=1_000_000, description="push the learner's weights to the rollout workers "
                             "every this many updates (keep-mode; 1: AsyncOPD's sync after every update)")

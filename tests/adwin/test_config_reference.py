@@ -1,0 +1,41 @@
+"""The config reference (docs/config.md) is generated from the models and says truly which scheduler reads what."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from adwin.config import TrainConfig, load_config
+from adwin.config.reference import leaves, read_by, render
+from adwin.config.run import SYNC_ONLY
+
+ROOT = Path(__file__).resolve().parents[2]
+OTHER: dict[str, object] = {"optim.micro_batch_size": 4, "model.gradient_checkpointing": True, "model.autocast": "bf16",
+         "model.teacher_backend": "vllm"}
+
+
+def test_the_reference_page_is_generated_from_the_models() -> None:
+    assert (ROOT / "docs" / "config.md").read_text() == render(), \
+        "docs/config.md is out of date: python -m adwin.config.reference > docs/config.md"
+
+
+def test_every_field_has_a_description_and_a_row() -> None:
+    page = render()
+    for dotted, f, _ in leaves(TrainConfig):
+        assert f.description, f"{dotted}: add a description= to the field (the reference is built from it)"
+        assert f"| `{dotted}` |" in page
+
+
+@pytest.mark.parametrize("field", sorted(SYNC_ONLY))
+def test_a_sync_only_field_loads_under_sync_and_is_refused_under_asyncopd(field: str) -> None:
+    assert read_by(field) == "sync"
+    load_config(None, {field: OTHER[field]})
+    with pytest.raises(ValueError, match=field.replace(".", r"\.")):
+        load_config(None, {field: OTHER[field], "scheduler": "asyncopd"})
+
+
+def test_the_asyncopd_section_is_read_by_asyncopd_only() -> None:
+    assert read_by("asyncopd.queue_depth") == "asyncopd" and read_by("rollout.top_p") == "both"
+    with pytest.raises(ValueError, match=r"asyncopd\.queue_depth"):
+        load_config(None, {"asyncopd.queue_depth": 2})
