@@ -19,6 +19,7 @@ The cadence rule, and why decisions are pooled rather than only made rarer: docs
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, Literal, get_args
@@ -160,20 +161,34 @@ class DecisionBudget:
     def decision_flops(self) -> float:
         return sum(self.spent.values())
 
-    def pool(self) -> int:
-        """Batches of P per decision after the first: ``pool_max``, but no more than the controller takes in
-        ``S // 2`` steps of offers (``offer_cap`` each), so that the round's first probes still have the
-        other half of the staleness limit to be extended and to wait for the rest of the pool."""
+    def pool_limit(self) -> int:
+        """The most batches of P one decision may pool: ``pool_max``, and no more than the controller takes in
+        ``S // 2`` steps of offers (``offer_cap`` each), so that a round's first probes keep the other half
+        of the staleness limit to be extended and to wait for the rest of the pool."""
         span = max(1, self.staleness_limit // 2)
         return max(1, min(self.pool_max, self.offer_cap * span // self.probe_batch))
 
-    def probe_cost(self) -> float:
-        """Estimated FLOPs of one probe through a decision, from what was measured (priors before that)."""
+    def pressure(self) -> float:
+        """How many times the budget's rate is exceeded by offering ``offer_cap`` probes every step (the
+        rate without a budget), at the current estimates; 0 before the first step."""
+        per_step = self.allowance() / self.steps if self.steps else 0.0
+        return self.offer_cap * self.probe_cost(1) / per_step if per_step > 0 else 0.0
+
+    def pool(self) -> int:
+        """Batches of P per decision after the first: 1 while the budget does not bind (a budget above what
+        the run spends changes nothing), else ``ceil(pressure)`` up to ``pool_limit``: the more the budget
+        thins the decisions out, the more evidence each one that is left gets."""
+        r = self.pressure()
+        return 1 if r <= 1.0 else min(self.pool_limit(), math.ceil(r))
+
+    def probe_cost(self, pool: int | None = None) -> float:
+        """Estimated FLOPs of one probe through a decision pooling ``pool`` batches (default ``pool()``), from
+        what was measured (the priors before that); the drift forward reads one batch of the pool."""
         consumed = self.probes_audited + self.probes_released
         ext = self.tokens["extension"] / consumed if consumed else self.prior_extension_tokens
         full = self.tokens["audit"] / self.probes_audited if self.probes_audited else self.prior_probe_tokens
-        drift = 1.0 / self.pool() if self.drift else 0.0
-        return self.flops.probe(ext, full, drift)
+        k = pool if pool is not None else self.pool()
+        return self.flops.probe(ext, full, 1.0 / k if self.drift else 0.0)
 
     def credit(self) -> float:
         """What the budget still allows, with every probe in flight charged its whole estimated cost (a
@@ -181,13 +196,15 @@ class DecisionBudget:
         return self.allowance() - self.decision_flops() - self.in_flight * self.probe_cost()
 
     def cadence(self) -> float:
-        """Steps between decisions the budget affords at the current estimates (one round of
-        ``pool() · P`` probes per that many steps); with the budget off, the steps per decision so far."""
+        """Steps between decisions at the current estimates: a round of ``pool() · P`` probes per that many
+        steps, at the budget's rate or at ``offer_cap`` per step, whichever is slower; with the budget off,
+        the steps per decision so far."""
         if not self.enabled:
             return self.steps / self.decisions if self.decisions else float("nan")
         per_step = self.allowance() / self.steps if self.steps else 0.0
-        need = self.pool() * self.probe_batch * self.probe_cost()
-        return need / per_step if per_step > 0 else float("nan")  # nothing trained yet: no rate to plan with
+        k = self.pool()
+        rate = min(per_step / self.probe_cost(k), float(self.offer_cap)) if per_step > 0 else 0.0  # probes/step
+        return k * self.probe_batch / rate if rate > 0 else float("nan")  # nothing trained yet: no rate
 
     # --- the two questions the probe client asks ----------------------------------------------------
 
@@ -196,16 +213,16 @@ class DecisionBudget:
 
         Offers come in rounds, one round per decision: the first round (P probes) opens at once, so the
         first decision comes as early as probes can complete; a later round (``pool() · P``) opens when the
-        credit covers its estimated cost. With the budget off: ``offer_cap``, as without a budget.
+        credit, every probe in flight charged, is not negative, so a round overshoots by at most its own
+        cost. With the budget off: ``offer_cap``, as without a budget.
         """
         if not self.enabled:
             return self.offer_cap
         if self.round_left <= 0:
-            size = self.probe_batch if self.rounds == 0 else self.pool() * self.probe_batch
-            if self.rounds > 0 and self.credit() < size * self.probe_cost():
+            if self.rounds > 0 and self.credit() < 0.0:
                 return 0
+            self.round_size = self.round_left = self.probe_batch * (self.pool() if self.rounds else 1)
             self.rounds += 1
-            self.round_size = self.round_left = size
         return min(self.round_left, self.offer_cap)
 
     def record_offers(self, accepted: int) -> None:
@@ -220,7 +237,7 @@ class DecisionBudget:
         """Ready probe batches (of P each) to audit now as one pooled audit; 0 = hold them.
 
         ``oldest_staleness``: of the oldest probe among the held batches, at the current version. Held
-        batches are audited together when the round's ``pool()`` batches are in, when nothing more is in
+        batches are audited together when the open round's batches are in, when nothing more is in
         flight to join them, or when the oldest probe is at the staleness limit (one more step would put it
         past S). The first decision takes the first ready batch. Budget off: one batch at a time.
         """
@@ -228,7 +245,7 @@ class DecisionBudget:
             return 0
         if not self.enabled:
             return 1
-        k = self.pool()
+        k = max(1, self.round_size // self.probe_batch)
         if self.decisions == 0:
             return 1
         if ready >= k:
@@ -246,7 +263,7 @@ class DecisionBudget:
     def metrics(self) -> dict[str, float]:
         """``decision/flops_share`` = D / (T + D) in FLOPs, ``decision/seconds_share`` the same in measured
         seconds, ``decision/cadence`` (steps per decision, see ``cadence``), ``decision/pool`` (probes per
-        decision after the first), and each kind's FLOPs share."""
+        decision after the first), ``decision/pressure`` (see ``pressure``), and each kind's FLOPs share."""
         d, t = self.decision_flops(), self.train_flops
         ds = sum(self.seconds.values())
         out = {
@@ -254,6 +271,7 @@ class DecisionBudget:
             "decision/seconds_share": ds / (self.train_seconds + ds) if self.train_seconds + ds > 0 else 0.0,
             "decision/cadence": self.cadence(),
             "decision/pool": float(self.pool() * self.probe_batch if self.enabled else self.probe_batch),
+            "decision/pressure": self.pressure(),
             "decision/decisions": float(self.decisions),
             "decision/in_flight": float(self.in_flight),
         }

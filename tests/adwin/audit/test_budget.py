@@ -33,7 +33,7 @@ def _make_run(steps: int = 40) -> RunShape:
 
 def _one_decision(budget: DecisionBudget, shape: RunShape) -> float:
     """The FLOPs of the largest decision the budget makes: a full pool, drift on every probe (an upper bound)."""
-    n = budget.pool() * budget.probe_batch
+    n = budget.pool_limit() * budget.probe_batch
     return n * budget.flops.probe(shape.extension_tokens, shape.probe_tokens, 1.0)
 
 
@@ -94,25 +94,48 @@ def test_a_bigger_teacher_or_longer_probes_lower_the_cadence(change: str) -> Non
     assert len(costly_run["decision_steps"]) < len(cheap_run["decision_steps"])
 
 
-def test_later_decisions_pool_batches_up_to_what_offers_and_staleness_allow() -> None:
+def test_a_budget_that_does_not_bind_changes_nothing() -> None:
+    shape = _make_run(steps=60)
+    off = simulate(_budget(None), shape)
+    assert off["decision/flops_share"] < 0.1
+    on = simulate(_budget(0.1), shape)
+    assert (on["decision_steps"], on["probes_per_decision"]) == (off["decision_steps"], off["probes_per_decision"])
+
+
+def test_a_binding_budget_pools_later_decisions_up_to_what_offers_and_staleness_allow() -> None:
     shape = _make_run(steps=80)
-    for cap, pool in ((4, 1), (8, 2), (16, 4), (64, 4)):
-        budget = _budget(0.1, cap=cap)
-        assert budget.pool() == pool
+    for cap, limit in ((4, 1), (8, 2), (16, 4), (64, 4)):
+        budget = _budget(0.01, cap=cap)
+        assert budget.pool_limit() == limit
         sizes = simulate(budget, shape)["probes_per_decision"]
-        assert sizes[0] == 8 and max(sizes[1:]) == pool * 8  # the first early and small, then pooled
+        assert budget.pressure() > limit  # the budget binds hard enough to pool up to the limit
+        assert sizes[0] == 8 and max(sizes[1:]) == limit * 8  # the first early and small, then pooled
+
+
+def test_more_pressure_pools_more_batches() -> None:
+    pools = []
+    for b in (0.3, 0.1, 0.05, 0.03, 0.01):
+        budget = _budget(b, cap=16)
+        budget.record_train(_make_run().train_tokens)
+        pools.append(budget.pool())
+    assert pools == sorted(pools) and pools[0] == 1 and pools[-1] == 4  # 4: pool_limit at 16 offers per step
 
 
 def test_held_batches_are_audited_before_their_oldest_probe_passes_the_staleness_limit() -> None:
-    budget = _budget(0.1, cap=16)  # pool of 4 batches
-    budget.record_train(1e4)
+    budget = _budget(0.01, cap=16)  # binds: pools of 4 batches
+    budget.record_train(_make_run().train_tokens)
     budget.record_offers(budget.allow_offers())
     budget.record_decision("audit", 8 * 130, probes=8)  # the first decision
-    budget.record_train(1e6)  # credit for a pooled round
-    budget.record_offers(budget.allow_offers())
+    while not budget.allow_offers():  # until the credit opens the next round
+        budget.record_train(_make_run().train_tokens)
+    assert budget.round_size == 32
+    budget.record_offers(16)  # half the round offered so far
     assert budget.pool_size(1, oldest_staleness=2) == 0  # hold for the rest of the pool
     assert budget.pool_size(1, oldest_staleness=5) == 1  # at S: audit what is held
+    budget.record_offers(16)
     assert budget.pool_size(4, oldest_staleness=0) == 4
+    budget.release(16)
+    assert budget.pool_size(2, oldest_staleness=0) == 2  # nothing more in flight to join them
 
 
 def test_the_drift_diagnostics_read_one_batch_of_a_pool() -> None:
