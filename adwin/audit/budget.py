@@ -89,7 +89,10 @@ class DecisionBudget:
     ``probe_batch`` (P), ``staleness_limit`` (S) and ``offer_cap`` (probes the controller takes per step)
     are the probe settings; ``prior_probe_tokens`` / ``prior_extension_tokens`` estimate a probe's cost
     until the first audited probes measure it (a probe's prompt + full response; the tokens an extension
-    adds). ``drift``: whether drift diagnostics run (they are charged on one batch of P per decision).
+    adds): pass upper bounds (the longest prompt + ``rollout.max_response_len``; that minus the initial
+    window), since an underestimate lets the rounds before the first audit overspend. ``drift``: whether
+    drift diagnostics run (they are charged on one batch of P per decision). Not thread-safe: call it from
+    the learner's thread (the workers' extension tokens come back there with each round's stats).
     """
 
     budget: float | None
@@ -97,9 +100,9 @@ class DecisionBudget:
     probe_batch: int
     staleness_limit: int
     offer_cap: int
+    prior_probe_tokens: float
+    prior_extension_tokens: float
     pool_max: int = 4
-    prior_probe_tokens: float = 0.0
-    prior_extension_tokens: float = 0.0
     drift: bool = False
     steps: int = 0
     train_flops: float = 0.0
@@ -138,7 +141,8 @@ class DecisionBudget:
 
     def record_decision(self, kind: DecisionKind, tokens: float, seconds: float = 0.0, probes: int = 0) -> None:
         """One decision part as it ran. ``probes``: for ``audit``, the probes that audit consumed."""
-        self.spent[kind] += self.flops.decision(kind, tokens)
+        cost = self.flops.decision(kind, tokens)  # raises for an unknown kind before anything is counted
+        self.spent[kind] += cost
         self.tokens[kind] += tokens
         self.seconds[kind] += seconds
         if kind == "audit":

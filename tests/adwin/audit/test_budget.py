@@ -193,7 +193,8 @@ def test_estimate_flops_charges_what_the_budget_charges(steps: list[tuple[float,
                                                         n_t: int, p: int) -> None:
     history = [{"rollout/prompt_tokens": pr, "rollout/sync_tokens": re, "probe/tokens": ext, "audit/probe_tokens": au}
                for pr, re, ext, au in steps]
-    budget = DecisionBudget(0.1, FlopsModel(n_s, n_t), probe_batch=p, staleness_limit=5, offer_cap=p)
+    budget = DecisionBudget(0.1, FlopsModel(n_s, n_t), probe_batch=p, staleness_limit=5, offer_cap=p,
+                            prior_probe_tokens=100.0, prior_extension_tokens=50.0)
     mean_prompt = sum(h[0] for h in steps) / (4 * len(steps))
     for pr, re, ext, au in steps:  # each audited probe is charged the mean prompt (estimate_flops' rule)
         budget.record_train(pr + re)
@@ -206,13 +207,20 @@ def test_estimate_flops_charges_what_the_budget_charges(steps: list[tuple[float,
 
 
 @pytest.mark.parametrize(("kwargs", "name"), [({"budget": 1.0}, "budget"), ({"budget": 0.0}, "budget"),
-                                              ({"probe_batch": 0}, "probe_batch"), ({"pool_max": 0}, "pool_max")])
+                                              ({"probe_batch": 0}, "probe_batch"), ({"pool_max": 0}, "pool_max"),
+                                              ({"prior_probe_tokens": -1.0}, "prior_probe_tokens")])
 def test_a_budget_built_with_an_impossible_value_names_it(kwargs: dict, name: str) -> None:
-    args = {"budget": 0.1, "probe_batch": 8, "staleness_limit": 5, "offer_cap": 8} | kwargs
+    args = {"budget": 0.1, "probe_batch": 8, "staleness_limit": 5, "offer_cap": 8, "prior_probe_tokens": 100.0,
+            "prior_extension_tokens": 50.0} | kwargs
     with pytest.raises(BudgetError, match=name):
         DecisionBudget(flops=FlopsModel(1, 1), **args)
+
+
+def test_an_unknown_decision_kind_is_refused_before_anything_is_counted() -> None:
+    budget = _budget(0.1)
     with pytest.raises(BudgetError, match="kind"):
-        FlopsModel(1, 1).decision("eval", 1.0)  # type: ignore[arg-type]
+        budget.record_decision("eval", 1.0)  # type: ignore[arg-type]
+    assert budget.decision_flops() == 0.0 and budget.decisions == 0
 
 
 def test_the_config_refuses_two_cadence_rules_naming_both_fields() -> None:
