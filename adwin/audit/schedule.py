@@ -8,8 +8,12 @@ both off by default (every ready probe batch is audited, as the paper does):
   least ``m`` away from the threshold (a decision that no plausible sampling noise flips), but never more than
   ``max_skips`` in a row, so drifting weights are re-checked.
 
-The schedule counts what it saved; ``adwin bench audit-agreement --replay`` replays a run's audits through it
-and counts the decisions that would have differed (docs/benchmarks.md).
+With the decision budget (``audit.budget``, ``adwin/audit/budget.py``) the budget decides how many probes
+exist and how ready batches are pooled, and ``every`` must stay 1 (the config refuses both); ``skip_margin``
+still applies to each decision the budget allows.
+
+The schedule counts what it saved; ``adwin bench audit-agreement --replay`` replays a run's audits through
+it and counts the decisions that would have differed (docs/benchmarks.md).
 """
 
 from __future__ import annotations

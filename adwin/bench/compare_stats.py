@@ -8,20 +8,7 @@ import statistics
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-FLOPS_FORMULA = (
-    "FLOPs = (2·N_s + 2·N_t + 6·N_s) · (prompt + response tokens of the training rollouts)"
-    " + 2·N_s · (probe extension tokens)"
-    " + (2·N_t + 6·N_s) · (prompt + response tokens of the audited probe batches)"
-)
-FLOPS_NOTE = (
-    "N_s, N_t: student and teacher parameter counts (all parameters; tied embeddings counted once, which is "
-    "the LM-head matmul). 2·N per token for a forward pass (student generation with a KV cache, teacher "
-    "scoring), 6·N per token for the student's forward+backward (Kaplan et al. 2020's standard estimate; the "
-    "ADWIN paper reports end-to-end training EFLOPs without stating its formula). The audit counts as one "
-    "forward+backward (`fast` measured 1.12x a plain one, docs/benchmarks.md). Not counted: attention's "
-    "context-length term, the prefill repeated by each probe extension round, and evaluation (identical for "
-    "every method)."
-)
+from adwin.audit.budget import FLOPS_FORMULA, FLOPS_NOTE, FlopsModel  # noqa: F401  (FLOPS_*: re-exported)
 
 # Per-method metrics aggregated over seeds (name -> label); ratios to full are taken of the means.
 METRICS: dict[str, str] = {
@@ -71,8 +58,10 @@ def estimate_flops(history: Sequence[Mapping[str, Any]], n_student: int, n_teach
     mean_prompt = prompt / samples if samples else 0.0
     audited = [h for h in history if "audit/probe_tokens" in h]
     audit_tokens = _sum(audited, "audit/probe_tokens") + mean_prompt * probe_batch * len(audited)
-    sync = (8.0 * n_student + 2.0 * n_teacher) * (prompt + response)
-    probe = 2.0 * n_student * _sum(history, "probe/tokens") + (2.0 * n_teacher + 6.0 * n_student) * audit_tokens
+    model = FlopsModel(n_student, n_teacher)
+    sync = model.train(prompt + response)
+    probe = (model.decision("extension", _sum(history, "probe/tokens")) + model.decision("scoring", audit_tokens)
+             + model.decision("audit", audit_tokens))
     return {"flops": sync + probe, "flops_sync": sync, "flops_probe": probe}
 
 

@@ -186,6 +186,24 @@ class AuditConfig(_Strict):
                                "had every cosine this far from the threshold; 0 = off")
     skip_history: int = Field(2, ge=1, le=1000, description="audits audit.skip_margin looks back over")
     max_skips: int = Field(4, ge=0, le=1_000_000, description="consecutive skips before an audit is forced")
+    # --- decision budget (adwin/audit/budget.py; docs/decisions.md, "Decision budget") ---
+    budget: float | None = Field(0.1, gt=0.0, lt=1.0, description="share of the run's FLOPs that decisions (probe "
+                                 "extension, the teacher's scoring of probes, drift diagnostics, audits) may take; "
+                                 "it sets the offer and audit cadence. None = offer every step and audit every "
+                                 "ready probe batch (audit.every / skip_margin still apply)")
+    pool_max: int = Field(4, ge=1, le=1024, description="with a budget: most probe batches (of probes.batch_size) "
+                          "pooled into one audit, evidence bought with what rarer decisions save; 1 = no pooling")
+
+    @model_validator(mode="after")
+    def _one_cadence(self) -> AuditConfig:
+        # the budget chooses the cadence itself; a fixed one-in-k on top would spend below the budget unasked.
+        # skip_margin combines: it skips an audit the budget allowed when the last ones were far from the threshold
+        if self.budget is not None and self.every > 1:
+            raise ValueError(f"audit.every={self.every} and audit.budget={self.budget} both set the audit cadence: "
+                             "set audit.budget: null to audit one ready batch in audit.every, or leave audit.every "
+                             "at 1 to let the budget choose")
+        return self
+
     @model_validator(mode="before")
     @classmethod
     def _retired_loss(cls, data: Any) -> Any:

@@ -13,6 +13,7 @@ from adwin.loop.trainer import train
 
 FIXED = {"loss"}  # the audit's loss is reverse_kl_pg by definition (one allowed value)
 SCHEDULE = {"every", "skip_margin", "skip_history", "max_skips"}  # which batches to audit: ProbeSide.schedule
+BUDGET = {"budget", "pool_max"}  # when to offer and audit: adwin.audit.budget.DecisionBudget
 
 
 def test_every_audit_option_of_the_config_reaches_the_audit_settings(tmp_path: Path) -> None:
@@ -20,9 +21,9 @@ def test_every_audit_option_of_the_config_reaches_the_audit_settings(tmp_path: P
               "audit.params": "top:1", "audit.estimator": "debiased", "audit.ci_level": 0.8, "audit.ci_samples": 50}
     cfg = load_config(None, tiny_overrides(tmp_path, **chosen))
     settings = audit_settings(cfg)
-    for name in set(AuditConfig.model_fields) - FIXED - SCHEDULE:
+    for name in set(AuditConfig.model_fields) - FIXED - SCHEDULE - BUDGET:
         assert getattr(settings, name) == getattr(cfg.audit, name), name
-    assert {k.split(".")[1] for k in chosen} == set(AuditConfig.model_fields) - FIXED - SCHEDULE  # none untested
+    assert {k.split(".")[1] for k in chosen} == set(AuditConfig.model_fields) - FIXED - SCHEDULE - BUDGET  # none untested
 
 
 def test_confidence_run_sends_intervals_and_logs_changes_per_audit(tmp_path: Path) -> None:
@@ -42,7 +43,7 @@ def test_confidence_run_sends_intervals_and_logs_changes_per_audit(tmp_path: Pat
 
 def test_audit_every_two_audits_every_other_ready_batch_and_closes_the_rest(tmp_path: Path) -> None:
     cfg = load_config(None, tiny_overrides(tmp_path, steps=6, name="every", **{
-        "audit.every": 2, "probes.backend": "inline"}))
+        "audit.every": 2, "audit.budget": None, "probes.backend": "inline"}))
     controller = Controller()
     res = train(cfg, controller)
     audited = sum(h.get("audit/submitted", 0.0) for h in res.history)
