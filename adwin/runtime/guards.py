@@ -14,6 +14,8 @@ from __future__ import annotations
 import logging
 import math
 
+from adwin.audit.errors import NonFiniteAuditError
+
 log = logging.getLogger(__name__)
 
 
@@ -25,11 +27,10 @@ def is_finite(*values: float) -> bool:
     return all(math.isfinite(float(v)) for v in values)
 
 
-def is_non_finite_audit(e: Exception) -> bool:
-    """An audit refused for NaN/Inf: by the controller (``InvalidInput``, 422) or by the audit math itself."""
-    from adwin.controller.api import InvalidInput
-
-    return isinstance(e, InvalidInput) or (isinstance(e, ValueError) and "non-finite" in str(e))
+def is_non_finite_audit(e: BaseException) -> bool:
+    """An audit refused for NaN/Inf, by the controller (``NonFiniteAudit``, 422) or by the audit math itself;
+    any other error (an unknown candidate, a bad shape) is a bug and must propagate."""
+    return isinstance(e, NonFiniteAuditError)
 
 
 class FaultCounter:

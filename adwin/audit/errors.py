@@ -1,0 +1,12 @@
+"""Errors of the audit math, in a module without torch: the controller service derives from them."""
+
+from __future__ import annotations
+
+
+class NonFiniteAuditError(ValueError):
+    """An audit whose Gram, sketches or cosines hold NaN/Inf: refused, and the window stays.
+
+    The controller's ``NonFiniteAudit`` (``adwin.controller.api``) derives from it, so a driver decides with
+    one ``isinstance`` whether the math or the controller refused it; a ``ValueError`` of the math itself
+    (bad shapes, settings) stays a plain ``ValueError``.
+    """
