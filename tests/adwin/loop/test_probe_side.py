@@ -1,4 +1,4 @@
-"""``ProbeSide``: audits in flight are collected in order, never block the learner while young, and are
+"""The probe client (as the sync trainer's ``ProbeSide`` drives it): audits in flight are collected in order, never block the learner while young, and are
 waited for once their weights are S versions old (no decision rests on older weights)."""
 
 from __future__ import annotations
@@ -7,15 +7,12 @@ import threading
 from concurrent.futures import Future
 from types import SimpleNamespace
 
-from adwin.config import ProbeConfig
-from adwin.loop.accounting import TokenLedger
-from adwin.loop.probing import ProbeSide, _Pending
+from adwin.probes.client import ProbeClient, _Pending
 from adwin.probes.pool import ProbePool
 
 
-def _side(limit: int) -> tuple[ProbeSide, list[int]]:
-    side = ProbeSide(controller=None, run_id="r", probes=ProbeConfig(staleness_limit=limit), pool=ProbePool(16),
-                     ledger=TokenLedger(16))
+def _side(limit: int) -> tuple[ProbeClient, list[int]]:
+    side = ProbeClient(controller=None, run_id="r", pool=ProbePool(16), staleness_limit=limit)  # type: ignore[arg-type]
     submitted: list[int] = []
 
     def submit(p: _Pending, version: int) -> dict[str, float]:
