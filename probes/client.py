@@ -42,8 +42,8 @@ from adwin.controller.api import ControllerAPI, ControllerError, ProbeConflict
 from adwin.controller.feasibility import expiry_warning
 from adwin.controller.schemas import (
     AuditIn,
+    AuditOut,
     OfferIn,
-    ProbeBatchOut,
     ProbeOfferItem,
     ProbePlanOut,
     ProbeReportIn,
@@ -51,6 +51,7 @@ from adwin.controller.schemas import (
 from adwin.probes.async_executor import AdvanceStats, AsyncProbeExecutor
 from adwin.probes.offers import OFFER_FINISHED, is_complete, offer_indices
 from adwin.probes.pool import Probe, ProbePool, Score, probe_batch
+from adwin.probes.workers import run_now
 from adwin.runtime.guards import is_non_finite_audit
 
 log = logging.getLogger(__name__)
@@ -73,17 +74,12 @@ class InlineAuditor:
     optimizer: Any = None  # the learner's AdamW, read by metric="adam"
 
     def submit_audit(self, job: AuditJob) -> Future[AuditOutcome]:
-        done: Future[AuditOutcome] = Future()
-        try:
-            done.set_result(run_audit_job(self.model, job, self.optimizer))
-        except Exception as e:  # noqa: BLE001 - handed back through the future, as a worker's audit is
-            done.set_exception(e)
-        return done
+        return run_now(lambda: run_audit_job(self.model, job, self.optimizer))  # a failure comes back in the future
 
 
 @dataclass
 class _Pending:
-    ready: ProbeBatchOut
+    audit_id: int
     version: int  # the weights version the audit runs under
     staleness: list[int]
     probe_tokens: float
@@ -119,6 +115,7 @@ class ProbeClient:
          "conflicts"), 0))
     audit_s: float = 0.0
     last_cosines: dict[int, float] = field(default_factory=dict)
+    last_out: AuditOut | None = None  # the controller's answer to the last audit submitted
     _keys: Any = field(default_factory=itertools.count)
     _batch_calls: dict[int, int] = field(default_factory=dict)
     _expiry_warned: bool = False
@@ -199,11 +196,13 @@ class ProbeClient:
 
     # --- extension rounds -----------------------------------------------------------------------------
 
-    def advance(self, version: int, *, to_full: bool = False, drop_unknown: bool = True) -> AdvanceStats:
+    def advance(self, version: int, *, to_full: bool = False, drop_unknown: bool = True,
+                plan_at: int | None = None) -> AdvanceStats:
         """Drop probes a controller outage left over-stale, publish weights ``version`` and run the plan.
 
         Returns at once unless the plan force-completes probes at the staleness limit (``blocked_s``; with an
-        inline worker every round blocks). ``to_full``/``drop_unknown``: ``AsyncProbeExecutor.advance``.
+        inline worker every round blocks). ``to_full``/``drop_unknown``: ``AsyncProbeExecutor.advance``;
+        ``plan_at``: the step to ask the plan at (default ``version``).
         """
         if self.executor is None:
             raise RuntimeError("advance needs a probe executor (continue-a-prefix mode)")
@@ -211,7 +210,7 @@ class ProbeClient:
         sync_s = self.executor.publish(version)
         stats = self.executor.collect(version)  # reported before the plan is read: it depends on them
         self._report(stats.reports)
-        plan = self.plan(version)
+        plan = self.plan(version if plan_at is None else plan_at)
         more = self.executor.advance(plan, version, to_full=to_full, drop_unknown=drop_unknown)
         self._report(more.reports)
         stats = _merged(stats, more)
@@ -276,6 +275,7 @@ class ProbeClient:
         """
         runner = self.auditor or self.executor
         if runner is None or self.settings is None:
+            self.evict(version)
             return {}
         m: dict[str, float] = {}
         self._collect(m, version, block=False)
@@ -303,7 +303,7 @@ class ProbeClient:
                 m |= self.drift(batch.input_ids, batch.attention_mask, batch.response_mask, [p.route for p in probes])
             job = AuditJob(ready.audit_id, version, batch, self.settings,
                            adam_moments=self.adam_moments() if self.adam_moments is not None else None)
-            self.pending.append(_Pending(ready, version, stale, float(batch.response_mask.sum()),
+            self.pending.append(_Pending(ready.audit_id, version, stale, float(batch.response_mask.sum()),
                                          runner.submit_audit(job)))
         self.evict(version)
         return self._collect(m, version, block=wait)  # an inline audit is back already
@@ -325,27 +325,33 @@ class ProbeClient:
         """An audit whose weights are S versions old is waited for: no decision rests on older weights."""
         return version - p.version >= self.staleness_limit
 
+    def submit_now(self, audit_id: int, outcome: Future[AuditOutcome], version: int, staleness: list[int],
+                   probe_tokens: float) -> dict[str, float]:
+        """Submit an audit computed outside ``audit`` (a loop that builds its own batch) like any other."""
+        return self._submit(_Pending(audit_id, version, staleness or [0], probe_tokens, outcome), version)
+
     def _submit(self, p: _Pending, version: int) -> dict[str, float]:
         """Send one finished audit to the controller; an audit refused for NaN/Inf leaves the window as it was."""
         try:
             outcome = p.future.result()
             res = outcome.result
             out = self.controller.submit_audit(
-                self.run_id, p.ready.audit_id,
+                self.run_id, p.audit_id,
                 AuditIn(cosines=res.cosines, macro_cosines=res.macro_cosines or None, cosine_ci=res.cosine_ci or None,
                         stats={"elapsed_s": res.elapsed_s, "probes": float(len(p.staleness)),
                                "weights_version": float(outcome.version)}),
-                idempotency_key=f"{self.run_id}-audit-{p.ready.audit_id}")
+                idempotency_key=f"{self.run_id}-audit-{p.audit_id}")
         except Exception as e:
             if not is_non_finite_audit(e):
                 raise
-            log.warning("audit %d rejected: %s", p.ready.audit_id, e)
+            log.warning("audit %d rejected: %s", p.audit_id, e)
             self.counts["rejected"] += 1
             return {"audit/rejected": 1.0}
         self.counts["audits"] += 1
+        self.last_out = out
         self.audit_s += res.elapsed_s
         self.last_cosines = dict(out.cosines or res.cosines)
-        m = {"audit/submitted": 1.0, "audit/id": float(p.ready.audit_id), "audit/time": res.elapsed_s,
+        m = {"audit/submitted": 1.0, "audit/id": float(p.audit_id), "audit/time": res.elapsed_s,
              "audit/staleness_max": float(max(p.staleness)), "audit/staleness_mean": float(np.mean(p.staleness)),
              "audit/probe_tokens": p.probe_tokens}
         m |= outcome.is_metrics | lag_metrics(outcome, version)

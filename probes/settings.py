@@ -11,10 +11,14 @@ callback from an ``AuditConfig`` they are given or build from their arguments.
 from __future__ import annotations
 
 from collections.abc import Sequence
+from functools import partial
+from typing import Any
 
+from adwin.audit.drift import teacher_drift
 from adwin.audit.job import AuditSettings
 from adwin.audit.schedule import AuditSchedule
 from adwin.config import AuditConfig, ProbeConfig, TrainConfig
+from adwin.probes.client import ProbeClient
 
 
 def audit_settings(audit: AuditConfig, candidates: Sequence[int], *, seed: int = 0, probes: ProbeConfig | None = None,
@@ -40,3 +44,15 @@ def run_audit_settings(cfg: TrainConfig) -> AuditSettings:
     """``audit_settings`` of a whole run config (candidates, seed, probe IS, micro-batch, autocast)."""
     return audit_settings(cfg.audit, cfg.window.candidates, seed=cfg.seed, probes=cfg.probes,
                           micro_batch=cfg.optim.micro_batch_size, autocast=cfg.model.autocast)
+
+
+def configure_audits(client: ProbeClient, cfg: TrainConfig, teachers: Any, *, pad_id: int, drift: bool = True) -> None:
+    """Give ``client`` the run's audit: settings, schedule, the teacher (``adwin.sampling.teacher.Teachers``) for
+    probes no teacher stage scored, and the drift diagnostics when the teacher has full logits and ``drift``
+    (one process logs them). The same for the sync trainer and the AsyncOPD run."""
+    client.settings = run_audit_settings(cfg)
+    client.schedule = audit_schedule(cfg.audit, cfg.window.threshold)
+    client.score = teachers.score
+    client.pad_id = pad_id
+    if drift and teachers.dense:  # drift/*: needs the teacher's full logits (not vLLM's)
+        client.drift = partial(teacher_drift, teachers.logits, candidates=tuple(cfg.window.candidates))

@@ -16,12 +16,10 @@ end of the run (``drain``).
 from __future__ import annotations
 
 from dataclasses import dataclass
-from functools import partial
 
 import numpy as np
 import torch
 
-from adwin.audit.drift import teacher_drift
 from adwin.audit.job import adam_snapshot
 from adwin.audit.schedule import AuditSchedule
 from adwin.config import TrainConfig
@@ -35,7 +33,7 @@ from adwin.policies.registry import is_audited
 from adwin.probes.client import ProbeClient
 from adwin.probes.executors import build_executor
 from adwin.probes.pool import Probe, ProbePool
-from adwin.probes.settings import audit_schedule, run_audit_settings
+from adwin.probes.settings import configure_audits
 from adwin.sampling.rollout import eos_ids, pad_id_of
 
 
@@ -138,14 +136,10 @@ def open_probe_side(cfg: TrainConfig, controller: ControllerAPI, run_id: str, pa
                                      temperature=r.temperature, top_p=r.top_p, extend=extend, workers=p.workers,
                                      ray_address=p.ray_address, ray_num_cpus=p.ray_num_cpus,
                                      fault_policy=p.fault_policy, max_reissues=p.max_reissues, optimizer=optimizer)
-    client.settings = run_audit_settings(cfg)
+    configure_audits(client, cfg, parts.teachers, pad_id=pad_id_of(parts.tokenizer, eos_ids(parts.student, parts.tokenizer)),
+                     drift=dist.is_main)  # drift/*: rank 0's (it alone logs)
     if dist.world > 1:
         client.settings.extra["combine"] = dist
-    client.schedule = audit_schedule(cfg.audit, cfg.window.threshold)
-    client.score = parts.teachers.score
-    if dist.is_main and parts.teachers.dense:  # drift/*: rank 0's; needs the teacher's full logits (not vLLM's)
-        client.drift = partial(teacher_drift, parts.teachers.logits, candidates=tuple(cfg.window.candidates))
-    client.pad_id = pad_id_of(parts.tokenizer, eos_ids(parts.student, parts.tokenizer))
     if cfg.audit.metric == "adam" and p.backend != "inline":
         client.adam_moments = lambda: adam_snapshot(optimizer, parts.student)
     return side

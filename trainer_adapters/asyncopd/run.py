@@ -30,6 +30,8 @@ from adwin.config import AsyncOPDSection, TrainConfig, lag_of
 from adwin.controller.api import ControllerAPI
 from adwin.loop.parts import Parts, build_optimizer, load_parts, open_loggers, run_spec, seed_everything
 from adwin.policies.registry import is_audited
+from adwin.probes.client import InlineAuditor
+from adwin.probes.settings import configure_audits
 from adwin.runtime.resilient_controller import controller_metrics, drain_controller
 from adwin.sampling.rollout import encode_prompts, eos_ids, pad_id_of
 from adwin.trainer_adapters.asyncopd.hf import (
@@ -37,7 +39,6 @@ from adwin.trainer_adapters.asyncopd.hf import (
     HFLearner,
     HFRolloutEngine,
     HFTeacherScorer,
-    make_auditor,
 )
 from adwin.trainer_adapters.asyncopd.items import PromptSpec
 from adwin.trainer_adapters.asyncopd.oapl import OAPLLearner
@@ -121,11 +122,11 @@ def build_asyncopd(cfg: TrainConfig, controller: ControllerAPI, *, parts: Parts 
                             aggregation=lc.aggregation, grad_clip=cfg.optim.grad_clip, is_method=lc.is_method,
                             is_low=lc.is_low, is_high=lc.is_high, clip_low=lc.clip_low, clip_high=lc.clip_high)
     probing = is_audited(cfg.window.policy) and cfg.probes.offers_per_step > 0
-    auditor = make_auditor(parts.student, cfg.window.candidates, pad_id=pad, method=cfg.audit.method,
-                           metric=cfg.audit.metric, optimizer=optimizer, sketch_dim=cfg.audit.sketch_dim,
-                           seed=cfg.seed) if probing else None
-    hooks = ControllerWindowHooks(controller, run_id, max_len=r.max_response_len, auditor=auditor,
-                                  probing=probing, report_steps=False, offer_finished=cfg.probes.offer_finished)
+    hooks = ControllerWindowHooks(controller, run_id, max_len=r.max_response_len, probing=probing,
+                                  report_steps=False, offer_finished=cfg.probes.offer_finished)
+    if probing:  # the sync trainer's audit: settings, schedule, drift; on the learner's weights between updates
+        configure_audits(hooks.client, cfg, parts.teachers, pad_id=pad)
+        hooks.client.auditor = InlineAuditor(parts.student, optimizer)
     scfg = SchedulerConfig(batch_size=r.prompts_per_step * r.samples_per_prompt, queue_depth=opts.queue_depth,
                            samples_per_prompt=r.samples_per_prompt, max_response_len=r.max_response_len,
                            worker_batch=opts.worker_batch, teacher_batch=opts.teacher_batch,

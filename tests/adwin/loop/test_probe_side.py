@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import threading
 from concurrent.futures import Future
-from types import SimpleNamespace
 
 from adwin.probes.client import ProbeClient, _Pending
 from adwin.probes.pool import ProbePool
@@ -16,7 +15,7 @@ def _side(limit: int) -> tuple[ProbeClient, list[int]]:
     submitted: list[int] = []
 
     def submit(p: _Pending, version: int) -> dict[str, float]:
-        submitted.append(p.ready.audit_id)
+        submitted.append(p.audit_id)
         return {"audit/submitted": 1.0}
 
     side._submit = submit  # type: ignore[method-assign]  # the controller round trip is tested elsewhere
@@ -24,7 +23,7 @@ def _side(limit: int) -> tuple[ProbeClient, list[int]]:
 
 
 def _pending(audit_id: int, version: int, fut: Future) -> _Pending:
-    return _Pending(SimpleNamespace(audit_id=audit_id), version, [0], 1.0, fut)
+    return _Pending(audit_id, version, [0], 1.0, fut)
 
 
 def test_young_audits_in_flight_do_not_block_and_finished_ones_are_collected_in_order() -> None:
