@@ -188,7 +188,8 @@ class AsyncProbeExecutor:
             return
         probes = [self.pool.get(pid) for pid in job.probe_ids if pid in self.pool]
         keep = [i for i, pid in enumerate(job.probe_ids) if pid in self.pool]
-        ext = Extension([ext.tokens[i] for i in keep], [ext.logprobs[i] for i in keep], [ext.finished[i] for i in keep])
+        ext = Extension([ext.tokens[i] for i in keep], None if ext.logprobs is None else [ext.logprobs[i] for i in keep],
+                        [ext.finished[i] for i in keep])
         added = self.pool.apply(probes, ext, job.version, force=job.force)
         applied = RoundStats()
         record_round(applied, probes, added, self.version, job.version, force=job.force)

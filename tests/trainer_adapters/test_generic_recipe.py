@@ -205,7 +205,7 @@ def test_expiring_most_probes_warns_once_with_the_cause_and_the_fix(caplog) -> N
     spec = RunIn(policy=PolicyIn(name="fixed", window=2, candidates=[2, 4], max_len=10), staleness_limit=1,
                  probe_batch_size=20, offers_per_step=8)
     client = WindowClient(ctrl, spec)
-    with caplog.at_level(logging.WARNING, logger="adwin.trainer_adapters.generic"):
+    with caplog.at_level(logging.WARNING, logger="adwin.probes.client"):
         for start in (0, 3):
             client.offer(start, [[5]] * 8, [[9, 9]] * 8, version=start, window=2)
             client.extend_probes(start + 1, _fake_extend(8), version=start + 1)  # staleness 1 = S: forced complete
