@@ -137,13 +137,16 @@ class ProbeClient:
         ``records[i]``: rollout ``i`` as a probe (offered at its oldest token's version); ``ended[i]``: it emitted
         EOS; ``window``: the cap it was generated under (one for all, or one per record); ``limit`` caps the
         offers. Complete records (ended, or at the horizon) need no extension: they are reported complete at the
-        next ``advance``, or now with ``complete_now`` (a loop without extension rounds).
+        next ``advance``, or now with ``complete_now`` (a loop without extension rounds, which then offers only
+        complete records).
         """
         wins = [window] * len(records) if isinstance(window, int) else list(window)
         chosen = [i for i in range(len(records))
                   if offer_indices([ended[i]], wins[i], self.max_len, self.offer_finished)][:limit]
         for i in chosen:
             records[i].finished = is_complete(ended[i], len(records[i].response_ids), self.max_len)
+        if complete_now:  # no rounds will continue a cut rollout: offer only what needs none
+            chosen = [i for i in chosen if records[i].finished]
         if not chosen:
             return []
         items = [ProbeOfferItem(sample_id=records[i].probe_id, prompt_id=records[i].prompt_id or records[i].probe_id,

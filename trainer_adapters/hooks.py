@@ -58,7 +58,7 @@ from typing import Protocol, runtime_checkable
 from adwin.controller.api import ControllerAPI
 from adwin.controller.schemas import AuditIn, StepMetricsIn
 from adwin.probes.client import ProbeClient
-from adwin.probes.offers import OFFER_FINISHED, is_complete
+from adwin.probes.offers import OFFER_FINISHED
 from adwin.probes.pool import Probe, ProbePool
 from adwin.runtime.metrics_log import numeric
 from adwin.runtime.resilient_controller import controller_metrics
@@ -277,9 +277,7 @@ class ControllerWindowHooks:
         """Offer training items that need no continuation as complete probes; returns how many were accepted."""
         if not self.probing:
             return 0
-        # this pipeline never continues a training request: only items that ended or reached the horizon
-        chosen = [it for it in items if not it.is_probe
-                  and is_complete(it.finish_reason == "eos", it.response_len, self.max_len)]
+        chosen = [it for it in items if not it.is_probe]  # complete_now: this pipeline never continues one
         with self._lock:
             accepted = self.client.offer(version, [probe_of(it) for it in chosen],
                                          [it.finish_reason == "eos" for it in chosen], [it.window for it in chosen],
