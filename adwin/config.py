@@ -310,6 +310,7 @@ class TrainConfig(_Strict):
             raise ValueError(f"loss.name: scheduler 'asyncopd' trains with {ASYNCOPD_LOSSES} (old-to-current IS "
                              f"on cached behavior logprobs, or OAPL), got {self.loss.name!r}")
         _asyncopd_needs_its_scheduler(self)
+        _asyncopd_has_no_probe_workers(self)
         _per_sample_scope(self)
         _memory_options_need_sync(self)
         check_oapl(self)
@@ -328,6 +329,19 @@ def _asyncopd_needs_its_scheduler(cfg: TrainConfig) -> None:
     if changed:
         raise ValueError(f"asyncopd.{changed[0]}: read only by scheduler 'asyncopd' (got scheduler "
                          f"{cfg.scheduler!r}); drop it or set scheduler: asyncopd (--scheduler asyncopd)")
+
+
+def _asyncopd_has_no_probe_workers(cfg: TrainConfig) -> None:
+    """AsyncOPD probes are full-length pipeline requests audited on the learner: the probe workers' knobs (the sync
+    trainer's extension rounds) have nothing to run there. Every other probe, audit and window setting applies."""
+    if cfg.scheduler != "asyncopd" or not (is_audited(cfg.window.policy) and cfg.probes.offers_per_step > 0):
+        return
+    default = ProbeConfig()
+    for name in ("backend", "workers", "ray_address", "ray_num_cpus", "fault_policy", "max_reissues"):
+        if getattr(cfg.probes, name) != getattr(default, name):
+            raise ValueError(f"probes.{name}: scheduler 'asyncopd' generates probes in its own pipeline and audits "
+                             f"them on the learner, it runs no probe workers (got {getattr(cfg.probes, name)!r}); "
+                             f"drop it, or train with scheduler: sync")
 
 
 def _per_sample_scope(cfg: TrainConfig) -> None:
