@@ -19,7 +19,7 @@ and waited for once its weights are ``S`` versions old or when asked (``drain``,
 
 The staleness rule is stated once (``_check_staleness``): no probe extended or audited may be more than ``S``
 versions stale; the controller's forced fill and expiry guarantee it, so a violation stops the run. A refused
-audit is decided by type (``adwin.runtime.guards.is_non_finite_audit``): NaN/Inf leaves the window as it was,
+audit is decided by type (``adwin.audit.errors.is_non_finite_audit``): NaN/Inf leaves the window as it was,
 anything else propagates.
 """
 
@@ -36,6 +36,7 @@ from typing import Any, Protocol
 import numpy as np
 import torch
 
+from adwin.audit.errors import is_non_finite_audit
 from adwin.audit.job import AuditJob, AuditOutcome, AuditSettings, lag_metrics, run_audit_job
 from adwin.audit.schedule import AuditSchedule
 from adwin.controller.api import ControllerAPI, ControllerError, ProbeConflict
@@ -52,7 +53,6 @@ from adwin.probes.async_executor import AdvanceStats, AsyncProbeExecutor
 from adwin.probes.offers import OFFER_FINISHED, is_complete, offer_indices
 from adwin.probes.pool import Probe, ProbePool, Score, probe_batch
 from adwin.probes.workers import run_now
-from adwin.runtime.guards import is_non_finite_audit
 
 log = logging.getLogger(__name__)
 

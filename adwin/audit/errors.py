@@ -10,3 +10,9 @@ class NonFiniteAuditError(ValueError):
     one ``isinstance`` whether the math or the controller refused it; a ``ValueError`` of the math itself
     (bad shapes, settings) stays a plain ``ValueError``.
     """
+
+
+def is_non_finite_audit(e: BaseException) -> bool:
+    """An audit refused for NaN/Inf, by the controller (``NonFiniteAudit``, 422) or by the audit math itself;
+    any other error (an unknown candidate, a bad shape) is a bug and must propagate."""
+    return isinstance(e, NonFiniteAuditError)
