@@ -37,9 +37,9 @@ Contract, in pipeline order:
    the one offer rule (``probes.offers.offer_indices``, ``offer_finished``; window-cut items are not:
    this pipeline never continues a training request).
 5. ``poll_audit(version)`` by the learner between updates: when the controller has a batch of P
-   completed probes ready (windowed FIFO), the hooks hand the items to an *auditor* (which runs
-   ``adwin.audit.alignment.audit`` under the current learner weights) and submit its ``AuditIn``; the next
-   ``on_sync`` then reads the window that audit decided.
+   completed probes ready (windowed FIFO), ``ControllerWindowHooks`` audits them through the one probe client
+   (``adwin.probes.client.ProbeClient``: the sync trainer's settings, schedule and drift, the audit under the
+   current learner weights) and submits it; the next ``on_sync`` then reads the window that audit decided.
 
 ``on_step(step, metrics)`` forwards learner metrics to the controller's telemetry (optional).
 
