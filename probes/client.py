@@ -28,7 +28,7 @@ from __future__ import annotations
 import itertools
 import logging
 from collections import deque
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import Future
 from dataclasses import dataclass, field
 from typing import Any, Protocol
@@ -116,7 +116,7 @@ class ProbeClient:
     audit_s: float = 0.0
     last_cosines: dict[int, float] = field(default_factory=dict)
     last_out: AuditOut | None = None  # the controller's answer to the last audit submitted
-    _keys: Any = field(default_factory=itertools.count)
+    _keys: Iterator[int] = field(default_factory=itertools.count)
     _batch_calls: dict[int, int] = field(default_factory=dict)
     _expiry_warned: bool = False
 
@@ -283,7 +283,8 @@ class ProbeClient:
         m: dict[str, float] = {}
         self._collect(m, version, block=False)
         for _ in range(max_batches):
-            n = self._batch_calls[version] = self._batch_calls.get(version, -1) + 1
+            n = self._batch_calls.get(version, -1) + 1
+            self._batch_calls = {version: n}  # keys repeat nowhere: one counter per version, the current one
             ready = self.controller.next_probe_batch(self.run_id, step=version,
                                                      idempotency_key=f"{self.run_id}-batch-{version}-{n}")
             if ready is None:
