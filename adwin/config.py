@@ -334,7 +334,7 @@ def _asyncopd_needs_its_scheduler(cfg: TrainConfig) -> None:
 def _asyncopd_has_no_probe_workers(cfg: TrainConfig) -> None:
     """AsyncOPD probes are full-length pipeline requests audited on the learner: the probe workers' knobs (the sync
     trainer's extension rounds) have nothing to run there. Every other probe, audit and window setting applies."""
-    if cfg.scheduler != "asyncopd" or not (is_audited(cfg.window.policy) and cfg.probes.offers_per_step > 0):
+    if cfg.scheduler != "asyncopd":
         return
     default = ProbeConfig()
     for name in ("backend", "workers", "ray_address", "ray_num_cpus", "fault_policy", "max_reissues"):
