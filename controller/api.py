@@ -23,12 +23,15 @@ from typing import Protocol, runtime_checkable
 
 import numpy as np
 
+from adwin.audit.errors import NonFiniteAuditError
+
 __all__ = [
     "AuditConflict",
     "ControllerAPI",
     "ControllerError",
     "ControllerUnavailable",
     "InvalidInput",
+    "NonFiniteAudit",
     "PayloadTooLarge",
     "ProbeConflict",
     "RunConflict",
@@ -90,6 +93,14 @@ class InvalidInput(ControllerError):
     status = 422
 
 
+class NonFiniteAudit(InvalidInput, NonFiniteAuditError):
+    """An audit refused for NaN/Inf values (recorded as a ``fallback`` decision: the window stays).
+
+    An ``InvalidInput`` (HTTP 422, clients that catch that keep working) and the audit math's
+    ``NonFiniteAuditError``, so drivers treat both refusals alike by type.
+    """
+
+
 class Unauthorized(ControllerError):
     """A write without the service's bearer token (HTTP only)."""
 
@@ -110,7 +121,11 @@ class ControllerUnavailable(ControllerError):
 
 # The service names the class in its error body ("error"); the client maps the name (or, for errors
 # the service did not name, e.g. FastAPI's own 422s, the status) back to the class.
-ERRORS: dict[str, type[ControllerError]] = {cls.__name__: cls for cls in ControllerError.__subclasses__()}
+def _subclasses(cls: type[ControllerError]) -> list[type[ControllerError]]:
+    return [c for sub in cls.__subclasses__() for c in (sub, *_subclasses(sub))]
+
+
+ERRORS: dict[str, type[ControllerError]] = {cls.__name__: cls for cls in _subclasses(ControllerError)}
 ERROR_BY_STATUS: dict[int, type[ControllerError]] = {
     401: Unauthorized, 404: UnknownRun, 409: AuditConflict, 413: PayloadTooLarge, 422: InvalidInput,
 }

@@ -21,7 +21,7 @@ from typing import Any
 import numpy as np
 from pydantic import ValidationError
 
-from adwin.controller.api import AuditConflict, InvalidInput
+from adwin.controller.api import AuditConflict, InvalidInput, NonFiniteAudit
 from adwin.controller.schemas import MAX_INT, AuditIn, AuditOut, WindowOut
 from adwin.controller.state import ControllerBase, RunState, check_finite
 from adwin.controller.store import dumps, loads
@@ -183,7 +183,7 @@ class AuditAggregator(ControllerBase):
         )
         if bad:
             self._record_fallback(run, row["audit_id"], bad)
-            raise InvalidInput(f"audit {row['audit_id']} rejected: non-finite {bad}; the window stays {run.policy.window(run.last_step)}")
+            raise NonFiniteAudit(f"audit {row['audit_id']} rejected: non-finite {bad}; the window stays {run.policy.window(run.last_step)}")
         return kind, sketch
 
     def _read_part(self, run_id: str, audit_id: int, rank: int, payload: bytes, shape: tuple[int, ...]) -> np.ndarray:

@@ -1,12 +1,13 @@
 """The probe executor: runs the controller's probe plan on workers, off the critical path.
 
-The trainer thread relays: it is the only thread that talks to the controller and mutates the pool.
-Each step it calls ``publish(version)`` after the optimizer step (a weights snapshot for the workers)
-and ``advance(controller, run, version)``, which
+The executor never talks to the controller: the probe client (``adwin.probes.client.ProbeClient``) asks
+for the plan, hands it over and sends the reports the executor returns. The trainer thread is the only
+thread that mutates the pool. Each step the client calls ``publish(version)`` after the optimizer step (a
+weights snapshot for the workers) and ``advance(plan, version)``, which
 
 1. collects rounds that finished since the last call (never waits), applies them to the pool and
-   reports them to the controller;
-2. asks for the plan at ``version``; probes the plan wants force-completed (staleness reached S) are
+   returns one report per probe (``AdvanceStats.reports``, in the order the controller must see them);
+2. follows the plan at ``version``; probes the plan wants force-completed (staleness reached S) are
    the one thing it waits for: the round holding them (if in flight), then a forced round to the
    horizon. That wait is ``blocked_s``;
 3. hands every other active probe that is not in flight to an idle worker (at most one round per
@@ -20,12 +21,11 @@ Faults: a round that raises (thread died, actor killed, ...) loses no probe sile
 replaced; each of its probes is re-issued from its last recorded prefix (the pool only changes when a
 round's result is applied, so the prefix is intact) unless the policy is ``drop`` or the probe has
 already been re-issued ``max_reissues`` times: then it is dropped, reported ``dropped`` to the
-controller and counted in ``lost``. Both come with a log line.
+controller (through the reports) and counted in ``lost``. Both come with a log line.
 """
 
 from __future__ import annotations
 
-import itertools
 import logging
 import time
 from collections.abc import Callable
@@ -34,8 +34,7 @@ from dataclasses import dataclass, field
 from typing import Any, Literal
 
 from adwin.audit.job import AuditJob, AuditOutcome
-from adwin.controller.api import ControllerAPI
-from adwin.controller.schemas import ProbeReportIn
+from adwin.controller.schemas import ProbePlanOut, ProbeReportIn
 from adwin.probes.pool import Extension, ProbePool, RoundStats, record_round
 from adwin.probes.workers import ProbeWorker, RoundJob
 
@@ -55,6 +54,9 @@ class AdvanceStats(RoundStats):
     reissued: int = 0
     lost: int = 0
     restarts: int = 0
+    dropped_stale: int = 0  # unfinished probes past S dropped before the round (missed rounds)
+    sync_s: float = 0.0  # the weights snapshot of the version (``publish``)
+    staleness: list[int] = field(default_factory=list)  # of the probes reported, at the version (the client's)
 
 
 @dataclass
@@ -87,7 +89,6 @@ class AsyncProbeExecutor:
         self.version = 0
         self._weights: Any = None
         self._attempts: dict[str, int] = {}
-        self._keys = itertools.count()
         self.totals = _Totals().counts
 
     # --- weights ----------------------------------------------------------------------------------
@@ -104,29 +105,46 @@ class AsyncProbeExecutor:
 
     # --- one step ---------------------------------------------------------------------------------
 
-    def advance(self, controller: ControllerAPI, run_id: str, version: int) -> AdvanceStats:
+    def advance(self, plan: ProbePlanOut, version: int, *, to_full: bool = False,
+                drop_unknown: bool = True) -> AdvanceStats:
+        """Follow ``plan`` (the controller's at ``version``); the reports to send are in ``stats.reports``.
+
+        ``plan`` is read after the rounds already back are applied (``collect``), as the controller must have
+        seen their reports first: the client calls ``collect`` and reports before it asks for the plan.
+        ``to_full``: extend every active probe to the horizon in this round (a loop that finishes its probes
+        in one full-length call). ``drop_unknown``: report probes the plan names but this pool never held as
+        dropped (one process holds every probe); False leaves them to the processes that hold them.
+        """
         if version != self.version:
             self.publish(version)
         stats = AdvanceStats()
-        self._collect(controller, run_id, stats, block=False)
-        plan = controller.probe_plan(run_id, version)
         stats.active = len(plan.active)
         flying = self._in_flight()
         for pid in dict.fromkeys([*plan.force_complete, *plan.active]):
-            if pid not in self.pool and pid not in flying:
+            if drop_unknown and pid not in self.pool and pid not in flying:
                 stats.dropped += 1  # unknown here (e.g. lost with a restarted trainer): the controller drops it
-                self._report(controller, run_id, [ProbeReportIn(probe_id=pid, step=version, tokens_added=0,
-                                                                version=version, dropped=True)], stats)
+                stats.reports.append(ProbeReportIn(probe_id=pid, step=version, tokens_added=0, version=version,
+                                                   dropped=True))
         forced = [pid for pid in plan.force_complete if pid in self.pool]
         if forced:
             t0 = time.perf_counter()
-            self._force(controller, run_id, forced, stats)
+            self._force(forced, stats)
             stats.blocked_s += time.perf_counter() - t0
         closed = {r.probe_id for r in stats.reports if r.finished or r.forced or r.dropped}
-        self._submit(controller, run_id, [p for p in plan.active if p not in closed], plan.extend_by, stats)
-        self._collect(controller, run_id, stats, block=False)  # inline workers are done already
+        self._submit([p for p in plan.active if p not in closed], None if to_full else plan.extend_by, stats)
+        self._collect(stats, block=False)  # inline workers are done already
         stats.in_flight = len(self._in_flight())
         for k in ("blocked_s", "reissued", "lost", "restarts"):
+            self.totals[k] += getattr(stats, k)
+        return stats
+
+    def collect(self, version: int) -> AdvanceStats:
+        """Apply the rounds that are back (never waits); their reports are in ``stats.reports``."""
+        if version != self.version:
+            self.publish(version)
+        stats = AdvanceStats()
+        self._collect(stats, block=False)
+        for k in ("reissued", "lost", "restarts"):
             self.totals[k] += getattr(stats, k)
         return stats
 
@@ -149,8 +167,7 @@ class AsyncProbeExecutor:
     def _in_flight(self) -> set[str]:
         return {pid for s in self.slots if s.job is not None for pid in s.job.probe_ids}
 
-    def _collect(self, controller: ControllerAPI, run_id: str, stats: AdvanceStats, *, block: bool,
-                 only: set[str] | None = None) -> None:
+    def _collect(self, stats: AdvanceStats, *, block: bool, only: set[str] | None = None) -> None:
         for slot in self.slots:
             if slot.future is None or slot.job is None:
                 continue
@@ -158,30 +175,30 @@ class AsyncProbeExecutor:
                 continue
             if not block and not slot.future.done():
                 continue
-            self._finish(controller, run_id, slot, stats)
+            self._finish(slot, stats)
 
-    def _finish(self, controller: ControllerAPI, run_id: str, slot: _Slot, stats: AdvanceStats) -> None:
+    def _finish(self, slot: _Slot, stats: AdvanceStats) -> None:
         job, fut = slot.job, slot.future
         assert job is not None and fut is not None
         slot.job, slot.future = None, None
         try:
             ext = fut.result()
         except Exception as e:  # noqa: BLE001 - any failed round goes through the same recovery
-            self._recover(controller, run_id, slot, job, e, stats)
+            self._recover(slot, job, e, stats)
             return
         probes = [self.pool.get(pid) for pid in job.probe_ids if pid in self.pool]
         keep = [i for i, pid in enumerate(job.probe_ids) if pid in self.pool]
-        ext = Extension([ext.tokens[i] for i in keep], [ext.logprobs[i] for i in keep], [ext.finished[i] for i in keep])
+        ext = Extension([ext.tokens[i] for i in keep], None if ext.logprobs is None else [ext.logprobs[i] for i in keep],
+                        [ext.finished[i] for i in keep])
         added = self.pool.apply(probes, ext, job.version, force=job.force)
         applied = RoundStats()
         record_round(applied, probes, added, self.version, job.version, force=job.force)
         self.totals["rounds"] += 1
         for k in ("extended", "forced", "completed", "tokens"):
             setattr(stats, k, getattr(stats, k) + getattr(applied, k))
-        self._report(controller, run_id, applied.reports, stats)
+        stats.reports += applied.reports
 
-    def _recover(self, controller: ControllerAPI, run_id: str, slot: _Slot, job: RoundJob, err: BaseException,
-                 stats: AdvanceStats) -> None:
+    def _recover(self, slot: _Slot, job: RoundJob, err: BaseException, stats: AdvanceStats) -> None:
         if not slot.worker.alive():
             slot.worker.close()
             slot.worker, slot.loaded = self.spawn(), -1
@@ -204,31 +221,30 @@ class AsyncProbeExecutor:
                 stats.reissued += 1
                 log.warning("probe %s re-issued from its %d-token prefix (attempt %d)", pid,
                             len(self.pool.get(pid).response_ids), n)
-        self._report(controller, run_id, drops, stats)
+        stats.reports += drops
 
-    def _force(self, controller: ControllerAPI, run_id: str, forced: list[str], stats: AdvanceStats) -> None:
+    def _force(self, forced: list[str], stats: AdvanceStats) -> None:
         """Complete ``forced`` now: wait for the rounds holding them, then extend them to the horizon."""
-        self._collect(controller, run_id, stats, block=True, only=set(forced))
+        self._collect(stats, block=True, only=set(forced))
         while True:
             todo = [pid for pid in forced if pid in self.pool and not self.pool.get(pid).finished]
             if not todo:
                 break
-            slot = self._idle_slot(controller, run_id, stats)
+            slot = self._idle_slot(stats)
             probes = [self.pool.get(pid) for pid in todo]
             job = self._job(slot, todo, [self.pool.budget(p, None) for p in probes], force=True)
             self._start(slot, job)
-            self._finish(controller, run_id, slot, stats)  # blocks: forced completion is the one allowed wait
+            self._finish(slot, stats)  # blocks: forced completion is the one allowed wait
 
-    def _idle_slot(self, controller: ControllerAPI, run_id: str, stats: AdvanceStats) -> _Slot:
+    def _idle_slot(self, stats: AdvanceStats) -> _Slot:
         for slot in self.slots:
             if slot.job is None:
                 return slot
         slot = self.slots[0]
-        self._finish(controller, run_id, slot, stats)  # all busy: wait for one
+        self._finish(slot, stats)  # all busy: wait for one
         return slot
 
-    def _submit(self, controller: ControllerAPI, run_id: str, active: list[str], extend_by: int,
-                stats: AdvanceStats) -> None:
+    def _submit(self, active: list[str], extend_by: int | None, stats: AdvanceStats) -> None:
         flying = self._in_flight()
         todo, done = [], []
         for pid in active:
@@ -239,7 +255,7 @@ class AsyncProbeExecutor:
             applied = RoundStats()
             record_round(applied, [self.pool.get(pid) for pid in done], {}, self.version, self.version, force=False)
             stats.completed += applied.completed
-            self._report(controller, run_id, applied.reports, stats)
+            stats.reports += applied.reports
         idle = [s for s in self.slots if s.job is None]
         if not todo or not idle:
             return
@@ -263,10 +279,3 @@ class AsyncProbeExecutor:
     def _start(self, slot: _Slot, job: RoundJob) -> None:
         slot.job, slot.future = job, slot.worker.submit(job)
         slot.loaded = max(slot.loaded, job.version)
-
-    def _report(self, controller: ControllerAPI, run_id: str, reports: list[ProbeReportIn], stats: AdvanceStats) -> None:
-        for rep in reports:
-            key = f"{run_id}-probe-{rep.probe_id}-{rep.version}-{next(self._keys)}"
-            controller.report_probe(run_id, rep, idempotency_key=key)
-            stats.reports.append(rep)
-

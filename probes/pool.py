@@ -1,8 +1,11 @@
 """The probe pool: unfinished prefixes continued toward full length off the critical path.
 
-Each probe keeps its tokens (prompt ids, response ids), the student version that produced each
-response token (the version tag: number of optimizer steps applied when the token was sampled) and the
-behavior log-probability of each token at sampling time. The controller decides *what* happens to probes
+``Probe`` is the one probe record of every loop (the sync trainer's pool, the generic/TRL client's held
+probes, an AsyncOPD completed probe request). Each probe keeps its tokens (prompt ids, response ids), the
+student version that produced each response token (the version tag: number of optimizer steps applied
+when the token was sampled), the behavior log-probability of each token at sampling time (None where the
+sampler does not give them) and, when a pipeline's teacher stage scored it already, the teacher's
+log-probabilities. ``probe_batch`` is the one builder of an audit's ``ProbeBatch`` from probes. The controller decides *what* happens to probes
 (``ProbePlanOut``: how far active probes may extend, which must be force-completed); the executor
 (``adwin.probes.async_executor``: inline, thread or Ray workers behind one interface, built by
 ``adwin.probes.executors.build_executor``) does it, applies results through ``ProbePool.apply`` and
@@ -31,7 +34,7 @@ class Extension:
     """What an extender returns for a batch of contexts (ragged, one entry per context)."""
 
     tokens: list[list[int]]
-    logprobs: list[list[float]]
+    logprobs: list[list[float]] | None  # None: the sampler gives no behavior logprobs
     finished: list[bool]  # emitted EOS
 
 
@@ -47,26 +50,33 @@ class Probe:
     prompt_ids: list[int]
     response_ids: list[int]
     versions: list[int]  # one tag per response token
-    behavior_logprobs: list[float]  # one per response token
-    route: str
-    submitted_step: int
+    behavior_logprobs: list[float] | None  # one per response token; None: unknown (e.g. a user's Extend)
+    route: str = "default"
+    submitted_step: int = 0  # the version it was offered at
     finished: bool = False  # EOS emitted, or the full horizon reached
     forced: bool = False
+    prompt_id: str = ""  # groups rollouts of one prompt (stratified selection); "" = the probe id
+    teacher_logprobs: list[float] | None = None  # one per response token, when a teacher stage scored it
 
     @property
     def oldest_version(self) -> int:
-        return min(self.versions) if self.versions else 0
+        return min(self.versions) if self.versions else self.submitted_step
 
     def staleness(self, version_now: int) -> int:
         """Optimizer steps between the oldest token's weights and ``version_now``."""
         return version_now - self.oldest_version
 
-    def append(self, tokens: Sequence[int], logprobs: Sequence[float], version: int) -> None:
-        if len(tokens) != len(logprobs):
+    def append(self, tokens: Sequence[int], logprobs: Sequence[float] | None, version: int) -> None:
+        """Add tokens sampled by weights ``version``; ``logprobs`` None makes the behavior logprobs unknown."""
+        if logprobs is not None and len(tokens) != len(logprobs):
             raise ValueError(f"probe {self.probe_id}: {len(tokens)} tokens but {len(logprobs)} logprobs")
         self.response_ids.extend(int(t) for t in tokens)
-        self.behavior_logprobs.extend(float(x) for x in logprobs)
+        if logprobs is None or self.behavior_logprobs is None:
+            self.behavior_logprobs = None
+        else:
+            self.behavior_logprobs.extend(float(x) for x in logprobs)
         self.versions.extend([version] * len(tokens))
+        self.teacher_logprobs = None  # the teacher scores the extended probe again
 
 
 @dataclass
@@ -100,7 +110,9 @@ class ProbePool:
         return self._probes[probe_id]
 
     def add(self, probe: Probe) -> None:
-        if len(probe.versions) != len(probe.response_ids) or len(probe.behavior_logprobs) != len(probe.response_ids):
+        n = len(probe.response_ids)
+        if len(probe.versions) != n or any(v is not None and len(v) != n
+                                           for v in (probe.behavior_logprobs, probe.teacher_logprobs)):
             raise ValueError(f"probe {probe.probe_id}: versions/logprobs must tag every response token")
         with self._lock:
             if probe.probe_id in self._probes:
@@ -140,7 +152,7 @@ class ProbePool:
         for i, p in enumerate(probes):
             if p.probe_id not in self._probes:
                 continue
-            p.append(ext.tokens[i], ext.logprobs[i], version)
+            p.append(ext.tokens[i], None if ext.logprobs is None else ext.logprobs[i], version)
             added[p.probe_id] = len(ext.tokens[i])
             at_horizon = len(p.response_ids) >= self.max_response_len
             # A forced probe is complete by definition once its one long extension returns.
@@ -149,18 +161,33 @@ class ProbePool:
             self.tokens_generated += len(ext.tokens[i])
         return added
 
-    def probe_batch(self, probes: Sequence[Probe], pad_id: int,
-                    score: Callable[[torch.Tensor, torch.Tensor, list[str]], torch.Tensor]) -> ProbeBatch:
-        """Right-padded rows (``layout``) of complete probes, teacher-scored by ``score(input_ids, attention_mask,
-        routes)``."""
-        if not probes:
-            raise ValueError("a probe batch needs at least one probe")
-        rows = layout([p.prompt_ids for p in probes], [p.response_ids for p in probes], pad_id)
+
+Score = Callable[[torch.Tensor, torch.Tensor, list[str]], torch.Tensor]  # (ids, mask, routes) -> (B, L)
+
+
+def probe_batch(probes: Sequence[Probe], pad_id: int, score: Score | None = None) -> ProbeBatch:
+    """Right-padded rows (``layout``) of complete probes with their version tags, behavior logprobs (when every
+    probe has them) and teacher logprobs: those a teacher stage stored on every probe, else ``score(input_ids,
+    attention_mask, routes)``."""
+    if not probes:
+        raise ValueError("a probe batch needs at least one probe")
+    rows = layout([p.prompt_ids for p in probes], [p.response_ids for p in probes], pad_id)
+    behavior = None
+    if all(p.behavior_logprobs is not None for p in probes):
         behavior = response_values(rows, [p.behavior_logprobs for p in probes])  # (B, L)
-        versions = response_values(rows, [p.versions for p in probes], fill=-1, dtype=torch.long)  # (B, L)
-        teacher = score(rows.input_ids, rows.attention_mask, [p.route for p in probes]) * rows.response_mask  # (B, L)
-        return ProbeBatch(rows.input_ids, rows.attention_mask, rows.response_mask, teacher,
-                          behavior_logprobs=behavior, versions=versions)
+    versions = response_values(rows, [p.versions for p in probes], fill=-1, dtype=torch.long)  # (B, L)
+    stored = [p.teacher_logprobs for p in probes]
+    if all(t is not None for t in stored):
+        teacher = response_values(rows, stored)  # (B, L), 0 off the response
+    elif score is None:
+        unscored = next(p.probe_id for p in probes if p.teacher_logprobs is None)
+        raise ValueError(f"probe {unscored} reached the audit unscored and no teacher was given")
+    else:
+        with torch.no_grad():
+            teacher = score(rows.input_ids, rows.attention_mask, [p.route for p in probes]).float()  # (B, L)
+        teacher = teacher * rows.response_mask
+    return ProbeBatch(rows.input_ids, rows.attention_mask, rows.response_mask, teacher,
+                      behavior_logprobs=behavior, versions=versions)
 
 
 def record_round(stats: RoundStats, probes: Sequence[Probe], added: dict[str, int], step: int, version: int,

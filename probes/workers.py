@@ -66,13 +66,13 @@ class InlineWorker:
         self.extend, self.audit = extend, audit
 
     def submit(self, job: RoundJob) -> Future[Extension]:
-        return _run_now(lambda: self.extend(job.contexts, job.budgets))
+        return run_now(lambda: self.extend(job.contexts, job.budgets))
 
     def submit_audit(self, job: AuditJob) -> Future[AuditOutcome]:
         if self.audit is None:
             raise RuntimeError("this inline worker was built without an audit function")
         audit = self.audit
-        return _run_now(lambda: audit(job))
+        return run_now(lambda: audit(job))
 
     def alive(self) -> bool:
         return True
@@ -81,7 +81,7 @@ class InlineWorker:
         return None
 
 
-def _run_now(fn: Callable[[], Any]) -> Future[Any]:
+def run_now(fn: Callable[[], Any]) -> Future[Any]:
     fut: Future[Any] = Future()
     try:
         fut.set_result(fn())

@@ -24,7 +24,6 @@ vLLM engine or a test double:
 from __future__ import annotations
 
 import hashlib
-import logging
 import math
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
@@ -32,40 +31,30 @@ from typing import Any
 
 import torch
 
-from adwin.audit.alignment import AuditResult, ProbeBatch, audit
+from adwin.audit.alignment import ProbeBatch
+from adwin.audit.job import AuditJob, AuditSettings
+from adwin.config import AuditConfig
 from adwin.controller.api import ControllerAPI
-from adwin.controller.feasibility import expiry_warning
-from adwin.controller.schemas import (
-    AuditIn,
-    AuditOut,
-    OfferIn,
-    ProbeOfferItem,
-    ProbeOut,
-    ProbePlanOut,
-    ProbeReportIn,
-    RunIn,
-    StepMetricsIn,
-)
+from adwin.controller.schemas import AuditOut, ProbeOut, ProbePlanOut, ProbeReportIn, RunIn, StepMetricsIn
 from adwin.objectives.losses import token_logprobs
-from adwin.probes.offers import OFFER_FINISHED, is_complete, offer_indices
+from adwin.probes.async_executor import AsyncProbeExecutor
+from adwin.probes.client import InlineAuditor, ProbeClient
+from adwin.probes.offers import OFFER_FINISHED
+from adwin.probes.pool import Extension, Probe, ProbePool, probe_batch
+from adwin.probes.settings import audit_schedule, audit_settings
+from adwin.probes.workers import InlineWorker
 from adwin.runtime.resilient_controller import controller_metrics, drain_controller
-from adwin.sampling.rollout import generate, layout, response_values
+from adwin.sampling.rollout import generate
 from adwin.trainer_adapters.registration import check_feasible, register, resilient
-
-logger = logging.getLogger(__name__)
 
 Extend = Callable[[list[list[int]], list[int]], tuple[list[list[int]], list[bool]]]
 Score = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
 
 
-@dataclass
-class HeldProbe:
-    """A probe this process holds: its tokens and the student version of each response token."""
-
-    prompt_ids: list[int]
-    response_ids: list[int]
-    versions: list[int]
-    finished: bool = False
+def HeldProbe(prompt_ids: list[int], response_ids: list[int], versions: list[int],  # noqa: N802 - the old record's name
+              finished: bool = False) -> Probe:
+    """A probe this process holds: the one probe record (``adwin.probes.pool.Probe``), without behavior logprobs."""
+    return Probe("", list(prompt_ids), list(response_ids), list(versions), None, finished=finished)
 
 
 @dataclass
@@ -86,6 +75,12 @@ class ClientStats:
 class WindowClient:
     """The controller, seen from one training process: window, probes, audits, step metrics.
 
+    A thin driver of the one probe client (``adwin.probes.client.ProbeClient``, ``self.probe_client``): probes
+    continue with the ``Extend`` each ``extend_probes`` call is given, audits run on the model ``maybe_audit``
+    is given, with the settings of ``audit`` (an ``AuditConfig``; default: its defaults) and the keyword
+    arguments of ``maybe_audit``/``audit_and_submit`` over them; ``audit.every``/``audit.skip_*`` schedule the
+    audits as in the built-in trainer.
+
     ``offer_finished`` (``probes.offers``): ``"always"`` (the adapters' default) also offers rollouts that
     finished inside the window as complete probes, so a window most rollouts fit into keeps auditing;
     ``"at_horizon"`` is the paper's rule (unfinished prefixes only, finished ones at the full horizon).
@@ -96,7 +91,8 @@ class WindowClient:
     """
 
     def __init__(self, controller: ControllerAPI, run: str | RunIn, *, offer_finished: str = "always",
-                 resume: bool = False, resilient_controller: bool = True, rollouts_per_step: int | None = None) -> None:
+                 resume: bool = False, resilient_controller: bool = True, rollouts_per_step: int | None = None,
+                 audit: AuditConfig | None = None) -> None:
         if offer_finished not in OFFER_FINISHED:
             raise ValueError(f"offer_finished must be one of {OFFER_FINISHED}, got {offer_finished!r}")
         self.offer_finished = offer_finished
@@ -109,11 +105,26 @@ class WindowClient:
         self.max_len: int = int(policy["max_len"])
         self.staleness_limit: int = int(out.spec.get("staleness_limit", 1 << 30))
         self.probe_batch_size: int = int(out.spec.get("probe_batch_size", 1))
-        self._expiry_warned = False
-        self.probes: dict[str, HeldProbe] = {}
-        self.stats = ClientStats()
+        self.audit_config = audit or AuditConfig()
+        self.probe_client = ProbeClient(self.controller, self.run_id, ProbePool(self.max_len), self.staleness_limit,
+                                        offer_finished=offer_finished, probe_batch_size=self.probe_batch_size,
+                                        schedule=audit_schedule(self.audit_config, float(policy.get("threshold", 0.7))))
+        self._extend: Extend | None = None  # the one extension rounds use: the last ``extend_probes`` call's
+        self.probe_client.executor = AsyncProbeExecutor(self.probe_client.pool, lambda: InlineWorker(self._extender))
+        self.probe_tokens = 0
         self.last_window: int | None = None
         self.last_step: int | None = None  # the batch forms at it: the controller's reads do not record it
+
+    @property
+    def probes(self) -> dict[str, Probe]:
+        """The probes this process holds, by id (offered, extended or complete, not yet audited)."""
+        return {p.probe_id: p for p in self.probe_client.pool.snapshot()}
+
+    @property
+    def stats(self) -> ClientStats:
+        c, pc = self.probe_client.counts, self.probe_client
+        return ClientStats(c["offered"], c["accepted"], self.probe_tokens, c["completed"], c["forced"], c["audits"],
+                           c["expired"], pc.audit_s, dict(pc.last_cosines))
 
     # --- window -----------------------------------------------------------------------------------
 
@@ -121,6 +132,7 @@ class WindowClient:
         """The response-token cap for ``step``; cached by the controller, never blocks on probes."""
         self.last_window = self.controller.get_window(self.run_id, step).window
         self.last_step = step
+        self.probe_client.window = self.last_window
         return self.last_window
 
     # --- probes -----------------------------------------------------------------------------------
@@ -150,29 +162,14 @@ class WindowClient:
             return []  # nothing to audit without candidates
         done = list(finished) if finished is not None else [False] * len(responses)
         cap = window if window is not None else self.last_window if self.last_window is not None else self.max_len
-        chosen = offer_indices(done, cap, self.max_len, self.offer_finished)[:limit]
-        items: list[ProbeOfferItem] = []
-        by_id: dict[str, HeldProbe] = {}
-        for i in chosen:
-            p, r = prompts[i], responses[i]
-            sid = f"{self.run_id}:{step}:{i}"
-            key = prompt_keys[i] if prompt_keys is not None else _prompt_key(p)
-            items.append(ProbeOfferItem(sample_id=sid, prompt_id=key, response_len=len(r), version=version))
-            by_id[sid] = HeldProbe(list(map(int, p)), list(map(int, r)), [version] * len(r),
-                                   finished=is_complete(done[i], len(r), self.max_len))
-        if not items:
-            return []
-        out = self.controller.offer_probes(
-            self.run_id, OfferIn(step=step, offers=items), idempotency_key=f"offer:{step}:{items[0].sample_id}"
-        )
-        for pid in out.accepted:
-            self.probes[pid] = by_id[pid]
-        self.stats.offered += len(items)
-        self.stats.accepted += len(out.accepted)
-        return list(out.accepted)
+        records = [Probe(f"{self.run_id}:{step}:{i}", list(map(int, p)), list(map(int, r)), [version] * len(r), None,
+                         submitted_step=version,
+                         prompt_id=prompt_keys[i] if prompt_keys is not None else _prompt_key(p))
+                   for i, (p, r) in enumerate(zip(prompts, responses, strict=True))]
+        return self.probe_client.offer(step, records, done, cap, limit=limit)
 
     def probe_plan(self, step: int) -> ProbePlanOut:
-        return self.controller.probe_plan(self.run_id, step)
+        return self.probe_client.plan(step)
 
     def report(
         self,
@@ -193,17 +190,7 @@ class WindowClient:
 
     def forget_expired(self, version: int) -> int:
         """Drop finished probes past the staleness limit: the controller expires them, no batch will name them."""
-        gone = [pid for pid, p in self.probes.items()
-                if p.finished and p.versions and version - min(p.versions) > self.staleness_limit]
-        for pid in gone:
-            del self.probes[pid]
-        self.stats.expired += len(gone)
-        warning = expiry_warning(self.stats.expired, self.stats.accepted, probe_batch_size=self.probe_batch_size,
-                                 staleness_limit=self.staleness_limit)
-        if warning and not self._expiry_warned:
-            self._expiry_warned = True
-            logger.warning("run %s: %s", self.run_id, warning)
-        return len(gone)
+        return self.probe_client.evict(version)
 
     def extend_probes(self, step: int, extend: Extend, *, version: int, to_full: bool = False) -> int:
         """One extension round over the held active probes; returns the probe tokens generated.
@@ -214,36 +201,18 @@ class WindowClient:
         controller lists but this process does not hold belong to other processes and are skipped.
         """
         self.forget_expired(version)
-        plan = self.probe_plan(step)
-        forced = set(plan.force_complete)
-        held = [pid for pid in plan.active if pid in self.probes]
-        for pid in held:  # offered complete (finished inside the window): nothing to generate
-            if self.probes[pid].finished:
-                self.report(step, pid, 0, version, finished=True)
-                self.stats.completed += 1
-        ids = [pid for pid in held if not self.probes[pid].finished]
-        if not ids:
-            return 0
-        budgets = []
-        for pid in ids:
-            room = self.max_len - len(self.probes[pid].response_ids)
-            budgets.append(room if (to_full or pid in forced) else min(plan.extend_by, room))
-        contexts = [self.probes[pid].prompt_ids + self.probes[pid].response_ids for pid in ids]
-        new_tokens, eos = extend(contexts, budgets)
-        added = 0
-        for pid, budget, toks, hit_eos in zip(ids, budgets, new_tokens, eos, strict=True):
-            probe = self.probes[pid]
-            toks = list(map(int, toks))[:budget]
-            probe.response_ids += toks
-            probe.versions += [version] * len(toks)
-            probe.finished = bool(hit_eos) or len(probe.response_ids) >= self.max_len
-            is_forced = pid in forced and not probe.finished
-            self.report(step, pid, len(toks), version, finished=probe.finished, forced=is_forced)
-            added += len(toks)
-            self.stats.completed += int(probe.finished or is_forced)
-            self.stats.forced += int(is_forced)
-        self.stats.probe_tokens += added
-        return added
+        self._extend = extend
+        stats = self.probe_client.advance(version, to_full=to_full, drop_unknown=False, plan_at=step)
+        self.probe_tokens += stats.tokens
+        return stats.tokens
+
+    def _extender(self, contexts: list[list[int]], budgets: list[int]) -> Extension:
+        """The user's ``Extend`` as the pool's extender: each continuation cut to its budget, no behavior logprobs."""
+        if self._extend is None:
+            raise RuntimeError("extend_probes sets the Extend a round uses")
+        new_tokens, eos = self._extend(contexts, budgets)
+        return Extension([list(map(int, t))[:b] for t, b in zip(new_tokens, budgets, strict=True)], None,
+                         [bool(e) for e in eos])
 
     # --- audits -----------------------------------------------------------------------------------
 
@@ -254,48 +223,47 @@ class WindowClient:
         audit_id: int,
         candidates: Sequence[int] | None = None,
         **audit_kwargs: Any,
-    ) -> AuditOut:
-        """Audit ``probe_batch`` under the model's current weights and hand the Gram to the controller.
+    ) -> AuditOut | None:
+        """Audit ``probe_batch`` under the model's current weights and hand it to the controller.
 
-        The controller computes the cosines from the Gram with the run's candidates, so the audit must
-        use exactly those. ``audit`` takes gradients with ``autograd.grad``: no ``.grad`` is touched.
+        The controller decides with the run's candidates, so the audit must use exactly those. ``audit`` takes
+        gradients with ``autograd.grad``: no ``.grad`` is touched. None when the audit was refused for NaN/Inf
+        (the window stays; ``probe/audits_rejected``).
         """
         cands = list(candidates) if candidates is not None else self.candidates
         if cands != self.candidates:
             raise ValueError(f"audit candidates {cands} differ from the run's {self.candidates}")
-        result: AuditResult = audit(model, probe_batch, cands, **audit_kwargs)
-        if result.gram is None:
-            raise ValueError(f"audit method {result.method!r} returned no Gram matrix")
-        stats = {"elapsed_s": result.elapsed_s, **result.extra}
-        out = self.controller.submit_audit(
-            self.run_id,
-            audit_id,
-            AuditIn(
-                gram=result.gram.tolist(),
-                macro_cosines=result.macro_cosines or None,
-                stats={k: float(v) for k, v in stats.items() if math.isfinite(v)},
-            ),
-            idempotency_key=f"audit:{audit_id}",
-        )
-        self.stats.audits += 1
-        self.stats.audit_s += result.elapsed_s
-        self.stats.last_cosines = dict(out.cosines or result.cosines)
-        return out
+        optimizer = audit_kwargs.pop("optimizer", None)
+        version = self.last_step if self.last_step is not None else 0
+        job = AuditJob(audit_id, version, probe_batch, self._settings(audit_kwargs))
+        tags = probe_batch.versions
+        stale = [] if tags is None or not (tags >= 0).any() else [version - int(tags[tags >= 0].min())]
+        self.probe_client.last_out = None
+        self.probe_client.submit_now(audit_id, InlineAuditor(model, optimizer).submit_audit(job), version, stale,
+                                     float(probe_batch.response_mask.sum()))
+        return self.probe_client.last_out
 
     def maybe_audit(self, model: torch.nn.Module, score: Score, *, pad_id: int, **audit_kwargs: Any) -> AuditOut | None:
-        """If the controller has a complete probe batch, audit it and submit; else None.
+        """If the controller has a complete probe batch, audit it and submit; else None (also when the audit
+        was refused for NaN/Inf: the window stays). The batch's probes are dropped from ``probes`` (consumed)."""
+        pc = self.probe_client
+        pc.auditor = InlineAuditor(model, audit_kwargs.pop("optimizer", None))
+        pc.settings = self._settings(audit_kwargs)
+        pc.score, pc.pad_id = (lambda ids, mask, routes: score(ids, mask)), pad_id
+        pc.last_out = None
+        pc.audit(self.last_step if self.last_step is not None else 0, wait=True)
+        return pc.last_out
 
-        The batch's probes are dropped from ``probes`` afterwards (they are consumed).
-        """
-        batch = self.controller.next_probe_batch(self.run_id, step=self.last_step)
-        if batch is None:
-            return None
-        missing = [pid for pid in batch.probe_ids if pid not in self.probes]
-        if missing:
-            raise KeyError(f"probe batch {batch.audit_id} names probes this client does not hold: {missing[:3]}")
-        held = [self.probes.pop(pid) for pid in batch.probe_ids]
-        probe_batch = build_probe_batch(held, score, pad_id=pad_id)
-        return self.audit_and_submit(model, probe_batch, batch.audit_id, **audit_kwargs)
+    def _settings(self, audit_kwargs: dict[str, Any]) -> AuditSettings:
+        """``audit_config`` with ``audit_kwargs`` over it (``audit.*`` fields; ``micro_batch``/``autocast``; the
+        rest of ``adwin.audit.alignment.audit``'s arguments pass through)."""
+        kw = dict(audit_kwargs)
+        fields = {k: kw.pop(k) for k in list(kw) if k in AuditConfig.model_fields}
+        cfg = AuditConfig.model_validate(self.audit_config.model_dump() | fields)  # checked like a config
+        s = audit_settings(cfg, self.candidates, seed=int(kw.pop("seed", 0)), micro_batch=kw.pop("micro_batch", None),
+                           autocast=kw.pop("autocast", "off"))
+        s.extra = kw
+        return s
 
     # --- telemetry --------------------------------------------------------------------------------
 
@@ -316,8 +284,9 @@ class WindowClient:
             "probe/completed": float(s.completed),
             "probe/forced": float(s.forced),
             "probe/expired": float(s.expired),
-            "probe/held": float(len(self.probes)),
+            "probe/held": float(len(self.probe_client.pool)),
             "probe/audits": float(s.audits),
+            "probe/audits_rejected": float(self.probe_client.counts["rejected"]),
             "probe/audit_s": float(s.audit_s),
         })
         for c, v in s.last_cosines.items():
@@ -349,25 +318,24 @@ def pack(
     """Right-padded (``adwin.sampling.rollout.layout``), teacher-scored ``ProbeBatch`` of prompt + response rows.
 
     The same layout serves a training step (``input_ids``, ``response_mask``, ``teacher_logprobs``)
-    and an audit. ``versions`` tags each response token with the student version that produced it.
+    and an audit (the one builder, ``adwin.probes.pool.probe_batch``). ``versions`` tags each response token
+    with the student version that produced it.
     """
     if not prompts:
         raise ValueError("pack needs at least one row")
     if any(len(p) == 0 for p in prompts):
         raise ValueError("each row needs at least one prompt token (column 0 has no predictor)")
-    rows = layout(prompts, responses, pad_id)
-    tags = None if versions is None else response_values(rows, versions, fill=-1, dtype=torch.long)  # (B, L)
-    with torch.no_grad():
-        teacher = score(rows.input_ids, rows.attention_mask).float() * rows.response_mask  # (B, L), 0 off the response
-    return ProbeBatch(rows.input_ids, rows.attention_mask, rows.response_mask, teacher, versions=tags)
+    tags = versions if versions is not None else [[0] * len(r) for r in responses]
+    batch = build_probe_batch([HeldProbe(list(p), list(r), list(v)) for p, r, v in zip(prompts, responses, tags,
+                                                                                       strict=True)], score, pad_id=pad_id)
+    if versions is None:
+        batch.versions = None
+    return batch
 
 
-def build_probe_batch(probes: Sequence[HeldProbe], score: Score, *, pad_id: int) -> ProbeBatch:
-    """``pack`` of complete held probes, with their version tags."""
-    return pack(
-        [p.prompt_ids for p in probes], [p.response_ids for p in probes], score,
-        pad_id=pad_id, versions=[p.versions for p in probes],
-    )
+def build_probe_batch(probes: Sequence[Probe], score: Score, *, pad_id: int) -> ProbeBatch:
+    """``adwin.probes.pool.probe_batch`` of complete held probes, scored by a two-argument ``Score``."""
+    return probe_batch(probes, pad_id, lambda ids, mask, routes: score(ids, mask))
 
 
 def teacher_scorer(teacher: torch.nn.Module, *, temperature: float = 1.0) -> Score:

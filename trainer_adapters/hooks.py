@@ -37,9 +37,9 @@ Contract, in pipeline order:
    the one offer rule (``probes.offers.offer_indices``, ``offer_finished``; window-cut items are not:
    this pipeline never continues a training request).
 5. ``poll_audit(version)`` by the learner between updates: when the controller has a batch of P
-   completed probes ready (windowed FIFO), the hooks hand the items to an *auditor* (which runs
-   ``adwin.audit.alignment.audit`` under the current learner weights) and submit its ``AuditIn``; the next
-   ``on_sync`` then reads the window that audit decided.
+   completed probes ready (windowed FIFO), ``ControllerWindowHooks`` audits them through the one probe client
+   (``adwin.probes.client.ProbeClient``: the sync trainer's settings, schedule and drift, the audit under the
+   current learner weights) and submits it; the next ``on_sync`` then reads the window that audit decided.
 
 ``on_step(step, metrics)`` forwards learner metrics to the controller's telemetry (optional).
 
@@ -55,10 +55,11 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Protocol, runtime_checkable
 
-from adwin.controller.api import ControllerAPI, ControllerError, ProbeConflict
-from adwin.controller.feasibility import expiry_warning
-from adwin.controller.schemas import AuditIn, OfferIn, ProbeOfferItem, ProbeReportIn, StepMetricsIn
-from adwin.probes.offers import OFFER_FINISHED, is_complete, offer_indices
+from adwin.controller.api import ControllerAPI
+from adwin.controller.schemas import AuditIn, StepMetricsIn
+from adwin.probes.client import ProbeClient
+from adwin.probes.offers import OFFER_FINISHED
+from adwin.probes.pool import Probe, ProbePool
 from adwin.runtime.metrics_log import numeric
 from adwin.runtime.resilient_controller import controller_metrics
 from adwin.trainer_adapters.registration import check_feasible, resilient
@@ -69,10 +70,17 @@ FINISH_REASONS: tuple[str, ...] = ("eos", "window", "horizon")
 
 
 class StampedItem(Protocol):
-    """What the hooks read from a completed item; the scheduler's item carries more (tokens, logprobs)."""
+    """What the hooks read from a completed item (the scheduler's ``StreamItem``; it carries more)."""
 
     request_id: str
     prompt_id: str
+    prompt_ids: list[int]
+    route: str
+    submitted_version: int
+    tokens: list[int]
+    logprobs: list[float]  # behavior logprob of each token
+    token_versions: list[int]  # the weights version of each token
+    teacher_logprobs: list[float] | None  # filled by the teacher stage
     window: int  # the window in force when the request was submitted
     max_tokens: int  # the cap it was given: window, or max_response_len for probes
     is_probe: bool
@@ -181,7 +189,8 @@ class StaticWindowHooks:
 
 
 class ControllerWindowHooks:
-    """``WindowHooks`` backed by a ``ControllerAPI`` (in-process ``Controller`` or ``RemoteController``).
+    """``WindowHooks`` backed by a ``ControllerAPI`` (in-process ``Controller`` or ``RemoteController``): a thin
+    driver of the one probe client (``adwin.probes.client.ProbeClient``, ``self.client``) in its fresh-probe mode.
 
     ``max_len`` is the full horizon (probes generate up to it). ``probing=False`` never offers probes
     (non-adwin policies). ``offers_per_version`` limits how many offers are made per learner version
@@ -191,53 +200,59 @@ class ControllerWindowHooks:
     ``offer_finished`` (default ``"always"``, as every adapter) is the rule ``offer_complete`` applies.
     ``resilient_controller`` (default True) keeps the pipeline on the last window while the controller is
     away (``ResilientController``); ``metrics()`` gives its ``controller/*`` gauges.
-    Thread-safe: the feeder calls ``plan_request`` while the learner thread calls the rest.
+
+    Audits: ``self.client`` audits nothing until it has settings and an auditor; ``build_asyncopd`` gives it the
+    run's (``adwin.probes.settings.configure_audits`` and an ``InlineAuditor`` on the learner's student), the
+    same settings, schedule and drift diagnostics as the synchronous trainer.
+    Thread-safe: the feeder calls ``plan_request`` while the learner thread calls the rest (offers, which both
+    make, go one at a time; an audit never holds up the feeder).
     """
 
-    def __init__(self, controller: ControllerAPI, run_id: str, *, max_len: int, auditor: Auditor | None = None,
-                 probing: bool = True, offers_per_version: int | None = None, report_steps: bool = True,
-                 max_audits_per_poll: int = 1, offer_finished: str = "always",
-                 resilient_controller: bool = True) -> None:
+    def __init__(self, controller: ControllerAPI, run_id: str, *, max_len: int, probing: bool = True,
+                 offers_per_version: int | None = None, report_steps: bool = True, max_audits_per_poll: int = 1,
+                 offer_finished: str = "always", resilient_controller: bool = True) -> None:
         if offer_finished not in OFFER_FINISHED:
             raise ValueError(f"offer_finished must be one of {OFFER_FINISHED}, got {offer_finished!r}")
         self.offer_finished = offer_finished
         self.controller, self.run_id, self.max_len = resilient(controller, resilient_controller), run_id, max_len
-        controller = self.controller
-        self.auditor, self.probing, self.report_steps = auditor, probing, report_steps
-        run = controller.get_run(run_id)
+        self.probing, self.report_steps = probing, report_steps
+        run = self.controller.get_run(run_id)
         if probing:
             check_feasible(run)  # a run whose probes can never form a batch fails before the pipeline starts
         spec = run.spec
         self.offers_per_version = int(spec.get("offers_per_step", 0) if offers_per_version is None
                                       else offers_per_version)
         self.max_audits_per_poll = max_audits_per_poll
-        self.staleness_limit = int(spec.get("staleness_limit", 1 << 30))
-        self.probe_batch_size = int(spec.get("probe_batch_size", 1))
-        self._expiry_warned = False
-        self._lock = threading.Lock()
+        self.client = ProbeClient(self.controller, run_id, ProbePool(max_len),
+                                  int(spec.get("staleness_limit", 1 << 30)), offer_finished=offer_finished,
+                                  probe_batch_size=int(spec.get("probe_batch_size", 1)))
+        self._lock = threading.Lock()  # offers: the feeder's (plan_request) and the learner's (offer_complete)
         self._window = 0
         self._version = -1
         self._offered = 0  # offers made in the current version
         self._exhausted = False  # the controller declined an offer in this version: stop asking
-        self._complete: dict[str, StampedItem] = {}  # reported complete, waiting for their audit batch
-        self._audit_seq = 0
-        self.counts = {"offered": 0, "accepted": 0, "reported": 0, "audits": 0, "conflicts": 0, "expired": 0}
 
     @property
     def window(self) -> int:
         return self._window
+
+    @property
+    def counts(self) -> dict[str, int]:
+        c = self.client.counts
+        return {k: c[k] for k in ("offered", "accepted", "reported", "audits", "conflicts", "expired")}
 
     def on_sync(self, version: int) -> SyncDecision:
         win = self.controller.get_window(self.run_id, version)
         forced: list[str] = []
         metrics = {"window/current": float(win.window)}
         if self.probing:
-            plan = self.controller.probe_plan(self.run_id, version)
+            plan = self.client.plan(version)
             forced = list(plan.force_complete)
             metrics |= {"probe/active": float(len(plan.active)), "probe/force_complete": float(len(forced))}
         with self._lock:
             self._window, self._version = int(win.window), version
             self._offered, self._exhausted = 0, False
+        self.client.window = int(win.window)  # the window in use, for window/changes_per_audit
         return SyncDecision(version, int(win.window), forced, metrics)
 
     def plan_request(self, request_id: str, prompt_id: str, version: int) -> RequestPlan:
@@ -250,55 +265,23 @@ class ControllerWindowHooks:
                 self._offered += 1
         if not ask:
             return RequestPlan(window, False, window)
-        offer = OfferIn(step=version, offers=[ProbeOfferItem(sample_id=request_id, prompt_id=prompt_id,
-                                                             response_len=0, version=version)])
-        out = self.controller.offer_probes(self.run_id, offer, idempotency_key=f"{self.run_id}-aoffer-{request_id}")
-        probe = request_id in out.accepted
         with self._lock:
-            self.counts["offered"] += 1
-            self.counts["accepted"] += int(probe)
-            if not probe:
-                self._exhausted = True
+            probe = self.client.offer_fresh(request_id, prompt_id, version)
+            self._exhausted = self._exhausted or not probe
         return RequestPlan(self.max_len if probe else window, probe, window)
 
     def on_probe_complete(self, item: StampedItem, version: int, *, tokens_added: int | None = None) -> None:
-        added = item.response_len if tokens_added is None else tokens_added  # 0: offered with its tokens
-        report = ProbeReportIn(probe_id=item.request_id, step=version, tokens_added=added,
-                               version=item.newest_version, finished=True, forced=item.forced)
-        try:
-            self.controller.report_probe(self.run_id, report,
-                                         idempotency_key=f"{self.run_id}-areport-{item.request_id}")
-        except ProbeConflict as e:  # dropped by the controller meanwhile: nothing to audit
-            log.warning("probe %s not accepted as complete: %s", item.request_id, e)
-            with self._lock:
-                self.counts["conflicts"] += 1
-            return
-        with self._lock:
-            self._complete[item.request_id] = item
-            self.counts["reported"] += 1
+        self.client.complete(probe_of(item), version, tokens_added=tokens_added)
 
     def offer_complete(self, items: Sequence[StampedItem], version: int) -> int:
         """Offer training items that need no continuation as complete probes; returns how many were accepted."""
         if not self.probing:
             return 0
-        done = [it.finish_reason == "eos" for it in items]
-        chosen = [it for it, d in zip(items, done, strict=True) if not it.is_probe
-                  and offer_indices([d], it.window, self.max_len, self.offer_finished)
-                  and is_complete(d, it.response_len, self.max_len)]
-        if not chosen:
-            return 0
-        offer = OfferIn(step=version, offers=[ProbeOfferItem(sample_id=it.request_id, prompt_id=it.prompt_id,
-                                                             response_len=it.response_len, version=it.behavior_version)
-                                              for it in chosen])
-        out = self.controller.offer_probes(self.run_id, offer,
-                                           idempotency_key=f"{self.run_id}-acomplete-{chosen[0].request_id}")
-        accepted = set(out.accepted)
+        chosen = [it for it in items if not it.is_probe]  # complete_now: this pipeline never continues one
         with self._lock:
-            self.counts["offered"] += len(chosen)
-            self.counts["accepted"] += len(accepted)
-        for it in chosen:
-            if it.request_id in accepted:
-                self.on_probe_complete(it, version, tokens_added=0)
+            accepted = self.client.offer(version, [probe_of(it) for it in chosen],
+                                         [it.finish_reason == "eos" for it in chosen], [it.window for it in chosen],
+                                         complete_now=True)
         return len(accepted)
 
     def metrics(self) -> dict[str, float]:
@@ -306,53 +289,18 @@ class ControllerWindowHooks:
         return controller_metrics(self.controller)
 
     def poll_audit(self, version: int) -> dict[str, float]:
-        if self.auditor is None:
-            return {}
-        metrics: dict[str, float] = {}
-        for _ in range(self.max_audits_per_poll):
-            with self._lock:
-                key = f"{self.run_id}-abatch-{self._audit_seq}"
-                self._audit_seq += 1
-            ready = self.controller.next_probe_batch(self.run_id, step=version, idempotency_key=key)
-            if ready is None:
-                break
-            with self._lock:
-                missing = [pid for pid in ready.probe_ids if pid not in self._complete]
-                if missing:
-                    raise RuntimeError(f"audit {ready.audit_id} names probes this scheduler never completed: {missing}")
-                items = [self._complete.pop(pid) for pid in ready.probe_ids]
-            audit = self.auditor(items)
-            try:
-                out = self.controller.submit_audit(self.run_id, ready.audit_id, audit,
-                                                   idempotency_key=f"{self.run_id}-aaudit-{ready.audit_id}")
-            except ControllerError as e:  # e.g. non-finite cosines: the controller records a fallback
-                log.warning("audit %s refused: %s", ready.audit_id, e)
-                continue
-            with self._lock:
-                self.counts["audits"] += 1
-            metrics["audit/id"] = float(ready.audit_id)
-            metrics["audit/staleness_max"] = float(max(version - it.behavior_version for it in items))
-            metrics |= {f"audit/micro_cos_{c}": float(v) for c, v in (audit.cosines or {}).items()}
-            if out.decision is not None:
-                metrics["audit/next_window"] = float(out.decision.window)
-        self._evict_expired(version)
-        return metrics
-
-    def _evict_expired(self, version: int) -> None:
-        """Forget complete probes past the staleness limit: the controller expires them, no batch will name them."""
-        with self._lock:
-            gone = [pid for pid, it in self._complete.items() if version - it.behavior_version > self.staleness_limit]
-            for pid in gone:
-                del self._complete[pid]
-            self.counts["expired"] += len(gone)
-            warning = None if self._expiry_warned else expiry_warning(
-                self.counts["expired"], self.counts["accepted"], probe_batch_size=self.probe_batch_size,
-                staleness_limit=self.staleness_limit)
-            self._expiry_warned = self._expiry_warned or warning is not None
-        if warning:
-            log.warning("run %s: %s", self.run_id, warning)
+        """Audit up to ``max_audits_per_poll`` ready batches now, under the learner's current weights."""
+        return self.client.audit(version, wait=True, max_batches=self.max_audits_per_poll)
 
     def on_step(self, step: int, metrics: Mapping[str, float]) -> None:
         if self.report_steps:
             self.controller.report_step(self.run_id, StepMetricsIn(step=step, metrics=numeric(metrics)),
                                         idempotency_key=f"{self.run_id}-astep-{step}")
+
+
+def probe_of(item: StampedItem) -> Probe:
+    """A completed item as the one probe record, with the teacher logprobs its pipeline already scored."""
+    return Probe(item.request_id, list(item.prompt_ids), list(item.tokens), list(item.token_versions),
+                 list(item.logprobs) if item.logprobs is not None else None, item.route,
+                 submitted_step=item.submitted_version, forced=item.forced, prompt_id=item.prompt_id,
+                 teacher_logprobs=None if item.teacher_logprobs is None else list(item.teacher_logprobs))

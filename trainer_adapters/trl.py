@@ -60,6 +60,7 @@ from typing import Any
 
 from transformers import TrainerCallback, TrainerControl, TrainerState, TrainingArguments
 
+from adwin.config import AuditConfig
 from adwin.controller.api import ControllerAPI
 from adwin.controller.schemas import AuditOut, PolicyIn, RunIn
 from adwin.probes.offers import OFFER_FINISHED
@@ -75,7 +76,9 @@ class AdwinCallback(TrainerCallback):
     ``run`` is a run id already registered with ``controller`` or a ``RunIn`` to register. With a run
     id and ``candidates``, a ``RunIn`` is built (adwin policy, ``max_len`` = the trainer's configured
     ``max_completion_length``). Call ``attach(trainer)`` (it adds the callback): callbacks receive no
-    trainer reference from transformers, and the window lives on the trainer.
+    trainer reference from transformers, and the window lives on the trainer. ``audit`` (an ``AuditConfig``)
+    sets every audit knob as in the built-in trainer's ``audit`` section; without it, ``audit_method`` and
+    ``audit_metric`` over its defaults.
     """
 
     def __init__(
@@ -89,6 +92,7 @@ class AdwinCallback(TrainerCallback):
         threshold: float = 0.7,
         audit_method: str = "fast",
         audit_metric: str = "identity",
+        audit: AuditConfig | None = None,
         report_steps: bool = True,
         offer_finished: str = "always",
         resume: bool = False,
@@ -105,8 +109,7 @@ class AdwinCallback(TrainerCallback):
         self.threshold = threshold
         self.probe_every = probe_every
         self.probe_count = probe_count
-        self.audit_method = audit_method
-        self.audit_metric = audit_metric
+        self.audit = audit or AuditConfig(method=audit_method, metric=audit_metric)  # one declaration of the audit
         self.report_steps = report_steps
         self.offer_finished = offer_finished
         self.resume = resume
@@ -138,7 +141,7 @@ class AdwinCallback(TrainerCallback):
         rollouts = args.per_device_train_batch_size * args.gradient_accumulation_steps  # one generation batch
         self.client = WindowClient(
             self.controller, run, offer_finished=self.offer_finished, resume=self.resume,
-            resilient_controller=self.resilient_controller,
+            resilient_controller=self.resilient_controller, audit=self.audit,
             rollouts_per_step=min(rollouts, self.probe_count) if self.probe_count > 0 else 0,
         )
         if self.client.max_len != trainer.args.max_completion_length:
@@ -211,8 +214,7 @@ class AdwinCallback(TrainerCallback):
         teacher = tr.accelerator.unwrap_model(tr.teacher_model)
         decision = client.maybe_audit(
             student, teacher_scorer(teacher, temperature=tr.temperature), pad_id=tr._tokenizer.pad_token_id,
-            method=self.audit_method, metric=self.audit_metric,
-            optimizer=tr.optimizer if self.audit_metric == "adam" else None,
+            optimizer=tr.optimizer if self.audit.metric == "adam" else None,
         )
         if decision is not None:
             self.decisions.append(decision)

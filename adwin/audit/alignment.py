@@ -24,6 +24,7 @@ import numpy as np
 import torch
 
 from adwin.audit.combine import Combiner, gather_concat, summed_counts
+from adwin.audit.errors import NonFiniteAuditError
 from adwin.audit.estimators import ESTIMATORS, bootstrap_ci, cosine_array, debiased_cosines
 from adwin.audit.grams import (
     Prepared,
@@ -166,7 +167,7 @@ def cosines_from_gram(
     if g.shape != (k + 1, k + 1):
         raise ValueError(f"gram must be ({k + 1}, {k + 1}) for {k} candidates, got {g.shape}")
     if not np.all(np.isfinite(g)):
-        raise ValueError("gram has non-finite entries")
+        raise NonFiniteAuditError("gram has non-finite entries")
     cos, _ = cosine_array(g, k)
     return {int(c): float(cos[i]) for i, c in enumerate(candidates)}
 
@@ -183,7 +184,7 @@ def gram_from_sketches(sketches: Sequence[np.ndarray] | np.ndarray) -> np.ndarra
     if arr.ndim != 3:
         raise ValueError(f"sketches must be (ranks, K+1, D) or (K+1, D), got shape {arr.shape}")
     if not np.all(np.isfinite(arr)):
-        raise ValueError("sketches have non-finite entries")
+        raise NonFiniteAuditError("sketches have non-finite entries")
     total = arr.sum(axis=0)  # (K+1, D)
     return total @ total.T
 

@@ -128,13 +128,20 @@ def _per_sample_scope(cfg: TrainConfig) -> None:
 
 
 # Fields only the synchronous trainer reads, with their defaults: the AsyncOPD learner trains on whole update
-# batches in full precision and its teacher stage scores with full logits, so it refuses any other value. The
-# config reference (adwin.config.reference) reads its "read by" column from here.
+# batches in full precision, its teacher stage scores with full logits, and its probes are full-length pipeline
+# requests audited on the learner (no probe workers), so it refuses any other value. The config reference
+# (adwin.config.reference) reads its "read by" column from here.
 SYNC_ONLY: dict[str, object] = {
     "optim.micro_batch_size": None,
     "model.gradient_checkpointing": False,
     "model.autocast": "off",
     "model.teacher_backend": "hf",
+    "probes.backend": "thread",
+    "probes.workers": 1,
+    "probes.ray_address": None,
+    "probes.ray_num_cpus": 2,
+    "probes.fault_policy": "reissue",
+    "probes.max_reissues": 2,
 }
 
 
@@ -146,8 +153,9 @@ def _memory_options_need_sync(cfg: TrainConfig) -> None:
         section, name = field.split(".")
         value = getattr(getattr(cfg, section), name)
         if value != default:
-            raise ValueError(f"{field}: scheduler 'asyncopd' does not apply it (got {value!r}); drop it, or train "
-                             "with scheduler: sync")
+            raise ValueError(f"{field}: scheduler 'asyncopd' does not apply it (got {value!r}; it trains whole "
+                             "update batches in full precision and generates probes in its own pipeline, audited on "
+                             "the learner); drop it, or train with scheduler: sync")
 
 
 def check_oapl(cfg: TrainConfig) -> None:

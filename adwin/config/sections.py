@@ -194,16 +194,6 @@ class AuditConfig(_Strict):
     pool_max: int = Field(4, ge=1, le=1024, description="with a budget: most probe batches (of probes.batch_size) "
                           "pooled into one audit, evidence bought with what rarer decisions save; 1 = no pooling")
 
-    @model_validator(mode="after")
-    def _one_cadence(self) -> AuditConfig:
-        # the budget chooses the cadence itself; a fixed one-in-k on top would spend below the budget unasked.
-        # skip_margin combines: it skips an audit the budget allowed when the last ones were far from the threshold
-        if self.budget is not None and self.every > 1:
-            raise ValueError(f"audit.every={self.every} and audit.budget={self.budget} both set the audit cadence: "
-                             "set audit.budget: null to audit one ready batch in audit.every, or leave audit.every "
-                             "at 1 to let the budget choose")
-        return self
-
     @model_validator(mode="before")
     @classmethod
     def _retired_loss(cls, data: Any) -> Any:

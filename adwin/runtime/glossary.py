@@ -109,6 +109,7 @@ KEYS: dict[str, str] = {
     "probe/held": "probes the generic client / TRL callback holds",
     "probe/audits": "audits the generic client / TRL callback submitted so far",
     "probe/audit_s": "seconds the generic client / TRL callback spent auditing so far",
+    "probe/audits_rejected": "audits of the generic client / TRL callback refused as non-finite so far",
     "probe/tokens_step": "probe tokens the TRL callback generated this step",
     "probe/gen_s": "seconds the TRL callback spent generating probe continuations this step",
     # audit

@@ -3,16 +3,19 @@
 * A step whose loss or gradient norm is NaN/Inf is skipped (``adwin.loop.step.optimize`` does not apply it) and
   counted (``optim/skipped_steps``). ``optim.max_bad_steps`` consecutive skipped steps stop the run with
   ``NumericalFault`` after a checkpoint of the last good state (skipped steps never touch the weights).
-* An audit with NaN/Inf cosines (or Gram) is refused, by the controller (422, logged as a ``fallback``
-  decision) or already by the audit math; the trainer counts it (``audit/rejected``) and the window stays.
-* Probes that a controller outage left past the staleness limit are the probe side's business
-  (``adwin.loop.probing.ProbeSide``, ``probe/dropped_stale``).
+* An audit with NaN/Inf cosines (or Gram) is refused, by the controller (``NonFiniteAudit``, 422, logged as a
+  ``fallback`` decision) or already by the audit math (``NonFiniteAuditError``); the probe client decides by type
+  (``is_non_finite_audit``), counts it (``audit/rejected``) and the window stays. Any other refusal propagates.
+* Probes that a controller outage left past the staleness limit are the probe client's business
+  (``adwin.probes.client.ProbeClient.drop_overstale``, ``probe/dropped_stale``).
 """
 
 from __future__ import annotations
 
 import logging
 import math
+
+from adwin.audit.errors import is_non_finite_audit  # noqa: F401  (the refused-audit test lives with the error)
 
 log = logging.getLogger(__name__)
 
@@ -23,13 +26,6 @@ class NumericalFault(RuntimeError):
 
 def is_finite(*values: float) -> bool:
     return all(math.isfinite(float(v)) for v in values)
-
-
-def is_non_finite_audit(e: Exception) -> bool:
-    """An audit refused for NaN/Inf: by the controller (``InvalidInput``, 422) or by the audit math itself."""
-    from adwin.controller.api import InvalidInput
-
-    return isinstance(e, InvalidInput) or (isinstance(e, ValueError) and "non-finite" in str(e))
 
 
 class FaultCounter:

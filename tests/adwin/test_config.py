@@ -77,3 +77,10 @@ def test_asyncopd_knobs_load_under_their_scheduler_and_a_sync_run_reloads_its_ow
     assert cfg.asyncopd.queue_depth == 2
     sync = TrainConfig()
     assert TrainConfig.model_validate(sync.model_dump(mode="json")) == sync  # --resume reads config.json back
+
+
+@pytest.mark.parametrize(("field", "value"), [("backend", "inline"), ("workers", 2), ("fault_policy", "drop")])
+def test_asyncopd_refuses_probe_worker_knobs_it_cannot_honour_naming_the_field(field: str, value: object) -> None:
+    with pytest.raises(ValueError, match=rf"probes\.{field}: scheduler 'asyncopd'"):
+        load_config(None, {"scheduler": "asyncopd", f"probes.{field}": value})
+    load_config(None, {"scheduler": "sync", f"probes.{field}": value})

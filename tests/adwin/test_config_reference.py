@@ -11,8 +11,19 @@ from adwin.config.reference import leaves, read_by, render
 from adwin.config.run import SYNC_ONLY
 
 ROOT = Path(__file__).resolve().parents[2]
-OTHER: dict[str, object] = {"optim.micro_batch_size": 4, "model.gradient_checkpointing": True, "model.autocast": "bf16",
-         "model.teacher_backend": "vllm"}
+# another value of each sync-only field, with what it needs to load under sync
+OTHER: dict[str, dict[str, object]] = {
+    "optim.micro_batch_size": {"optim.micro_batch_size": 4},
+    "model.gradient_checkpointing": {"model.gradient_checkpointing": True},
+    "model.autocast": {"model.autocast": "bf16"},
+    "model.teacher_backend": {"model.teacher_backend": "vllm"},
+    "probes.backend": {"probes.backend": "inline"},
+    "probes.workers": {"probes.workers": 2},
+    "probes.ray_address": {"probes.backend": "ray", "probes.ray_address": "127.0.0.1:6379"},
+    "probes.ray_num_cpus": {"probes.backend": "ray", "probes.ray_num_cpus": 1},
+    "probes.fault_policy": {"probes.fault_policy": "drop"},
+    "probes.max_reissues": {"probes.max_reissues": 0},
+}
 
 
 def test_the_reference_page_is_generated_from_the_models() -> None:
@@ -30,9 +41,9 @@ def test_every_field_has_a_description_and_a_row() -> None:
 @pytest.mark.parametrize("field", sorted(SYNC_ONLY))
 def test_a_sync_only_field_loads_under_sync_and_is_refused_under_asyncopd(field: str) -> None:
     assert read_by(field) == "sync"
-    load_config(None, {field: OTHER[field]})
+    load_config(None, OTHER[field])
     with pytest.raises(ValueError, match=field.replace(".", r"\.")):
-        load_config(None, {field: OTHER[field], "scheduler": "asyncopd"})
+        load_config(None, {field: OTHER[field][field], "scheduler": "asyncopd"})
 
 
 def test_the_asyncopd_section_is_read_by_asyncopd_only() -> None:

@@ -14,6 +14,7 @@ from adwin.controller import (
     AuditConflict,
     ControllerAPI,
     InvalidInput,
+    NonFiniteAudit,
     ProbeConflict,
     RunConflict,
     UnknownProbe,
@@ -362,6 +363,26 @@ def test_non_finite_audits_are_refused_and_recorded_as_fallback(api, bad):
     w = api.get_window(rid, 2)
     assert (w.window, w.reason, w.audit_id) == (8, "fallback", second.audit_id)
     assert api.telemetry(rid).decisions[-1]["reason"] == "fallback"
+
+
+def test_a_non_finite_audit_is_refused_as_its_own_type_in_process_and_over_http(api):
+    from adwin.audit.errors import NonFiniteAuditError
+
+    rid = api.register_run(run_spec()).run_id
+    batch = _batch(api, rid)
+    with pytest.raises(NonFiniteAudit) as err:
+        api.submit_audit(rid, batch.audit_id, AuditIn(cosines={4: float("nan"), 8: 0.9}))
+    assert isinstance(err.value, InvalidInput) and isinstance(err.value, NonFiniteAuditError)
+
+
+def test_an_unknown_candidate_is_invalid_input_but_not_a_non_finite_audit(api):
+    from adwin.runtime.guards import is_non_finite_audit
+
+    rid = api.register_run(run_spec()).run_id
+    batch = _batch(api, rid)
+    with pytest.raises(InvalidInput) as err:
+        api.submit_audit(rid, batch.audit_id, AuditIn(cosines={3: 0.9}))
+    assert not isinstance(err.value, NonFiniteAudit) and not is_non_finite_audit(err.value)
 
 
 def test_non_finite_gram_and_sketch_are_refused(api):

@@ -229,10 +229,11 @@ def test_422_for_non_finite_values_and_unknown_candidates(client):
     audit_id = _ready_audit(client, rid)
     r = client.post(f"/v1/runs/{rid}/audits/{audit_id}", content=b'{"cosines": {"4": Infinity}}',
                     headers={"Content-Type": "application/json"})
-    assert r.status_code == 422 and r.json()["error"] == "InvalidInput"
+    assert r.status_code == 422 and r.json()["error"] == "NonFiniteAudit"  # the class the client maps back
     assert client.get(f"/v1/runs/{rid}/window", params={"step": 1}).json()["reason"] == "fallback"
     r = client.post(f"/v1/runs/{rid}/audits/{audit_id}", json={"cosines": {"1000": 0.9}})
     assert r.status_code == 422 and "unknown candidates" in r.json()["detail"]
+    assert r.json()["error"] == "InvalidInput"
     r = client.post(f"/v1/runs/{rid}/audits/{audit_id}", json={"gram": [[1.0]]})
     assert r.status_code == 422
 

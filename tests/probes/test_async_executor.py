@@ -7,6 +7,7 @@ from __future__ import annotations
 import threading
 
 import pytest
+from client_rounds import advance
 
 from adwin.controller import Controller
 from adwin.controller.schemas import OfferIn, PolicyIn, ProbeOfferItem, RunIn
@@ -81,21 +82,21 @@ def test_advance_returns_while_the_worker_is_still_extending() -> None:
     ext = GatedExtender()
     ex, _ = _executor(pool, ext)
     _offer(ctl, run_id, pool, 0, ["a", "b"])
-    stats = ex.advance(ctl, run_id, 1)  # returns although the round cannot finish before the gate opens
+    stats = advance(ex, ctl, run_id, 1)  # returns although the round cannot finish before the gate opens
     assert ext.entered.wait(WAIT) and not ext.gate.is_set()
     assert stats.submitted == 2 and stats.in_flight == 2 and stats.blocked_s == 0.0 and not stats.reports
     assert pool.get("a").response_ids == [9, 9]  # nothing applied yet
-    again = ex.advance(ctl, run_id, 2)  # the next step does not wait either, nor double-submit
+    again = advance(ex, ctl, run_id, 2)  # the next step does not wait either, nor double-submit
     assert again.submitted == 0 and again.in_flight == 2 and ext.calls == 1
     ext.gate.set()
     _drain(ex)
-    applied = ex.advance(ctl, run_id, 3)
+    applied = advance(ex, ctl, run_id, 3)
     assert {r.probe_id for r in applied.reports if r.tokens_added} == {"a", "b"}
     # the round ran with the weights of version 1 (published before it was submitted) even though it
     # was applied at version 3; the next round starts from version 3
     assert applied.submitted == 2
     _drain(ex)
-    ex.advance(ctl, run_id, 3)
+    advance(ex, ctl, run_id, 3)
     versions = pool.get("a").versions  # the next round (version 3) may already be back: only a prefix is fixed
     assert versions[:10] == [0, 0] + [1] * 4 + [3] * 4 and set(versions[10:]) <= {3}
     ex.close()
@@ -110,9 +111,9 @@ def test_workers_move_to_the_published_version_before_their_next_round() -> None
     _offer(ctl, run_id, pool, 0, ["a"])
     for version in (1, 2):
         ex.publish(version)  # after optimizer step version-1
-        ex.advance(ctl, run_id, version)
+        advance(ex, ctl, run_id, version)
         _drain(ex)
-    ex.advance(ctl, run_id, 2)  # collect the version-2 round without publishing anything new
+    advance(ex, ctl, run_id, 2)  # collect the version-2 round without publishing anything new
     assert published == [1, 2]  # one snapshot per step boundary
     assert ext.loaded == [1, 2]  # each version loaded once, before the round that uses it
     probe = pool.get("a")
@@ -128,13 +129,13 @@ def test_forced_completion_at_s_is_the_one_wait_and_is_measured() -> None:
     ext = GatedExtender()
     ex, _ = _executor(pool, ext)
     _offer(ctl, run_id, pool, 0, ["a"])
-    ex.advance(ctl, run_id, 1)  # round in flight, gated
+    advance(ex, ctl, run_id, 1)  # round in flight, gated
     assert ext.entered.wait(WAIT)
     returned = threading.Event()
     out: list[AdvanceStats] = []
 
     def step_at_s() -> None:
-        out.append(ex.advance(ctl, run_id, s))  # staleness reaches S: must complete "a" before returning
+        out.append(advance(ex, ctl, run_id, s))  # staleness reaches S: must complete "a" before returning
         returned.set()
 
     t = threading.Thread(target=step_at_s)
@@ -160,15 +161,15 @@ def test_a_dead_thread_worker_is_replaced_and_its_probes_reissued_from_their_pre
     ext.gate.set()
     ex, _ = _executor(pool, ext)
     _offer(ctl, run_id, pool, 0, ["a", "b"])
-    ex.advance(ctl, run_id, 1)
+    advance(ex, ctl, run_id, 1)
     _drain(ex)
     dead = ex.slots[0].worker
-    stats = ex.advance(ctl, run_id, 2)  # collects the failure, replaces the worker, re-issues both probes
+    stats = advance(ex, ctl, run_id, 2)  # collects the failure, replaces the worker, re-issues both probes
     assert not dead.alive() and ex.slots[0].worker is not dead
     assert (stats.restarts, stats.reissued, stats.lost) == (1, 2, 0)
     assert stats.submitted == 2  # already handed to the new worker from their recorded prefixes
     _drain(ex)
-    ex.advance(ctl, run_id, 3)
+    advance(ex, ctl, run_id, 3)
     assert pool.get("a").versions[:6] == [0, 0] + [2] * 4  # the failed version-1 round left no trace
     assert ctl.telemetry(run_id).probes["dropped"] == 0
     ex.close()
@@ -185,7 +186,7 @@ def test_probes_of_failed_rounds_are_dropped_with_a_counter(policy: str, fail_fi
     _offer(ctl, run_id, pool, 0, ["a"])
     lost = 0
     for version in range(1, 5):
-        lost += ex.advance(ctl, run_id, version).lost
+        lost += advance(ex, ctl, run_id, version).lost
         _drain(ex)
     assert lost == 1 and "a" not in pool
     assert ctl.telemetry(run_id).probes["dropped"] == 1
@@ -205,14 +206,14 @@ def test_two_workers_share_the_active_probes_without_overlap() -> None:
 
     ex = AsyncProbeExecutor(pool, spawn, workers=2, snapshot=lambda: "w")
     _offer(ctl, run_id, pool, 0, ["a", "b", "c"])
-    stats = ex.advance(ctl, run_id, 1)
+    stats = advance(ex, ctl, run_id, 1)
     assert all(e.entered.wait(WAIT) for e in exts)  # both rounds run at the same time
     held = [set(slot.job.probe_ids) for slot in ex.slots if slot.job is not None]
     assert stats.submitted == 3 and len(held) == 2 and held[0].isdisjoint(held[1]) and set.union(*held) == {"a", "b", "c"}
     for e in exts:
         e.gate.set()
     _drain(ex)
-    ex.advance(ctl, run_id, 2)
+    advance(ex, ctl, run_id, 2)
     assert all(pool.get(pid).versions[:6] == [0, 0] + [1] * 4 for pid in "abc")
     assert all(e.loaded == ["w"] for e in exts)  # each replica loaded version 1 once
     ex.close()

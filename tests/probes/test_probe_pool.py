@@ -6,11 +6,12 @@ from __future__ import annotations
 
 import pytest
 import torch
+from client_rounds import advance
 
 from adwin.controller import Controller
 from adwin.controller.schemas import OfferIn, PolicyIn, ProbeOfferItem, RunIn
 from adwin.probes.async_executor import AdvanceStats, AsyncProbeExecutor
-from adwin.probes.pool import Extension, Probe, ProbePool
+from adwin.probes.pool import Extension, Probe, ProbePool, probe_batch
 from adwin.probes.workers import InlineWorker
 
 EOS = 2
@@ -56,7 +57,7 @@ def _executor(pool: ProbePool, extender: ScriptedExtender) -> AsyncProbeExecutor
 
 def _round(ctl: Controller, run_id: str, ex: AsyncProbeExecutor, version: int) -> AdvanceStats:
     """One step's probe round at ``version`` (plan, extension, reports), as the trainer runs it."""
-    return ex.advance(ctl, run_id, version)
+    return advance(ex, ctl, run_id, version)
 
 
 def test_version_tags_record_the_weights_of_every_round() -> None:
@@ -110,7 +111,7 @@ def test_batches_follow_submission_order_even_when_later_probes_finish_first() -
     assert first is not None and first.probe_ids == ["a", "b"]
     assert second is not None and second.probe_ids == ["c", "d"]
     probes = pool.pop(first.probe_ids)
-    batch = pool.probe_batch(probes, pad_id=0, score=lambda ids, attn, routes: torch.full(ids.shape, -2.0))
+    batch = probe_batch(probes, pad_id=0, score=lambda ids, attn, routes: torch.full(ids.shape, -2.0))
     assert batch.input_ids[0, :4].tolist() == [1, 5, 9, 9]
     assert batch.versions[0, 2:4].tolist() == [0, 0] and int(batch.versions[0, 0]) == -1
     assert torch.equal(batch.teacher_logprobs != 0, batch.response_mask.bool())

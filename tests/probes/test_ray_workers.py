@@ -8,6 +8,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from client_rounds import advance
 from tiny_models import make_tiny_llama
 
 from adwin.cli import main
@@ -65,9 +66,9 @@ def test_worker_replica_samples_with_the_weights_published_at_the_step_boundary(
         _offer(ctl, run_id, pool, ["a"])
         _perturb(student)  # optimizer step 0 -> the workers must move to version 1
         ex.publish(1)
-        ex.advance(ctl, run_id, 1)
+        advance(ex, ctl, run_id, 1)
         _drain(ex)
-        ex.advance(ctl, run_id, 1)
+        advance(ex, ctl, run_id, 1)
         probe = pool.get("a")
         assert probe.versions[:10] == [0, 0] + [1] * 8  # window 8 (ADWIN starts at the largest candidate)
         ids = torch.tensor([probe.prompt_ids + probe.response_ids[:10]])
@@ -91,18 +92,18 @@ def test_killed_ray_actor_loses_no_probe_and_training_continues(ray_cluster: Non
     try:
         _offer(ctl, run_id, pool, ["a", "b"])
         ex.publish(1)
-        stats = ex.advance(ctl, run_id, 1)
+        stats = advance(ex, ctl, run_id, 1)
         assert stats.in_flight == 2  # the round was handed to the (still starting) actor
         victim = ex.slots[0].worker
         ray.kill(victim.actor)  # mid-run: the actor dies before or while it extends
         _drain(ex)
         ex.publish(2)
-        after = ex.advance(ctl, run_id, 2)
+        after = advance(ex, ctl, run_id, 2)
         assert (after.restarts, after.reissued, after.lost) == (1, 2, 0)
         assert after.submitted == 2 and ex.slots[0].worker is not victim
         assert 1 not in pool.get("a").versions  # re-issued from the recorded prefix, nothing of the lost round
         _drain(ex)
-        ex.advance(ctl, run_id, 2)
+        advance(ex, ctl, run_id, 2)
         for pid in ("a", "b"):
             assert pool.get(pid).versions[:10] == [0, 0] + [2] * 8  # the new actor extended them with version 2
         assert ctl.telemetry(run_id).probes["dropped"] == 0

@@ -7,14 +7,15 @@ import random
 
 import pytest
 import torch
+from client_rounds import advance
 
-from adwin.config import ProbeConfig
 from adwin.controller import Controller
 from adwin.controller.schemas import OfferIn, PolicyIn, ProbeOfferItem, RunIn
 from adwin.loop.accounting import TokenLedger
 from adwin.loop.probing import ProbeSide
 from adwin.loop.sampler import Batch
 from adwin.probes.async_executor import AsyncProbeExecutor
+from adwin.probes.client import ProbeClient
 from adwin.probes.pool import Extension, Probe, ProbePool
 from adwin.probes.workers import InlineWorker, ThreadWorker
 from adwin.sampling.data import Prompt
@@ -67,11 +68,11 @@ def test_short_probes_never_overtake_long_ones_by_more_than_the_lookahead(backen
             for i in ids:
                 pool.add(Probe(i, [100 + int(i[1:])], [], [], [], "default", submitted_step=step))
             order += ids
-        ex.advance(ctl, run_id, step + 1)
+        advance(ex, ctl, run_id, step + 1)
         for slot in ex.slots:
             if slot.future is not None:
                 slot.future.exception(timeout=10)
-        ex.advance(ctl, run_id, step + 1)  # collect what finished; nothing is left waiting on a worker
+        advance(ex, ctl, run_id, step + 1)  # collect what finished; nothing is left waiting on a worker
         while (ready := ctl.next_probe_batch(run_id)) is not None:
             done = {pid for b in batched for pid in b}
             head = [pid for pid in order if pid not in done]  # unbatched, in submission order
@@ -105,7 +106,7 @@ def test_offers_past_the_active_bound_are_declined_and_counted() -> None:
     run_id = ctl.register_run(RunIn(policy=PolicyIn(name="adwin", candidates=[4, 8], max_len=16), probe_batch_size=2,
                                     staleness_limit=5, offers_per_step=10, max_active_probes=3)).run_id
     pool = ProbePool(16)
-    side = ProbeSide(ctl, run_id, ProbeConfig(), pool, TokenLedger(16))
+    side = ProbeSide(ProbeClient(ctl, run_id, pool, 5), TokenLedger(16))
     batch, behavior = _batch(6, [False] * 5 + [True])  # 5 unfinished prefixes offered, 1 finished is not
     m = side.offer(0, batch, behavior, window=8)
     assert (m["probe/offered"], m["probe/accepted"]) == (5, 3) and len(pool) == 3
@@ -119,10 +120,10 @@ def test_finished_rollouts_are_offered_as_complete_probes_only_when_asked() -> N
     run_id = ctl.register_run(RunIn(policy=PolicyIn(name="adwin", candidates=[4, 8], max_len=16), probe_batch_size=2,
                                     staleness_limit=5, offers_per_step=10, max_active_probes=100)).run_id
     batch, behavior = _batch(4, [True, True, True, False])  # a window most rollouts fit into
-    paper = ProbeSide(ctl, run_id, ProbeConfig(offer_finished="at_horizon"), ProbePool(16), TokenLedger(16))
+    paper = ProbeSide(ProbeClient(ctl, run_id, ProbePool(16), 5, offer_finished="at_horizon"), TokenLedger(16))
     assert paper.offer(0, batch, behavior, window=8)["probe/offered"] == 1  # the paper's rule
     pool = ProbePool(16)
-    always = ProbeSide(ctl, run_id, ProbeConfig(offer_finished="always"), pool, TokenLedger(16))
+    always = ProbeSide(ProbeClient(ctl, run_id, pool, 5, offer_finished="always"), TokenLedger(16))
     m = always.offer(1, batch, behavior, window=8)
     assert m["probe/offered"] == 4 and len(pool) == 4
     finished = [pool.get(f"s1-{b}").finished for b in range(4)]

@@ -205,7 +205,7 @@ def test_expiring_most_probes_warns_once_with_the_cause_and_the_fix(caplog) -> N
     spec = RunIn(policy=PolicyIn(name="fixed", window=2, candidates=[2, 4], max_len=10), staleness_limit=1,
                  probe_batch_size=20, offers_per_step=8)
     client = WindowClient(ctrl, spec)
-    with caplog.at_level(logging.WARNING, logger="adwin.trainer_adapters.generic"):
+    with caplog.at_level(logging.WARNING, logger="adwin.probes.client"):
         for start in (0, 3):
             client.offer(start, [[5]] * 8, [[9, 9]] * 8, version=start, window=2)
             client.extend_probes(start + 1, _fake_extend(8), version=start + 1)  # staleness 1 = S: forced complete
@@ -213,3 +213,17 @@ def test_expiring_most_probes_warns_once_with_the_cause_and_the_fix(caplog) -> N
     assert client.stats.expired == 16
     warnings = [r.getMessage() for r in caplog.records if "expired before an audit batch" in r.getMessage()]
     assert len(warnings) == 1 and "probe_batch_size=20" in warnings[0] and "staleness_limit=1" in warnings[0]
+
+
+def test_audit_keyword_arguments_go_over_the_clients_audit_config_and_are_checked_like_it() -> None:
+    from pydantic import ValidationError
+
+    from adwin.config import AuditConfig
+
+    client = WindowClient(Controller(), RunIn(policy=PolicyIn(candidates=[2, 4], max_len=8)),
+                          audit=AuditConfig(ci_level=0.9, every=2))
+    s = client._settings({"method": "reference", "micro_batch": 2})
+    assert (s.method, s.ci_level, s.micro_batch, s.candidates) == ("reference", 0.9, 2, [2, 4])
+    assert client.probe_client.schedule is not None and client.probe_client.schedule.every == 2
+    with pytest.raises(ValidationError, match="method"):
+        client._settings({"method": "bogus"})

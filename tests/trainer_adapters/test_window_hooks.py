@@ -3,10 +3,14 @@
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable, Sequence
+from concurrent.futures import Future
 from dataclasses import dataclass, field
 
 import pytest
 
+from adwin.audit.alignment import AuditResult
+from adwin.audit.job import AuditJob, AuditOutcome, AuditSettings
 from adwin.controller import Controller
 from adwin.controller.schemas import AuditIn, PolicyIn, RunIn
 from adwin.trainer_adapters.hooks import ControllerWindowHooks, StaticWindowHooks, WindowHooks
@@ -14,7 +18,7 @@ from adwin.trainer_adapters.hooks import ControllerWindowHooks, StaticWindowHook
 
 @dataclass
 class Done:
-    """A completed item as a scheduler stamps it (``StampedItem``)."""
+    """A completed item as a scheduler stamps it (``StampedItem``), teacher-scored."""
 
     request_id: str
     prompt_id: str = "p"
@@ -27,6 +31,69 @@ class Done:
     behavior_version: int = 0
     newest_version: int = 0
     response_len: int = 16
+    prompt_ids: list[int] = field(default_factory=lambda: [1, 3])
+    route: str = "default"
+
+    @property
+    def submitted_version(self) -> int:
+        return self.behavior_version
+
+    @property
+    def tokens(self) -> list[int]:
+        return [5] * self.response_len
+
+    @property
+    def logprobs(self) -> list[float]:
+        return [-1.0] * self.response_len
+
+    @property
+    def teacher_logprobs(self) -> list[float]:
+        return [-0.5] * self.response_len
+
+    @property
+    def token_versions(self) -> list[int]:
+        n = self.response_len
+        return [self.behavior_version] * (n - 1) + [self.newest_version] if n else []
+
+
+@dataclass
+class FakeAuditor:
+    """An ``AuditRunner`` that returns fixed cosines (or raises) and records each job's probe rows."""
+
+    cosines: dict[int, float]
+    seen: list[int] = field(default_factory=list)
+    error: Exception | None = None
+
+    def submit_audit(self, job: AuditJob) -> Future[AuditOutcome]:
+        self.seen.append(int(job.batch.input_ids.shape[0]))
+        done: Future[AuditOutcome] = Future()
+        if self.error is not None:
+            done.set_exception(self.error)
+        else:
+            done.set_result(AuditOutcome(job.audit_id, job.version, AuditResult(list(self.cosines), self.cosines), {}))
+        return done
+
+
+def audited(hooks: ControllerWindowHooks, cosines: dict[int, float], **kw: object) -> FakeAuditor:
+    """Give the hooks' probe client audit settings and a fake auditor (the real one: test_asyncopd_pipeline)."""
+    fake = FakeAuditor(cosines, **kw)  # type: ignore[arg-type]
+    hooks.client.settings = AuditSettings(candidates=list(cosines))
+    hooks.client.auditor = fake
+    return fake
+
+
+def order_seen(hooks: ControllerWindowHooks) -> Callable[[], list[Sequence[str]]]:
+    """The probe ids of each audited batch, in batch order (from the client's pool pops)."""
+    batches: list[Sequence[str]] = []
+    pop = hooks.client.pool.pop
+
+    def spy(ids):  # type: ignore[no-untyped-def]
+        ids = list(ids)
+        batches.append(ids)
+        return pop(ids)
+
+    hooks.client.pool.pop = spy  # type: ignore[method-assign]
+    return lambda: batches
 
 
 def setup(**spec: object) -> tuple[Controller, str]:
@@ -80,21 +147,17 @@ def test_non_adwin_runs_never_offer_probes() -> None:
 
 def test_completed_probes_are_reported_audited_in_controller_order_and_decide_the_window() -> None:
     ctrl, run = setup()
-    seen: list[list[str]] = []
-
-    def auditor(items):
-        seen.append([it.request_id for it in items])
-        return AuditIn(cosines={4: 0.9, 8: 0.99})
-
-    hooks = ControllerWindowHooks(ctrl, run, max_len=16, auditor=auditor)
+    hooks = ControllerWindowHooks(ctrl, run, max_len=16)
+    audited(hooks, {4: 0.9, 8: 0.99})
+    seen = order_seen(hooks)
     hooks.on_sync(0)
     ids = [f"r{i}" for i in range(2)]
     assert all(hooks.plan_request(r, "p", 0).is_probe for r in ids)
-    assert hooks.poll_audit(0) == {}, "no batch before P probes are complete"
+    assert "audit/submitted" not in hooks.poll_audit(0), "no batch before P probes are complete"
     for r in reversed(ids):  # completion order differs from submission order
-        hooks.on_probe_complete(Done(r, version_breakpoints=[(3, 1)], newest_version=1), 1)
+        hooks.on_probe_complete(Done(r, version_breakpoints=[(15, 1)], newest_version=1), 1)
     m = hooks.poll_audit(1)
-    assert seen == [ids], "the audit batch comes in the controller's submission order"
+    assert seen() == [ids], "the audit batch comes in the controller's submission order"
     assert m["audit/next_window"] == 4.0 and m["audit/micro_cos_4"] == pytest.approx(0.9)
     assert hooks.on_sync(2).window == 4
     tel = ctrl.telemetry(run)
@@ -137,14 +200,15 @@ def test_complete_probes_the_controller_expires_are_forgotten_not_held_forever()
     ctrl = Controller()
     run = ctrl.register_run(RunIn(policy=PolicyIn(name="adwin", candidates=[4, 8], max_len=16), probe_batch_size=3,
                                   offers_per_step=1, staleness_limit=2)).run_id
-    hooks = ControllerWindowHooks(ctrl, run, max_len=16, auditor=lambda items: AuditIn(cosines={4: 0.9, 8: 0.99}))
+    hooks = ControllerWindowHooks(ctrl, run, max_len=16)
+    audited(hooks, {4: 0.9, 8: 0.99})
     hooks.on_sync(0)
     assert hooks.plan_request("r0", "p", 0).is_probe
     hooks.on_probe_complete(Done("r0"), 0)  # complete at version 0, but no batch of P=3 can form
     hooks.on_sync(1)
-    assert hooks.poll_audit(1) == {} and hooks.counts["expired"] == 0, "within S=2 it waits for a batch"
+    assert "audit/submitted" not in hooks.poll_audit(1) and hooks.counts["expired"] == 0, "within S=2 it waits"
     hooks.on_sync(3)
-    assert hooks.poll_audit(3) == {}
+    assert "audit/submitted" not in hooks.poll_audit(3)
     assert hooks.counts["expired"] == 1, "past S the controller expires it; the hooks let it go too"
     assert ctrl.telemetry(run).probes["expired"] == 1
 
@@ -160,20 +224,19 @@ def test_training_items_that_finished_inside_the_window_are_offered_per_the_offe
     hooks.on_sync(0)
     items = [_training("t-eos", "eos", 5), _training("t-cut", "window", 8)]  # a window-cut item is never offered
     assert hooks.offer_complete(items, 0) == len(expected)
-    assert sorted(hooks._complete) == expected
+    assert sorted(p.probe_id for p in hooks.client.pool.snapshot()) == expected
     assert ctrl.telemetry(run).probes.get("complete", 0) == len(expected)
 
 
 def test_at_the_horizon_finished_and_full_length_training_items_fill_an_audit_batch() -> None:
     ctrl, run = setup(max_active_probes=8)
-    audited: list[list[str]] = []
-    hooks = ControllerWindowHooks(ctrl, run, max_len=16, offer_finished="at_horizon",
-                                  auditor=lambda items: audited.append([i.request_id for i in items])
-                                  or AuditIn(cosines={4: 0.9, 8: 0.99}))
+    hooks = ControllerWindowHooks(ctrl, run, max_len=16, offer_finished="at_horizon")
+    audited(hooks, {4: 0.9, 8: 0.99})
+    seen = order_seen(hooks)
     hooks.on_sync(0)
     items = [_training("h-eos", "eos", 5, window=16), _training("h-full", "horizon", 16, window=16)]
     assert hooks.offer_complete(items, 0) == 2
-    assert hooks.poll_audit(0)["audit/next_window"] == 4.0 and audited == [["h-eos", "h-full"]]
+    assert hooks.poll_audit(0)["audit/next_window"] == 4.0 and seen() == [["h-eos", "h-full"]]
 
 
 def test_hooks_refuse_an_unknown_offer_rule() -> None:
@@ -186,9 +249,9 @@ def test_hooks_warn_once_when_most_probes_expire(caplog) -> None:
     ctrl = Controller()
     run = ctrl.register_run(RunIn(policy=PolicyIn(name="fixed", window=4, max_len=16), probe_batch_size=20,
                                   offers_per_step=8, staleness_limit=1)).run_id
-    hooks = ControllerWindowHooks(ctrl, run, max_len=16, probing=True,
-                                  auditor=lambda items: AuditIn(cosines={4: 0.9}))
-    with caplog.at_level(logging.WARNING, logger="adwin.trainer_adapters.hooks"):
+    hooks = ControllerWindowHooks(ctrl, run, max_len=16, probing=True)
+    audited(hooks, {4: 0.9})
+    with caplog.at_level(logging.WARNING, logger="adwin.probes.client"):
         for v in (0, 3):
             hooks.on_sync(v)
             for i in range(8):
@@ -213,3 +276,25 @@ def test_hooks_refuse_a_run_that_can_never_audit_before_the_pipeline_starts() ->
     with pytest.raises(ValueError, match="probe_batch_size=20 can never fill"):
         ControllerWindowHooks(stub, "old", max_len=16, resilient_controller=False)
     assert ControllerWindowHooks(stub, "old", max_len=16, probing=False, resilient_controller=False).probing is False
+
+
+def test_a_non_finite_audit_keeps_the_window_and_any_other_refusal_propagates() -> None:
+    from adwin.audit.errors import NonFiniteAuditError
+    from adwin.controller.api import InvalidInput
+
+    for error, cosines in ((NonFiniteAuditError("gram has non-finite entries"), {4: 0.9, 8: 0.99}),
+                           (None, {4: float("nan"), 8: 0.99}), (None, {3: 0.9})):
+        ctrl, run = setup()
+        hooks = ControllerWindowHooks(ctrl, run, max_len=16)
+        audited(hooks, cosines, error=error)
+        hooks.on_sync(0)
+        for r in ("a", "b"):
+            assert hooks.plan_request(r, "p", 0).is_probe
+            hooks.on_probe_complete(Done(r), 0)
+        if 3 in cosines:  # an unknown candidate is a bug, not a refused audit
+            with pytest.raises(InvalidInput):
+                hooks.poll_audit(0)
+            continue
+        m = hooks.poll_audit(0)
+        assert m["audit/rejected"] == 1.0 and "audit/next_window" not in m
+        assert hooks.on_sync(1).window == 8

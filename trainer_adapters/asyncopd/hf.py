@@ -12,7 +12,9 @@
   ``adwin.objectives.losses.reverse_kl_mc`` via ``opd_loss``: ``-(1/m) sum_i rho_i sg(A_theta(a_i))`` with
   ``A_theta = log q - log p_theta`` recomputed at learner time and unclipped old-to-current IS
   ``rho = p_theta / p_behavior`` (the config's ``is_method``/clip can override, off by default).
-- ``make_auditor``: audits a batch of completed probes under the current learner weights.
+
+Probes are audited by the one probe client (``adwin.probes.client``): ``build_asyncopd`` gives the hooks' client
+an ``InlineAuditor`` on the learner's student and the run's audit settings.
 
 Learner batches are padded to the global maximum width (``max prompt + max_response_len``) when
 ``width`` is given, so the window caps generated tokens but never changes tensor shapes.
@@ -26,15 +28,12 @@ from typing import Any
 
 import torch
 
-from adwin.audit.alignment import ProbeBatch, audit
 from adwin.backends.logprob_gap import logprob_gap
-from adwin.controller.schemas import AuditIn
 from adwin.objectives.loss_table import ASYNCOPD_TOKEN_LOSSES as LEARNER_LOSSES
 from adwin.objectives.losses import action_logprobs, opd_loss, token_logprobs
 from adwin.sampling.rollout import Rows, layout, left_pad, response_values
 from adwin.sampling.teacher import Teachers
 from adwin.trainer_adapters.asyncopd.items import StreamItem, TokenOut
-from adwin.trainer_adapters.hooks import Auditor, StampedItem
 
 
 def clip_and_step(model: torch.nn.Module, optimizer: Any, lr_scheduler: Any, grad_clip: float) -> float:
@@ -184,35 +183,3 @@ class HFLearner:
     def weights(self) -> dict[str, torch.Tensor]:
         """A detached copy: the learner keeps training while workers load it."""
         return {k: v.detach().clone() for k, v in self.student.state_dict().items()}
-
-
-def probe_batch(items: Sequence[StampedItem], pad_id: int) -> ProbeBatch:
-    """Right-padded rows of completed probes with their teacher/behavior logprobs and version tags."""
-    its: list[StreamItem] = list(items)  # type: ignore[arg-type]
-    rows = item_rows(its, pad_id, None)
-    unscored = next((it.request_id for it in its if it.teacher_logprobs is None), None)
-    if unscored is not None:
-        raise ValueError(f"probe {unscored} reached the audit unscored")
-    teacher = item_values(its, rows, "teacher_logprobs")  # (B, L)
-    behavior = item_values(its, rows, "logprobs")  # (B, L)
-    versions = response_values(rows, [it.token_versions for it in its], fill=-1, dtype=torch.long)  # (B, L)
-    return ProbeBatch(rows.input_ids, rows.attention_mask, rows.response_mask, teacher,
-                      behavior_logprobs=behavior, versions=versions)
-
-
-def make_auditor(student: torch.nn.Module, candidates: Sequence[int], *, pad_id: int, method: str = "fast",
-                 metric: str = "identity", optimizer: torch.optim.Optimizer | None = None,
-                 sketch_dim: int | None = None, seed: int = 0) -> Auditor:
-    """An ``Auditor`` that runs ``adwin.audit.alignment.audit`` under the student's current weights.
-
-    Call it only between learner updates (the train dispatcher's thread does): it reads the live weights.
-    """
-
-    def auditor(items: Sequence[StampedItem]) -> AuditIn:
-        batch = probe_batch(items, pad_id)
-        res = audit(student, batch, list(candidates), method=method, metric=metric, optimizer=optimizer,
-                    sketch_dim=sketch_dim, seed=seed)
-        return AuditIn(cosines=res.cosines, macro_cosines=res.macro_cosines or None,
-                       stats={"elapsed_s": res.elapsed_s, "probes": float(len(items))})
-
-    return auditor

@@ -26,18 +26,17 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from adwin.config import AsyncOPDSection, TrainConfig, lag_of
+from adwin.config import ASYNCOPD_LOSSES, AsyncOPDSection, TrainConfig, lag_of
 from adwin.controller.api import ControllerAPI
 from adwin.loop.parts import Parts, build_optimizer, load_parts, open_loggers, run_spec, seed_everything
-from adwin.policies.registry import is_audited
+from adwin.probes.client import InlineAuditor
+from adwin.probes.settings import configure_audits
 from adwin.runtime.resilient_controller import controller_metrics, drain_controller
 from adwin.sampling.rollout import encode_prompts, eos_ids, pad_id_of
 from adwin.trainer_adapters.asyncopd.hf import (
-    LEARNER_LOSSES,
     HFLearner,
     HFRolloutEngine,
     HFTeacherScorer,
-    make_auditor,
 )
 from adwin.trainer_adapters.asyncopd.items import PromptSpec
 from adwin.trainer_adapters.asyncopd.oapl import OAPLLearner
@@ -79,9 +78,9 @@ def build_asyncopd(cfg: TrainConfig, controller: ControllerAPI, *, parts: Parts 
                    options: AsyncOPDSection | None = None, profile: str = "default",
                    engine_cls: type[HFRolloutEngine] = HFRolloutEngine) -> AsyncOPDRun:
     """Register the run and build the stages; ``engine_cls`` is the seam for another rollout engine."""
-    if cfg.loss.name not in (*LEARNER_LOSSES, "oapl"):
-        raise ValueError(f"--scheduler asyncopd trains with {LEARNER_LOSSES} (old-to-current IS on cached "
-                         f"behavior logprobs) or oapl, not loss.name={cfg.loss.name!r}")
+    if cfg.loss.name not in ASYNCOPD_LOSSES:  # the config refuses it too; a hand-built config may not
+        raise ValueError(f"--scheduler asyncopd trains with {ASYNCOPD_LOSSES} (old-to-current IS on cached "
+                         f"behavior logprobs, or OAPL), not loss.name={cfg.loss.name!r}")
     opts = options or cfg.asyncopd
     parts = parts or load_parts(cfg, profile)
     seed_everything(cfg.seed)
@@ -120,12 +119,12 @@ def build_asyncopd(cfg: TrainConfig, controller: ControllerAPI, *, parts: Parts 
         learner = HFLearner(parts.student, optimizer, lr_scheduler, pad_id=pad, width=width, loss=lc.name,
                             aggregation=lc.aggregation, grad_clip=cfg.optim.grad_clip, is_method=lc.is_method,
                             is_low=lc.is_low, is_high=lc.is_high, clip_low=lc.clip_low, clip_high=lc.clip_high)
-    probing = is_audited(cfg.window.policy) and cfg.probes.offers_per_step > 0
-    auditor = make_auditor(parts.student, cfg.window.candidates, pad_id=pad, method=cfg.audit.method,
-                           metric=cfg.audit.metric, optimizer=optimizer, sketch_dim=cfg.audit.sketch_dim,
-                           seed=cfg.seed) if probing else None
-    hooks = ControllerWindowHooks(controller, run_id, max_len=r.max_response_len, auditor=auditor,
-                                  probing=probing, report_steps=False, offer_finished=cfg.probes.offer_finished)
+    probing = cfg.probing
+    hooks = ControllerWindowHooks(controller, run_id, max_len=r.max_response_len, probing=probing,
+                                  report_steps=False, offer_finished=cfg.probes.offer_finished)
+    if probing:  # the sync trainer's audit: settings, schedule, drift; on the learner's weights between updates
+        configure_audits(hooks.client, cfg, parts.teachers, pad_id=pad)
+        hooks.client.auditor = InlineAuditor(parts.student, optimizer)
     scfg = SchedulerConfig(batch_size=r.prompts_per_step * r.samples_per_prompt, queue_depth=opts.queue_depth,
                            samples_per_prompt=r.samples_per_prompt, max_response_len=r.max_response_len,
                            worker_batch=opts.worker_batch, teacher_batch=opts.teacher_batch,

@@ -342,3 +342,18 @@ def test_fast_and_reference_agree_on_random_lengths_and_candidates(llama, lens, 
     assert np.abs(fast.gram - ref.gram).max() <= 1e-4 * scale
     if sum(r for _, r in lens) == 0:
         assert not fast.gram.any() and fast.macro_cosines == {}
+
+
+@pytest.mark.parametrize("where", ["gram", "sketch"])
+def test_non_finite_segment_statistics_raise_the_typed_non_finite_error(where: str) -> None:
+    from adwin.audit.errors import NonFiniteAuditError
+    from adwin.runtime.guards import is_non_finite_audit
+
+    bad = np.eye(3)
+    bad[0, 1] = np.nan
+    with pytest.raises(NonFiniteAuditError) as err:
+        cosines_from_gram(bad, [4, 8]) if where == "gram" else gram_from_sketches(bad)
+    assert is_non_finite_audit(err.value)
+    with pytest.raises(ValueError) as shape_err:  # a shape error of the math is not a refused audit
+        cosines_from_gram(np.eye(2), [4, 8])
+    assert not is_non_finite_audit(shape_err.value)

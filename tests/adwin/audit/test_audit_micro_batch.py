@@ -63,11 +63,11 @@ def test_per_sample_audits_accept_any_micro_batch_size_and_still_run_one_row_at_
 
 
 def test_the_trainer_ships_its_micro_batch_size_and_autocast_to_the_audit() -> None:
-    from adwin.loop.probing import audit_settings
+    from adwin.probes.settings import run_audit_settings
 
-    s = audit_settings(load_config(None, {"optim.micro_batch_size": 3, "model.autocast": "bf16"}))
+    s = run_audit_settings(load_config(None, {"optim.micro_batch_size": 3, "model.autocast": "bf16"}))
     assert (s.micro_batch, s.autocast) == (3, "bf16")
-    assert audit_settings(load_config(None)).micro_batch is None
+    assert run_audit_settings(load_config(None)).micro_batch is None
 
 
 def test_activation_checkpointing_leaves_the_audit_unchanged() -> None:

@@ -8,11 +8,11 @@ from trainer_fixtures import tiny_overrides
 
 from adwin.config import AuditConfig, load_config
 from adwin.controller import Controller
-from adwin.loop.probing import audit_settings
 from adwin.loop.trainer import train
+from adwin.probes.settings import run_audit_settings
 
 FIXED = {"loss"}  # the audit's loss is reverse_kl_pg by definition (one allowed value)
-SCHEDULE = {"every", "skip_margin", "skip_history", "max_skips"}  # which batches to audit: ProbeSide.schedule
+SCHEDULE = {"every", "skip_margin", "skip_history", "max_skips"}  # which batches to audit: ProbeClient.schedule
 BUDGET = {"budget", "pool_max"}  # when to offer and audit: adwin.audit.budget.DecisionBudget
 
 
@@ -20,7 +20,7 @@ def test_every_audit_option_of_the_config_reaches_the_audit_settings(tmp_path: P
     chosen = {"audit.method": "reference", "audit.metric": "adam", "audit.sketch_dim": 64, "audit.macro": True,
               "audit.params": "top:1", "audit.estimator": "debiased", "audit.ci_level": 0.8, "audit.ci_samples": 50}
     cfg = load_config(None, tiny_overrides(tmp_path, **chosen))
-    settings = audit_settings(cfg)
+    settings = run_audit_settings(cfg)
     for name in set(AuditConfig.model_fields) - FIXED - SCHEDULE - BUDGET:
         assert getattr(settings, name) == getattr(cfg.audit, name), name
     assert {k.split(".")[1] for k in chosen} == set(AuditConfig.model_fields) - FIXED - SCHEDULE - BUDGET  # none untested

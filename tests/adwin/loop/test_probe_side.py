@@ -1,25 +1,21 @@
-"""``ProbeSide``: audits in flight are collected in order, never block the learner while young, and are
+"""The probe client (as the sync trainer's ``ProbeSide`` drives it): audits in flight are collected in order, never block the learner while young, and are
 waited for once their weights are S versions old (no decision rests on older weights)."""
 
 from __future__ import annotations
 
 import threading
 from concurrent.futures import Future
-from types import SimpleNamespace
 
-from adwin.config import ProbeConfig
-from adwin.loop.accounting import TokenLedger
-from adwin.loop.probing import ProbeSide, _Pending
+from adwin.probes.client import ProbeClient, _Pending
 from adwin.probes.pool import ProbePool
 
 
-def _side(limit: int) -> tuple[ProbeSide, list[int]]:
-    side = ProbeSide(controller=None, run_id="r", probes=ProbeConfig(staleness_limit=limit), pool=ProbePool(16),
-                     ledger=TokenLedger(16))
+def _side(limit: int) -> tuple[ProbeClient, list[int]]:
+    side = ProbeClient(controller=None, run_id="r", pool=ProbePool(16), staleness_limit=limit)  # type: ignore[arg-type]
     submitted: list[int] = []
 
     def submit(p: _Pending, version: int) -> dict[str, float]:
-        submitted.append(p.ready.audit_id)
+        submitted.append(p.audit_id)
         return {"audit/submitted": 1.0}
 
     side._submit = submit  # type: ignore[method-assign]  # the controller round trip is tested elsewhere
@@ -27,7 +23,7 @@ def _side(limit: int) -> tuple[ProbeSide, list[int]]:
 
 
 def _pending(audit_id: int, version: int, fut: Future) -> _Pending:
-    return _Pending(SimpleNamespace(audit_id=audit_id), version, [0], 1.0, fut)
+    return _Pending(audit_id, version, [0], 1.0, fut)
 
 
 def test_young_audits_in_flight_do_not_block_and_finished_ones_are_collected_in_order() -> None:

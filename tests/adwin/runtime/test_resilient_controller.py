@@ -151,9 +151,7 @@ def test_no_window_before_the_first_answer_fails_loudly() -> None:
 
 
 def test_probes_that_missed_rounds_past_the_staleness_limit_are_dropped_and_reported() -> None:
-    from adwin.config import ProbeConfig
-    from adwin.loop.accounting import TokenLedger
-    from adwin.loop.probing import ProbeSide
+    from adwin.probes.client import ProbeClient
     from adwin.probes.pool import Probe, ProbePool
 
     inner, _, rc, _, run = _setup()
@@ -162,8 +160,8 @@ def test_probes_that_missed_rounds_past_the_staleness_limit_are_dropped_and_repo
     pool.add(Probe("s0-0", [1], [5], [0], [-1.0], "default", submitted_step=0))  # unfinished, version 0
     pool.add(Probe("s0-1", [1], [5], [3], [-1.0], "default", submitted_step=0))  # fresh enough
     pool.add(Probe("s0-2", [1], [5], [0], [-1.0], "default", submitted_step=0, finished=True))  # waits for a batch
-    side = ProbeSide(rc, run, ProbeConfig(staleness_limit=2), pool, TokenLedger(16))
-    assert side.drop_overstale(version=3) == {"probe/dropped_stale": 1.0}
+    client = ProbeClient(rc, run, pool, staleness_limit=2)
+    assert client.drop_overstale(version=3) == 1
     assert "s0-0" not in pool and "s0-1" in pool and "s0-2" in pool
     assert inner.telemetry(run).probes["dropped"] == 1
-    assert side.drop_overstale(version=3) == {}
+    assert client.drop_overstale(version=3) == 0

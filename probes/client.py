@@ -1,0 +1,388 @@
+"""``ProbeClient``: the one conversation with the controller about probes, for every loop.
+
+Offer, pool, extension rounds, the probe batch, its teacher scoring, the drift diagnostics, the audit and its
+schedule, the submit and the decision bookkeeping live here once; the loops only drive it:
+
+* the synchronous trainer (``adwin.loop.probing.ProbeSide``) calls ``offer``, ``advance``, ``audit`` each step;
+* the generic client and the TRL callback (``adwin.trainer_adapters.generic.WindowClient``) the same, with
+  their own extension callable, extending to the horizon in one round (``advance(to_full=True)``);
+* the AsyncOPD hooks (``adwin.trainer_adapters.hooks.ControllerWindowHooks``) use the *fresh probe* mode: a
+  request is offered at submission with no tokens (``offer_fresh``), the pipeline generates it to full length
+  and reports it complete (``complete``), teacher logprobs already scored by its teacher stage.
+
+Two ways a probe grows, one record (``adwin.probes.pool.Probe``) and one batch builder
+(``adwin.probes.pool.probe_batch``). Audits run where the probes run: a probe executor's workers
+(``adwin.probes.async_executor``: inline, thread, Ray) or, without one, an ``InlineAuditor`` on the learner's
+model; either way through ``AuditJob`` / ``run_audit_job`` with the run's ``AuditSettings``
+(``adwin.probes.settings``). An audit is submitted at the first call after it is back (``audit/lag_steps``),
+and waited for once its weights are ``S`` versions old or when asked (``drain``, ``wait=True``).
+
+The staleness rule is stated once (``_check_staleness``): no probe extended or audited may be more than ``S``
+versions stale; the controller's forced fill and expiry guarantee it, so a violation stops the run. A refused
+audit is decided by type (``adwin.audit.errors.is_non_finite_audit``): NaN/Inf leaves the window as it was,
+anything else propagates.
+"""
+
+from __future__ import annotations
+
+import itertools
+import logging
+from collections import deque
+from collections.abc import Callable, Iterator, Sequence
+from concurrent.futures import Future
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+import numpy as np
+import torch
+
+from adwin.audit.errors import is_non_finite_audit
+from adwin.audit.job import AuditJob, AuditOutcome, AuditSettings, lag_metrics, run_audit_job
+from adwin.audit.schedule import AuditSchedule
+from adwin.controller.api import ControllerAPI, ControllerError, ProbeConflict
+from adwin.controller.feasibility import expiry_warning
+from adwin.controller.schemas import (
+    AuditIn,
+    AuditOut,
+    OfferIn,
+    ProbeOfferItem,
+    ProbePlanOut,
+    ProbeReportIn,
+)
+from adwin.probes.async_executor import AdvanceStats, AsyncProbeExecutor
+from adwin.probes.offers import OFFER_FINISHED, is_complete, offer_indices
+from adwin.probes.pool import Probe, ProbePool, Score, probe_batch
+from adwin.probes.workers import run_now
+
+log = logging.getLogger(__name__)
+
+# drift/* diagnostics of an audited batch, from (input_ids, attention_mask, response_mask, routes)
+Drift = Callable[[torch.Tensor, torch.Tensor, torch.Tensor, list[str]], dict[str, float]]
+
+
+class AuditRunner(Protocol):
+    """Where audits run: a probe executor (its workers' replicas) or ``InlineAuditor`` (the learner's model)."""
+
+    def submit_audit(self, job: AuditJob) -> Future[AuditOutcome]: ...
+
+
+@dataclass
+class InlineAuditor:
+    """Runs an audit at once on ``model`` (the learner's live weights: call it between updates)."""
+
+    model: torch.nn.Module
+    optimizer: Any = None  # the learner's AdamW, read by metric="adam"
+
+    def submit_audit(self, job: AuditJob) -> Future[AuditOutcome]:
+        return run_now(lambda: run_audit_job(self.model, job, self.optimizer))  # a failure comes back in the future
+
+
+@dataclass
+class _Pending:
+    audit_id: int
+    version: int  # the weights version the audit runs under
+    staleness: list[int]
+    probe_tokens: float
+    future: Future[AuditOutcome]
+
+
+@dataclass
+class ProbeClient:
+    """See the module docstring. ``staleness_limit`` is the run's ``S``."""
+
+    controller: ControllerAPI
+    run_id: str
+    pool: ProbePool
+    staleness_limit: int
+    offer_finished: str = "at_horizon"
+    executor: AsyncProbeExecutor | None = None  # extends probes (continue-a-prefix mode); audits where they run
+    auditor: AuditRunner | None = None  # audits when there is no executor (default: the executor)
+    settings: AuditSettings | None = None  # None: no audits
+    score: Score | None = None  # the teacher, for probes no teacher stage scored
+    pad_id: int = 0
+    adam_moments: Callable[[], dict[str, Any]] | None = None  # metric="adam" off the learner
+    drift: Drift | None = None
+    schedule: AuditSchedule | None = None  # audit.every / audit.skip_*: which ready batches to audit
+    probe_batch_size: int = 1  # P, for the expiry warning
+    on_completed: Callable[[Probe], None] | None = None  # a probe an extension round completed
+    pending: deque[_Pending] = field(default_factory=deque)
+    # window/changes_per_audit: audits whose decision differed from the window in use, over all decisions
+    window: int | None = None
+    decisions: int = 0
+    changes: int = 0
+    counts: dict[str, int] = field(default_factory=lambda: dict.fromkeys(
+        ("offered", "accepted", "reported", "completed", "forced", "audits", "rejected", "skipped", "expired",
+         "conflicts"), 0))
+    audit_s: float = 0.0
+    last_cosines: dict[int, float] = field(default_factory=dict)
+    last_out: AuditOut | None = None  # the controller's answer to the last audit submitted
+    _keys: Iterator[int] = field(default_factory=itertools.count)
+    _batch_calls: dict[int, int] = field(default_factory=dict)
+    _expiry_warned: bool = False
+
+    def __post_init__(self) -> None:
+        if self.offer_finished not in OFFER_FINISHED:
+            raise ValueError(f"offer_finished must be one of {OFFER_FINISHED}, got {self.offer_finished!r}")
+
+    @property
+    def max_len(self) -> int:
+        return self.pool.max_response_len
+
+    # --- offers ---------------------------------------------------------------------------------------
+
+    def offer(self, step: int, records: Sequence[Probe], ended: Sequence[bool], window: int | Sequence[int], *,
+              limit: int | None = None, complete_now: bool = False) -> list[str]:
+        """Offer rollouts by the one offer rule (``probes.offers.offer_indices``); accepted ones enter the pool.
+
+        ``records[i]``: rollout ``i`` as a probe (offered at its oldest token's version); ``ended[i]``: it emitted
+        EOS; ``window``: the cap it was generated under (one for all, or one per record); ``limit`` caps the
+        offers. Complete records (ended, or at the horizon) need no extension: they are reported complete at the
+        next ``advance``, or now with ``complete_now`` (a loop without extension rounds, which then offers only
+        complete records).
+        """
+        wins = [window] * len(records) if isinstance(window, int) else list(window)
+        chosen = [i for i in range(len(records))
+                  if offer_indices([ended[i]], wins[i], self.max_len, self.offer_finished)][:limit]
+        for i in chosen:
+            records[i].finished = is_complete(ended[i], len(records[i].response_ids), self.max_len)
+        if complete_now:  # no rounds will continue a cut rollout: offer only what needs none
+            chosen = [i for i in chosen if records[i].finished]
+        if not chosen:
+            return []
+        items = [ProbeOfferItem(sample_id=records[i].probe_id, prompt_id=records[i].prompt_id or records[i].probe_id,
+                                response_len=len(records[i].response_ids), version=records[i].oldest_version)
+                 for i in chosen]
+        out = self.controller.offer_probes(self.run_id, OfferIn(step=step, offers=items),
+                                           idempotency_key=f"{self.run_id}-offer-{step}-{items[0].sample_id}")
+        self.counts["offered"] += len(items)
+        self.counts["accepted"] += len(out.accepted)
+        by_id = {records[i].probe_id: records[i] for i in chosen}
+        for pid in out.accepted:
+            if complete_now:
+                self.complete(by_id[pid], step, tokens_added=0)
+            else:
+                self.pool.add(by_id[pid])
+        return list(out.accepted)
+
+    def offer_fresh(self, probe_id: str, prompt_id: str, version: int) -> bool:
+        """Offer a request as a probe before it has any token (the pipeline generates it to full length)."""
+        offer = OfferIn(step=version, offers=[ProbeOfferItem(sample_id=probe_id, prompt_id=prompt_id, response_len=0,
+                                                             version=version)])
+        accepted = probe_id in self.controller.offer_probes(
+            self.run_id, offer, idempotency_key=f"{self.run_id}-offer-{version}-{probe_id}").accepted
+        self.counts["offered"] += 1
+        self.counts["accepted"] += int(accepted)
+        return accepted
+
+    def complete(self, probe: Probe, version: int, *, tokens_added: int | None = None) -> bool:
+        """Report ``probe`` complete (generated outside the pool: a fresh probe, or offered complete) and keep it
+        for its audit batch; False when the controller dropped it meanwhile (nothing to audit)."""
+        added = len(probe.response_ids) if tokens_added is None else tokens_added
+        newest = probe.versions[-1] if probe.versions else probe.submitted_step
+        report = ProbeReportIn(probe_id=probe.probe_id, step=version, tokens_added=added, version=newest,
+                               finished=True, forced=probe.forced)
+        try:
+            self.controller.report_probe(self.run_id, report, idempotency_key=f"{self.run_id}-complete-{probe.probe_id}")
+        except ProbeConflict as e:
+            log.warning("probe %s not accepted as complete: %s", probe.probe_id, e)
+            self.counts["conflicts"] += 1
+            return False
+        probe.finished = True
+        self.pool.add(probe)
+        self.counts["reported"] += 1
+        self.counts["completed"] += 1
+        self.counts["forced"] += int(probe.forced)
+        return True
+
+    def plan(self, version: int) -> ProbePlanOut:
+        return self.controller.probe_plan(self.run_id, version)
+
+    # --- extension rounds -----------------------------------------------------------------------------
+
+    def advance(self, version: int, *, to_full: bool = False, drop_unknown: bool = True,
+                plan_at: int | None = None) -> AdvanceStats:
+        """Drop probes a controller outage left over-stale, publish weights ``version`` and run the plan.
+
+        Returns at once unless the plan force-completes probes at the staleness limit (``blocked_s``; with an
+        inline worker every round blocks). ``to_full``/``drop_unknown``: ``AsyncProbeExecutor.advance``;
+        ``plan_at``: the step to ask the plan at (default ``version``).
+        """
+        if self.executor is None:
+            raise RuntimeError("advance needs a probe executor (continue-a-prefix mode)")
+        dropped = self.drop_overstale(version)
+        sync_s = self.executor.publish(version)
+        stats = self.executor.collect(version)  # reported before the plan is read: it depends on them
+        self._report(stats.reports)
+        plan = self.plan(version if plan_at is None else plan_at)
+        more = self.executor.advance(plan, version, to_full=to_full, drop_unknown=drop_unknown)
+        self._report(more.reports)
+        stats = _merged(stats, more)
+        stats.dropped_stale, stats.sync_s = dropped, sync_s
+        held = [(rep, self.pool.get(rep.probe_id)) for rep in stats.reports if rep.probe_id in self.pool]
+        for rep, probe in held:
+            if rep.finished and self.on_completed is not None and probe.versions[-1:] > [probe.submitted_step]:
+                self.on_completed(probe)  # extended to its end here (not offered complete)
+        stats.staleness = [probe.staleness(version) for _, probe in held]
+        self._check_staleness(stats.staleness, version, "extended")
+        self.counts["completed"] += stats.completed
+        self.counts["forced"] += stats.forced
+        return stats
+
+    def drop_overstale(self, version: int) -> int:
+        """Unfinished probes already past S missed rounds (e.g. a controller outage): drop and report them."""
+        stale = [p for p in self.pool.snapshot() if not p.finished and p.staleness(version) > self.staleness_limit]
+        if not stale:
+            return 0
+        for p in self.pool.pop([p.probe_id for p in stale]):
+            try:
+                self.controller.report_probe(self.run_id, ProbeReportIn(probe_id=p.probe_id, step=version, tokens_added=0,
+                                                                        version=version, dropped=True),
+                                             idempotency_key=f"{self.run_id}-drop-{p.probe_id}")
+            except ControllerError as e:  # e.g. the controller no longer holds it as active: nothing to undo
+                log.warning("probe %s: drop report refused (%s)", p.probe_id, e)
+        log.warning("dropped %d probe(s) over the staleness limit S=%d at version %d (missed rounds, e.g. a "
+                    "controller outage)", len(stale), self.staleness_limit, version)
+        return len(stale)
+
+    def evict(self, version: int) -> int:
+        """Forget complete probes past S: the controller expires them, no batch will name them."""
+        gone = self.pool.evict_complete_past(version, self.staleness_limit)
+        self.counts["expired"] += gone
+        warning = None if self._expiry_warned else expiry_warning(
+            self.counts["expired"], self.counts["accepted"], probe_batch_size=self.probe_batch_size,
+            staleness_limit=self.staleness_limit)
+        if warning:
+            self._expiry_warned = True
+            log.warning("run %s: %s", self.run_id, warning)
+        return gone
+
+    def _report(self, reports: Sequence[ProbeReportIn]) -> None:
+        for rep in reports:
+            key = f"{self.run_id}-probe-{rep.probe_id}-{rep.version}-{next(self._keys)}"
+            self.controller.report_probe(self.run_id, rep, idempotency_key=key)
+        self.counts["reported"] += len(reports)
+
+    def _check_staleness(self, stale: Sequence[int], version: int, what: str) -> None:
+        if stale and max(stale) > self.staleness_limit:
+            raise RuntimeError(f"{what} probe {max(stale)} versions stale at version {version}, above the limit "
+                               f"S={self.staleness_limit}: the controller's forced fill and expiry should make this "
+                               f"impossible")
+
+    # --- audits ---------------------------------------------------------------------------------------
+
+    def audit(self, version: int, *, wait: bool = False, max_batches: int = 1) -> dict[str, float]:
+        """Collect audits that are back, then hand up to ``max_batches`` ready probe batches to the auditor.
+
+        ``wait``: also wait for every audit still in flight (before a checkpoint, at the end of the run, and in
+        loops that audit on the learner between updates).
+        """
+        runner = self.auditor or self.executor
+        if runner is None or self.settings is None:
+            self.evict(version)
+            return {}
+        m: dict[str, float] = {}
+        self._collect(m, version, block=False)
+        for _ in range(max_batches):
+            n = self._batch_calls.get(version, -1) + 1
+            self._batch_calls = {version: n}  # keys repeat nowhere: one counter per version, the current one
+            ready = self.controller.next_probe_batch(self.run_id, step=version,
+                                                     idempotency_key=f"{self.run_id}-batch-{version}-{n}")
+            if ready is None:
+                break
+            missing = [pid for pid in ready.probe_ids if pid not in self.pool]
+            if missing:
+                raise RuntimeError(f"audit {ready.audit_id} names probes this client never completed: {missing[:3]}")
+            probes = self.pool.pop(ready.probe_ids)
+            stale = [p.staleness(version) for p in probes]
+            self._check_staleness(stale, version, "audited")
+            if self.schedule is not None and not self.schedule.should_audit():
+                self.controller.submit_audit(self.run_id, ready.audit_id,
+                                             AuditIn(skipped=True, stats={"probes": float(len(probes))}),
+                                             idempotency_key=f"{self.run_id}-audit-{ready.audit_id}")
+                m["audit/skipped"] = m.get("audit/skipped", 0.0) + 1.0
+                self.counts["skipped"] += 1
+                continue
+            batch = probe_batch(probes, self.pad_id, self.score)
+            if self.drift is not None:
+                m |= self.drift(batch.input_ids, batch.attention_mask, batch.response_mask, [p.route for p in probes])
+            job = AuditJob(ready.audit_id, version, batch, self.settings,
+                           adam_moments=self.adam_moments() if self.adam_moments is not None else None)
+            self.pending.append(_Pending(ready.audit_id, version, stale, float(batch.response_mask.sum()),
+                                         runner.submit_audit(job)))
+        self.evict(version)
+        return self._collect(m, version, block=wait)  # an inline audit is back already
+
+    def drain(self, version: int) -> dict[str, float]:
+        """Wait for every audit in flight and submit it."""
+        return self._collect({}, version, block=True)
+
+    def _collect(self, m: dict[str, float], version: int, *, block: bool) -> dict[str, float]:
+        """Submit the audits that are back, in order, into ``m`` (counts add up: several may be back at once)."""
+        while self.pending and (block or self.pending[0].future.done() or self._overdue(self.pending[0], version)):
+            one = self._submit(self.pending.popleft(), version)
+            counts = {k: m.get(k, 0.0) + one.pop(k, 0.0) for k in ("audit/submitted", "audit/rejected")}
+            m |= one | {k: v for k, v in counts.items() if v}
+        m["audit/in_flight"] = float(len(self.pending))
+        return m
+
+    def _overdue(self, p: _Pending, version: int) -> bool:
+        """An audit whose weights are S versions old is waited for: no decision rests on older weights."""
+        return version - p.version >= self.staleness_limit
+
+    def submit_now(self, audit_id: int, outcome: Future[AuditOutcome], version: int, staleness: list[int],
+                   probe_tokens: float) -> dict[str, float]:
+        """Submit an audit computed outside ``audit`` (a loop that builds its own batch) like any other."""
+        return self._submit(_Pending(audit_id, version, staleness or [0], probe_tokens, outcome), version)
+
+    def _submit(self, p: _Pending, version: int) -> dict[str, float]:
+        """Send one finished audit to the controller; an audit refused for NaN/Inf leaves the window as it was."""
+        try:
+            outcome = p.future.result()
+            res = outcome.result
+            out = self.controller.submit_audit(
+                self.run_id, p.audit_id,
+                AuditIn(cosines=res.cosines, macro_cosines=res.macro_cosines or None, cosine_ci=res.cosine_ci or None,
+                        stats={"elapsed_s": res.elapsed_s, "probes": float(len(p.staleness)),
+                               "weights_version": float(outcome.version)}),
+                idempotency_key=f"{self.run_id}-audit-{p.audit_id}")
+        except Exception as e:
+            if not is_non_finite_audit(e):
+                raise
+            log.warning("audit %d rejected: %s", p.audit_id, e)
+            self.counts["rejected"] += 1
+            return {"audit/rejected": 1.0}
+        self.counts["audits"] += 1
+        self.last_out = out
+        self.audit_s += res.elapsed_s
+        self.last_cosines = dict(out.cosines or res.cosines)
+        m = {"audit/submitted": 1.0, "audit/id": float(p.audit_id), "audit/time": res.elapsed_s,
+             "audit/staleness_max": float(max(p.staleness)), "audit/staleness_mean": float(np.mean(p.staleness)),
+             "audit/probe_tokens": p.probe_tokens}
+        m |= outcome.is_metrics | lag_metrics(outcome, version)
+        m |= {f"audit/micro_cos_{c}": v for c, v in res.cosines.items()}
+        m |= {f"audit/macro_cos_{c}": v for c, v in res.macro_cosines.items()}
+        m |= res.metrics()
+        if self.schedule is not None:
+            self.schedule.record(res.cosines)
+        if out.decision is not None:
+            m["audit/next_window"] = float(out.decision.window)
+            self.decisions += 1
+            self.changes += int(out.decision.window != self.window)
+            self.window = out.decision.window  # a later audit collected in this step compares with it
+            m["window/changes_per_audit"] = self.changes / self.decisions
+        return m
+
+    # --- shutdown -------------------------------------------------------------------------------------
+
+    def close(self) -> None:
+        if self.executor is not None:
+            self.executor.close()
+
+
+def _merged(a: AdvanceStats, b: AdvanceStats) -> AdvanceStats:
+    """Two parts of one ``advance`` (the rounds collected before the plan, then the plan's) as one."""
+    out = AdvanceStats(reports=a.reports + b.reports)
+    for k, v in vars(b).items():
+        if k not in ("reports", "staleness"):
+            setattr(out, k, v if k in ("active", "in_flight") else getattr(a, k) + v)
+    return out
