@@ -149,7 +149,7 @@ def run_asyncopd(cfg: TrainConfig, controller: ControllerAPI, *, parts: Parts | 
     distribution, the permit bound as observed, probe/audit counts and the per-update history.
     ``built``: run what ``build_asyncopd`` returned (tests inspect the stages afterwards). ``enrich(step, m)``
     returns extra metrics merged into the step's row before it is logged (evaluation, token ledger).
-    The per-step history is under ``"history"``; ``"logged"`` holds the rows as logged.
+    ``"logged"`` holds the per-update rows as logged.
     """
     b = built or build_asyncopd(cfg, controller, parts=parts, options=options, profile=profile)
     ctl = b.hooks.controller  # the hooks' degraded-mode wrapper: telemetry survives an outage too
