@@ -70,7 +70,7 @@ class _StepExtras:
         view = SimpleNamespace(response_ids=[it.tokens for it in batch],
                                finished=[it.finish_reason != "window" for it in batch])
         out = self.ledger.record(view, int(m.get("window/current", cfg.rollout.max_response_len)),  # type: ignore[arg-type]
-                                 self.probe_tokens())
+                                 self.probe_tokens(), windows=[it.window for it in batch])
         out["rollout/prompt_tokens"] = float(sum(len(it.prompt_ids) for it in batch))  # FLOPs estimates read it
         for stage in ("rollout", "teacher", "train"):  # this update's share of each stage's busy time
             total = m.get(f"pipeline/busy_{stage}_s", 0.0)
