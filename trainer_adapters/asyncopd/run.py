@@ -92,7 +92,7 @@ def build_asyncopd(cfg: TrainConfig, controller: ControllerAPI, *, parts: Parts 
     r = cfg.rollout
     width = cfg.data.max_prompt_len + r.max_response_len if opts.pad_to_horizon else None
     m = cfg.loss.mc_samples if cfg.loss.name == "reverse_kl_mc" else 0
-    engine_kw = {"eos": eos, "pad_id": pad, "temperature": r.temperature, "mc_samples": m}
+    engine_kw = {"eos": eos, "pad_id": pad, "temperature": r.temperature, "top_p": r.top_p, "mc_samples": m}
     close: Callable[[], None] | None = None
     if r.backend == "vllm":  # untested on hardware: see adwin.backends
         from adwin.trainer_adapters.asyncopd.vllm import vllm_engines
