@@ -16,8 +16,9 @@ the pairing). The goal line: AsyncOPD trains >= 1.2x the synchronous trainer's t
 accuracy whose paired CI is not entirely below the synchronous trainer's.
 
 The scheduler's knobs for the streaming run are ``ASYNC_OVERRIDES`` (override with ``--set``): the
-paper's queue depth, one rollout worker holding a whole update's requests, learner batches not padded to
-the horizon (on CPU that padding multiplies the learner's tokens). ``--quick`` is a smoke run (8 updates,
+paper's queue depth, one rollout worker decoding up to a whole update's requests at once and the teacher
+scoring up to as many (the synchronous trainer batches that many), learner batches not padded to the
+horizon (on CPU that padding multiplies the learner's tokens). ``--quick`` is a smoke run (8 updates,
 64 problems) and says so in its output; ``--profile tiny`` uses the tiny built-in models and a tiny
 budget (the test suite's smoke test). Timings depend on what else the machine runs: the JSON records the
 load average before and after.
@@ -79,10 +80,14 @@ def base_overrides(args: argparse.Namespace, mode: str) -> dict[str, Any]:
     return ov | {k: v for k, v in parse_set(args.set).items() if not k.startswith("asyncopd.")}
 
 
-def methods(args: argparse.Namespace) -> list[Method]:
+def methods(args: argparse.Namespace, base: Any) -> list[Method]:
+    """The synchronous run, and the streaming one with ``ASYNC_OVERRIDES``: its rollout worker decodes and
+    its teacher scores up to one update's samples at once (what the synchronous trainer batches)."""
     from adwin.config import parse_set
 
-    streaming = ASYNC_OVERRIDES | {k: v for k, v in parse_set(args.set).items() if k.startswith("asyncopd.")}
+    b = base.rollout.prompts_per_step * base.rollout.samples_per_prompt
+    streaming = ASYNC_OVERRIDES | {"asyncopd.worker_batch": b, "asyncopd.teacher_batch": b}
+    streaming |= {k: v for k, v in parse_set(args.set).items() if k.startswith("asyncopd.")}
     return [Method("sync", "synchronous trainer"), Method("asyncopd", "AsyncOPD streaming scheduler", streaming)]
 
 
@@ -147,7 +152,8 @@ def main(args: argparse.Namespace) -> int:
     out_dir.mkdir(parents=True, exist_ok=True)
     load_before = os.getloadavg()
     rows: dict[str, dict[str, Any]] = {}
-    for method in methods(args):  # one after the other: each has the machine to itself
+    chosen = methods(args, base)
+    for method in chosen:  # one after the other: each has the machine to itself
         row = run_one(base, method, args.seed, args.profile, args.assets_seed, out_dir)
         summary = Path(row["run_dir"]) / "summary.json"
         if method.key == "asyncopd" and summary.is_file():
@@ -158,7 +164,7 @@ def main(args: argparse.Namespace) -> int:
                    "smoke": mode != "default", "steps": base.steps, "window": base.window.window,
                    "samples_per_update": base.rollout.prompts_per_step * base.rollout.samples_per_prompt,
                    "eval_problems": base.eval.n_problems, "seed": args.seed, "config": str(config_path) if config_path else None,
-                   "async_overrides": methods(args)[1].overrides, "cpu_count": os.cpu_count(),
+                   "async_overrides": chosen[1].overrides, "cpu_count": os.cpu_count(),
                    "loadavg_before": load_before, "loadavg_after": os.getloadavg()}
     (out_dir / "results.json").write_text(json.dumps(res, indent=2, default=_json_default))
     from rich.console import Console
