@@ -48,7 +48,8 @@ def drive(engine: HFRolloutEngine, steps: int = 16) -> list[StreamItem]:
         if not active:
             continue
         for it, out in zip(active, engine.step(active), strict=True):
-            assert out is not None
+            if out is None:  # a newcomer waiting for company: one prefill for several
+                continue
             it.append(out, engine.version)
             if out.eos or it.response_len >= it.max_tokens:
                 it.finish_reason = "eos" if out.eos else "window"
@@ -141,3 +142,27 @@ def test_behavior_sample_with_top_p_never_draws_outside_the_nucleus() -> None:
 def test_engine_refuses_a_top_p_outside_its_range() -> None:
     with pytest.raises(ValueError, match="top_p"):
         HFRolloutEngine(make_tiny_llama(), eos=set(), pad_id=0, top_p=0.0)
+
+
+def test_newcomers_wait_until_they_are_admit_fraction_of_the_batch_then_join_in_one_prefill() -> None:
+    model = make_tiny_llama(seed=7)
+    eng = HFRolloutEngine(model, eos=set(), pad_id=0, admit_fraction=0.125)
+    running = [request(i, [1, 3 + i], 30) for i in range(10)]
+    assert all(o is not None for o in eng.step(running)), "nothing else decodes: admitted at once"
+    for it in running:
+        it.append(TokenOut(5, 0.0), 0)
+    first = request(10, [1, 40, 41], 30)
+    outs = eng.step([*running, first])  # 1 of 11 < 1/8: waits
+    assert outs[-1] is None and all(o is not None for o in outs[:-1])
+    for it, o in zip(running, outs[:-1], strict=True):
+        it.append(o, 0)  # type: ignore[arg-type]
+    prefills = eng.prefilled_tokens
+    second = request(11, [1, 42], 30)
+    outs = eng.step([*running, first, second])  # 2 of 12 >= 1/8: both join
+    assert all(o is not None for o in outs)
+    assert eng.prefilled_tokens == prefills + 3 + 2, "one prefill of both newcomers' contexts, nothing re-encoded"
+    for it, o in zip([*running, first, second], outs, strict=True):
+        it.append(o, 0)  # type: ignore[arg-type]
+    batch = [*running, first, second]
+    torch.testing.assert_close(eng.next_logits(batch), ReencodeEngine(model, eos=set(), pad_id=0).next_logits(batch),
+                               atol=1e-4, rtol=1e-4)
