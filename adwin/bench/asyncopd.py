@@ -15,7 +15,9 @@ difference AsyncOPD - sync (``adwin.bench.compare_tasks``: problem by problem, r
 the pairing). The goal line: AsyncOPD trains >= 1.2x the synchronous trainer's tokens per second at an
 accuracy whose paired CI is not entirely below the synchronous trainer's.
 
-The scheduler's knobs for the streaming run are ``ASYNC_OVERRIDES`` (override with ``--set``): the
+``--workers thread,ray`` (the default) makes two streaming runs: the rollout worker on a thread of this
+process, where its Python shares the GIL with the teacher's and the learner's, or in a Ray actor (its own
+process; the scheduler's threads stay here). The scheduler's knobs for the streaming runs are ``ASYNC_OVERRIDES`` (override with ``--set``): the
 paper's queue depth, one rollout worker decoding up to a whole update's requests at once and the teacher
 scoring up to as many (the synchronous trainer batches that many), learner batches not padded to the
 horizon (on CPU that padding multiplies the learner's tokens). ``--quick`` is a smoke run (8 updates,
@@ -49,7 +51,7 @@ TINY_WINDOW = 8
 ASYNC_OVERRIDES: dict[str, Any] = {"scheduler": "asyncopd", "asyncopd.queue_depth": 4, "asyncopd.rollout_workers": 1,
                                    "asyncopd.pad_to_horizon": False, "asyncopd.wait_timeout_s": 3600.0}
 GOAL_SPEEDUP = 1.2
-SCHEDULERS = ("sync", "asyncopd")
+WORKER_WHERE = {"thread": "thread of this process", "ray": "Ray actor (its own process)"}
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -60,6 +62,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--window", type=int, default=None, help="the fixed window both runs train on (default 128; "
                                                             f"tiny {TINY_WINDOW})")
     p.add_argument("--steps", type=int, default=None, help="learner updates per run (default 40; quick 8; tiny 3)")
+    p.add_argument("--workers", default="thread,ray",
+                   help="streaming runs to make, comma-separated: thread (rollout worker on a thread, sharing "
+                        "the GIL with teacher and learner), ray (rollout worker in its own process)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--config", metavar="YAML", help="base config (default: configs/default.yaml if present)")
     p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
@@ -81,14 +86,27 @@ def base_overrides(args: argparse.Namespace, mode: str) -> dict[str, Any]:
 
 
 def methods(args: argparse.Namespace, base: Any) -> list[Method]:
-    """The synchronous run, and the streaming one with ``ASYNC_OVERRIDES``: its rollout worker decodes and
-    its teacher scores up to one update's samples at once (what the synchronous trainer batches)."""
+    """The synchronous run, then one streaming run per ``--workers`` entry with ``ASYNC_OVERRIDES``: its
+    rollout worker decodes and its teacher scores up to one update's samples at once (what the synchronous
+    trainer batches)."""
     from adwin.config import parse_set
 
     b = base.rollout.prompts_per_step * base.rollout.samples_per_prompt
     streaming = ASYNC_OVERRIDES | {"asyncopd.worker_batch": b, "asyncopd.teacher_batch": b}
     streaming |= {k: v for k, v in parse_set(args.set).items() if k.startswith("asyncopd.")}
-    return [Method("sync", "synchronous trainer"), Method("asyncopd", "AsyncOPD streaming scheduler", streaming)]
+    out = [Method("sync", "synchronous trainer")]
+    for kind in parse_workers(args.workers):
+        out.append(Method(f"asyncopd-{kind}", f"AsyncOPD streaming, rollout worker in a {WORKER_WHERE[kind]}",
+                          streaming | {"asyncopd.workers": kind}))
+    return out
+
+
+def parse_workers(spec: str) -> list[str]:
+    kinds = [x.strip() for x in spec.split(",") if x.strip()]
+    bad = [k for k in kinds if k not in WORKER_WHERE]
+    if bad or not kinds:
+        raise ValueError(f"--workers: comma-separated {', '.join(WORKER_WHERE)}, got {spec!r}")
+    return list(dict.fromkeys(kinds))
 
 
 def speed(row: dict[str, Any]) -> float:
@@ -113,31 +131,35 @@ def report(rows: dict[str, dict[str, Any]]) -> dict[str, Any]:
             "overlap": row.get("overlap", math.nan), "accuracy": bootstrap_mean_ci(scores),
             "accuracy_initial": row["accuracy_initial"], "mean_window": row["mean_window"],
         }
-    sync, stream = rows["sync"], rows["asyncopd"]
-    diff = bootstrap_mean_ci(np.asarray(stream["eval_scores"], float) - np.asarray(sync["eval_scores"], float))
-    ratio = speed(stream) / speed(sync)
-    out["speedup"] = ratio
-    out["accuracy_diff"] = diff  # AsyncOPD - sync, paired over problems
-    out["goal"] = {"speedup_at_least": GOAL_SPEEDUP, "speedup_met": bool(ratio >= GOAL_SPEEDUP),
-                   "accuracy_not_resolved_below": bool(diff["hi"] >= 0.0),
-                   "met": bool(ratio >= GOAL_SPEEDUP and diff["hi"] >= 0.0)}
+    sync = rows["sync"]
+    out["against_sync"] = {}
+    for key, stream in rows.items():
+        if key == "sync":
+            continue
+        diff = bootstrap_mean_ci(np.asarray(stream["eval_scores"], float) - np.asarray(sync["eval_scores"], float))
+        ratio = speed(stream) / speed(sync)
+        out["against_sync"][key] = {
+            "speedup": ratio, "accuracy_diff": diff,  # streaming - sync, paired over problems
+            "goal": {"speedup_at_least": GOAL_SPEEDUP, "speedup_met": bool(ratio >= GOAL_SPEEDUP),
+                     "accuracy_not_resolved_below": bool(diff["hi"] >= 0.0),
+                     "met": bool(ratio >= GOAL_SPEEDUP and diff["hi"] >= 0.0)}}
     return out
 
 
 def table(res: dict[str, Any]) -> str:
-    lines = [f"{'':<10} {'tokens':>9} {'wall s':>8} {'tok/s':>8} {'stale':>6} {'overlap':>7} {'accuracy [95% CI]':>22}"]
+    lines = [f"{'':<16} {'tokens':>9} {'wall s':>8} {'tok/s':>8} {'stale':>6} {'overlap':>7} {'accuracy [95% CI]':>22}"]
     for key, r in res["runs"].items():
         a = r["accuracy"]
         overlap = "-" if math.isnan(r["overlap"]) else f"{r['overlap']:.2f}"
-        lines.append(f"{key:<10} {r['trained_tokens']:>9.0f} {r['train_wall_s']:>8.1f} {r['tokens_per_s']:>8.1f} "
+        lines.append(f"{key:<16} {r['trained_tokens']:>9.0f} {r['train_wall_s']:>8.1f} {r['tokens_per_s']:>8.1f} "
                      f"{r['staleness_mean']:>6.2f} {overlap:>7} "
                      f"{a['mean']:>8.3f} [{a['lo']:.3f}, {a['hi']:.3f}]")
-    d, g = res["accuracy_diff"], res["goal"]
-    lines.append(f"speed-up (asyncopd / sync tokens per second): {res['speedup']:.2f}x (goal >= {GOAL_SPEEDUP}x: "
-                 f"{'met' if g['speedup_met'] else 'not met'})")
-    lines.append(f"accuracy asyncopd - sync, paired over {d['n']} problems: {d['mean']:+.3f} "
-                 f"[{d['lo']:+.3f}, {d['hi']:+.3f}] ({'not ' if g['accuracy_not_resolved_below'] else ''}"
-                 "resolved below)")
+    for key, c in res["against_sync"].items():
+        d, g = c["accuracy_diff"], c["goal"]
+        lines.append(f"{key}: {c['speedup']:.2f}x the sync tokens per second (goal >= {GOAL_SPEEDUP}x: "
+                     f"{'met' if g['speedup_met'] else 'not met'}); accuracy - sync, paired over {d['n']} problems: "
+                     f"{d['mean']:+.3f} [{d['lo']:+.3f}, {d['hi']:+.3f}] "
+                     f"({'not ' if g['accuracy_not_resolved_below'] else ''}resolved below)")
     return "\n".join(lines)
 
 
@@ -156,7 +178,7 @@ def main(args: argparse.Namespace) -> int:
     for method in chosen:  # one after the other: each has the machine to itself
         row = run_one(base, method, args.seed, args.profile, args.assets_seed, out_dir)
         summary = Path(row["run_dir"]) / "summary.json"
-        if method.key == "asyncopd" and summary.is_file():
+        if method.key != "sync" and summary.is_file():
             row["overlap"] = json.loads(summary.read_text()).get("overlap", {}).get("pipeline/overlap", math.nan)
         rows[method.key] = row
     res = report(rows)
@@ -164,7 +186,7 @@ def main(args: argparse.Namespace) -> int:
                    "smoke": mode != "default", "steps": base.steps, "window": base.window.window,
                    "samples_per_update": base.rollout.prompts_per_step * base.rollout.samples_per_prompt,
                    "eval_problems": base.eval.n_problems, "seed": args.seed, "config": str(config_path) if config_path else None,
-                   "async_overrides": chosen[1].overrides, "cpu_count": os.cpu_count(),
+                   "async_overrides": {m.key: m.overrides for m in chosen[1:]}, "cpu_count": os.cpu_count(),
                    "loadavg_before": load_before, "loadavg_after": os.getloadavg()}
     (out_dir / "results.json").write_text(json.dumps(res, indent=2, default=_json_default))
     from rich.console import Console
