@@ -166,3 +166,25 @@ def test_newcomers_wait_until_they_are_admit_fraction_of_the_batch_then_join_in_
     batch = [*running, first, second]
     torch.testing.assert_close(eng.next_logits(batch), ReencodeEngine(model, eos=set(), pad_id=0).next_logits(batch),
                                atol=1e-4, rtol=1e-4)
+
+
+def test_a_request_that_leaves_stays_masked_until_a_merge_and_the_others_are_unaffected() -> None:
+    model = make_tiny_llama(seed=8)
+    eng, ref = HFRolloutEngine(model, eos=set(), pad_id=0), ReencodeEngine(model, eos=set(), pad_id=0)
+    batch = [request(i, [1, 4 + i, 9], 30) for i in range(4)]
+
+    def advance(items: list[StreamItem]) -> None:
+        torch.testing.assert_close(eng.next_logits(items), ref.next_logits(items), atol=1e-4, rtol=1e-4)
+        for it in items:
+            it.append(TokenOut(6 + it.seq, 0.0), 0)
+
+    advance(batch)
+    advance(batch[1:])  # request 0 left: no newcomer, so its row stays, masked
+    assert eng.cache_rows == 4 and sorted(eng.cached_requests) == ["r1", "r2", "r3"]
+    advance(batch[1:])
+    advance(batch[3:])  # three of four rows left: the cache is compacted
+    assert eng.cache_rows == 1 and eng.cached_requests == ["r3"]
+    newcomer = request(9, [1, 20, 21, 22], 30)
+    batch[1].tokens.clear()  # not a continuation any more: re-encoded from its context
+    advance([batch[3], batch[1], newcomer])
+    assert eng.cache_rows == 3
