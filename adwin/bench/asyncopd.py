@@ -10,6 +10,8 @@ the built-in models), the same held-out problems evaluated at the start and at t
 What is reported, per scheduler: trained rollout tokens per second of training wall (the sync tokens over
 the run's wall without evaluation), staleness of the trained samples (0 for the synchronous trainer), the
 pipeline overlap (AsyncOPD's ``pipeline/overlap``: busy stage seconds over wall; 1 is a serial schedule),
+the requests submitted but never trained (up to ``(tau + 1) * B`` are in flight when a streaming run ends:
+in a short run that generation is a large share of the rollout work),
 and accuracy after the same number of updates with a 95 % bootstrap CI over problems, plus the paired
 difference AsyncOPD - sync (``adwin.bench.compare_tasks``: problem by problem, resampling problems keeps
 the pairing). The goal line: AsyncOPD trains >= 1.2x the synchronous trainer's tokens per second at an
@@ -130,6 +132,7 @@ def report(rows: dict[str, dict[str, Any]]) -> dict[str, Any]:
             "staleness_max": row.get("staleness_max", math.nan) if key != "sync" else 0.0,
             "overlap": row.get("overlap", math.nan), "accuracy": bootstrap_mean_ci(scores),
             "accuracy_initial": row["accuracy_initial"], "mean_window": row["mean_window"],
+            "untrained_requests": row.get("untrained_requests", 0),
         }
     sync = rows["sync"]
     out["against_sync"] = {}
@@ -147,12 +150,13 @@ def report(rows: dict[str, dict[str, Any]]) -> dict[str, Any]:
 
 
 def table(res: dict[str, Any]) -> str:
-    lines = [f"{'':<16} {'tokens':>9} {'wall s':>8} {'tok/s':>8} {'stale':>6} {'overlap':>7} {'accuracy [95% CI]':>22}"]
+    lines = [f"{'':<16} {'tokens':>9} {'wall s':>8} {'tok/s':>8} {'stale':>6} {'overlap':>7} {'untrained':>9} "
+             f"{'accuracy [95% CI]':>22}"]
     for key, r in res["runs"].items():
         a = r["accuracy"]
         overlap = "-" if math.isnan(r["overlap"]) else f"{r['overlap']:.2f}"
         lines.append(f"{key:<16} {r['trained_tokens']:>9.0f} {r['train_wall_s']:>8.1f} {r['tokens_per_s']:>8.1f} "
-                     f"{r['staleness_mean']:>6.2f} {overlap:>7} "
+                     f"{r['staleness_mean']:>6.2f} {overlap:>7} {r['untrained_requests']:>9} "
                      f"{a['mean']:>8.3f} [{a['lo']:.3f}, {a['hi']:.3f}]")
     for key, c in res["against_sync"].items():
         d, g = c["accuracy_diff"], c["goal"]
@@ -179,7 +183,10 @@ def main(args: argparse.Namespace) -> int:
         row = run_one(base, method, args.seed, args.profile, args.assets_seed, out_dir)
         summary = Path(row["run_dir"]) / "summary.json"
         if method.key != "sync" and summary.is_file():
-            row["overlap"] = json.loads(summary.read_text()).get("overlap", {}).get("pipeline/overlap", math.nan)
+            stream = json.loads(summary.read_text())
+            row["overlap"] = stream.get("overlap", {}).get("pipeline/overlap", math.nan)
+            # requests submitted beyond those trained: the queue's (tau + 1) * B in flight when the run ends
+            row["untrained_requests"] = stream["submitted"] - stream["updates"] * stream["batch_size"]
         rows[method.key] = row
     res = report(rows)
     res["meta"] = {"date": dt.datetime.now().isoformat(timespec="seconds"), "command": command_line(), "mode": mode,

@@ -54,6 +54,8 @@ def test_bench_async_runs_both_schedulers_on_the_tiny_profile(tmp_path: Path, mo
     assert all(r["trained_tokens"] <= cap for r in res["runs"].values())
     assert res["runs"]["asyncopd-thread"]["overlap"] > 0
     assert set(res["against_sync"]) == {"asyncopd-thread"}
+    assert res["runs"]["sync"]["untrained_requests"] == 0
+    assert 0 <= res["runs"]["asyncopd-thread"]["untrained_requests"] <= 5 * res["meta"]["samples_per_update"]
     assert "SMOKE RUN" in capsys.readouterr().out
 
 
