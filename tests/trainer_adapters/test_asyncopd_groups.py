@@ -11,7 +11,7 @@ from asyncopd_stubs import WAIT, StubEngine, StubLearner, StubTeacher, prompt_so
 
 from adwin.trainer_adapters.asyncopd.groups import GroupBuffer, group_version
 from adwin.trainer_adapters.asyncopd.items import StreamItem, TokenOut
-from adwin.trainer_adapters.asyncopd.scheduler import AsyncOPDScheduler, SchedulerConfig
+from adwin.trainer_adapters.asyncopd.scheduler import AsyncOPDScheduler, LogEvent, SchedulerConfig
 from adwin.trainer_adapters.hooks import StaticWindowHooks
 
 pytestmark = pytest.mark.timeout(60)
@@ -25,6 +25,7 @@ class RecordingLearner(StubLearner):
         self.items: list[list[StreamItem]] = []
         self.sched: AsyncOPDScheduler | None = None
         self.inference: list[int] = []
+        self.events: list[LogEvent] = []  # the scheduler's event log, through its sink
 
     def update(self, items: list[StreamItem], version: int) -> dict[str, float]:
         self.items.append(list(items))
@@ -38,8 +39,10 @@ def make(*, B: int, G: int, tau: int, L: int, groups: bool, hold=None, hooks=Non
                           teacher_batch=3, wait_timeout_s=WAIT, sync_every=L, groups=groups)
     learner = RecordingLearner()
     engine = StubEngine(hold)
+    events: list[LogEvent] = []
     sched = AsyncOPDScheduler(cfg, prompt_source(list(lengths)), [engine], StubTeacher(), learner,
-                              hooks or StaticWindowHooks(8, 16))
+                              hooks or StaticWindowHooks(8, 16), event_sink=events.append)
+    learner.events = events
     learner.sched = sched
     return sched, engine, learner
 
@@ -91,7 +94,7 @@ def test_groups_from_two_inference_policies_are_never_mixed_and_a_sync_clears_th
     assert out["discarded"]["items"] >= 2 and out["discarded"]["groups"] >= 1
     cap = (2 + 1) * 4
     assert out["checks"]["max_unconsumed"] <= cap and out["checks"]["gate_violations"] == 0
-    discards = [e for e in sched.events if e.kind == "discard"]
+    discards = [e for e in learner.events if e.kind == "discard"]
     assert discards and any(5 in e.detail["seqs"] for e in discards)
 
 

@@ -3,16 +3,15 @@
 from __future__ import annotations
 
 import pytest
-from asyncopd_stubs import StubEngine, StubLearner, StubTeacher, prompt_source
 
 from adwin.trainer_adapters.asyncopd.metrics import (
+    EventChecks,
+    LogEvent,
     ThroughputMeter,
     Timeline,
     merged_length,
     staleness_summary,
 )
-from adwin.trainer_adapters.asyncopd.scheduler import AsyncOPDScheduler, LogEvent, SchedulerConfig
-from adwin.trainer_adapters.hooks import StaticWindowHooks
 
 
 def test_merged_length_counts_overlapping_intervals_once() -> None:
@@ -56,17 +55,37 @@ def test_staleness_summary_has_mean_max_and_histogram() -> None:
     assert s == {"mean": 1.25, "max": 3, "histogram": {0: 1, 1: 2, 3: 1}}
 
 
+def checks_of(events: list[LogEvent], batch_size: int = 1) -> dict[str, int]:
+    checks = EventChecks(batch_size)
+    for ev in events:
+        checks.feed(ev)
+    return checks.result()
+
+
 def test_event_checks_catch_a_permit_used_during_a_sync() -> None:
-    cfg = SchedulerConfig(batch_size=1, queue_depth=0)
-    sched = AsyncOPDScheduler(cfg, prompt_source([2]), [StubEngine()], StubTeacher(), StubLearner(),
-                              StaticWindowHooks(2, 4))
     def sub(ticket: int) -> LogEvent:
         return LogEvent("submit", 0, {"probe": False, "ticket": ticket})
 
     start = LogEvent("sync_start", 1, {"available": 0, "acquired": 1})
     # ticket 2 was issued after the sync started while no permit was available: a released one was used
-    sched.events = [sub(1), start, sub(2), LogEvent("sync_done", 1)]
-    assert sched.event_checks() == {"max_unconsumed": 2, "gate_violations": 1}
+    assert checks_of([sub(1), start, sub(2), LogEvent("sync_done", 1)]) == {"max_unconsumed": 2, "gate_violations": 1}
     # ticket 1 was taken before the sync started and only logged during it: legitimate
-    sched.events = [start, sub(1), LogEvent("sync_done", 1), sub(2)]
-    assert sched.event_checks() == {"max_unconsumed": 1, "gate_violations": 0}
+    assert checks_of([start, sub(1), LogEvent("sync_done", 1), sub(2)]) == {"max_unconsumed": 1, "gate_violations": 0}
+    # probes take a ticket and give it back unused at once: any number of them during a sync uses no permit
+    probe = [LogEvent("submit", 0, {"probe": True, "ticket": t}) for t in (2, 3, 4)]
+    assert checks_of([sub(1), start, *probe, LogEvent("sync_done", 1)]) == {"max_unconsumed": 1, "gate_violations": 0}
+    assert checks_of([sub(1), start, *probe, sub(5), LogEvent("sync_done", 1)])["gate_violations"] == 1
+
+
+def test_timeline_merges_each_lane_as_it_goes_and_refuses_out_of_order_starts() -> None:
+    tl = Timeline()
+    for s, e in [(0, 1), (0.5, 2), (3, 4), (3, 3.5), (6, 7)]:
+        tl.record("train", s, e)
+    assert tl.busy()["train"] == merged_length([(0, 1), (0.5, 2), (3, 4), (3, 3.5), (6, 7)])
+    with pytest.raises(ValueError, match="start order"):
+        tl.record("train", 5, 8)
+
+
+def test_staleness_summary_of_counts_equals_that_of_the_values() -> None:
+    values = [0, 2, 1, 1, 3, 0, 0]
+    assert staleness_summary({0: 3, 1: 2, 2: 1, 3: 1}) == staleness_summary(values)

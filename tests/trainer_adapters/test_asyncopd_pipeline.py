@@ -7,6 +7,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from asyncopd_stubs import Recorder
 from tiny_models import make_tiny_llama
 
 from adwin.config import AsyncOPDSection, load_config
@@ -72,6 +73,7 @@ def test_asyncopd_run_bounds_permits_keeps_prefixes_and_audits_probes(tmp_path: 
     opts = AsyncOPDSection(queue_depth=1, rollout_workers=2, worker_batch=8, teacher_batch=8, wait_timeout_s=60,
                            throughput_warmup=2)
     built = build_asyncopd(cfg, ctrl, parts=parts, options=opts, engine_cls=KeepModeProbe)
+    rec = Recorder().attach(built.scheduler)
     out = run_asyncopd(cfg, ctrl, built=built)
     sched = built.scheduler
 
@@ -85,7 +87,7 @@ def test_asyncopd_run_bounds_permits_keeps_prefixes_and_audits_probes(tmp_path: 
     # keep-mode: the held request kept its 3-token prefix, the rest came from version >= 1 weights,
     # and each token's behavior logprob is the one of the snapshot that sampled it
     held = KeepModeProbe.held
-    assert held is not None and not held.is_probe and held in sched.consumed
+    assert held is not None and not held.is_probe and held in rec.consumed
     assert held.token_versions[:3] == [0, 0, 0] and held.version_breakpoints[0][0] == 3
     assert held.version_breakpoints[0][1] >= 1
     model = make_tiny_llama(seed=0)
@@ -100,9 +102,9 @@ def test_asyncopd_run_bounds_permits_keeps_prefixes_and_audits_probes(tmp_path: 
     assert out["probes"]["accepted"] >= 2 and out["probes"]["reported"] >= 2
     assert out["probes"]["audits"] >= 1 and len(tel.audits) >= 1
     assert all(a["cosines"] for a in tel.audits)
-    assert all(not it.is_probe for it in sched.consumed)
-    assert all(it.max_tokens == 12 for it in sched.probes_completed)
-    assert all(it.max_tokens == it.window for it in sched.consumed)
+    assert all(not it.is_probe for it in rec.consumed)
+    assert all(it.max_tokens == 12 for it in rec.probes)
+    assert all(it.max_tokens == it.window for it in rec.consumed)
     assert len(tel.steps) == cfg.steps
 
     # metrics: padded learner shapes never change, staleness and overlap are recorded

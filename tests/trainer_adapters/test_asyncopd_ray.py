@@ -6,6 +6,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from asyncopd_stubs import Recorder
 from test_asyncopd_pipeline import tiny_cfg, tiny_parts
 
 from adwin.config import AsyncOPDSection
@@ -26,6 +27,7 @@ def test_ray_actor_engines_take_every_sync_and_keep_the_permit_bound(tmp_path: P
         opts = AsyncOPDSection(queue_depth=1, rollout_workers=2, worker_batch=8, teacher_batch=8,
                                wait_timeout_s=90, throughput_warmup=1, workers="ray")
         built = build_asyncopd(cfg, Controller(), parts=parts, options=opts)
+        rec = Recorder().attach(built.scheduler)
         seen: list[tuple[int, float, list[tuple[int, float]]]] = []
 
         def check_actors(step: int, m: dict) -> None:  # after the sync of this update, before the next one
@@ -42,9 +44,8 @@ def test_ray_actor_engines_take_every_sync_and_keep_the_permit_bound(tmp_path: P
             assert [v for v, _ in prints] == [step + 1] * 2, "every actor acknowledged the sync"
             assert all(total == pytest.approx(learner, rel=1e-9) for _, total in prints), "actors hold the learner's weights"
         assert all(e.version == 3 for e in built.engines)
-        sched = built.scheduler
-        assert any(v >= 1 for it in sched.consumed for v in it.token_versions), "tokens sampled after a sync"
-        assert all(len(it.mc_actions) == it.response_len for it in sched.consumed)
+        assert any(v >= 1 for it in rec.consumed for v in it.token_versions), "tokens sampled after a sync"
+        assert all(len(it.mc_actions) == it.response_len for it in rec.consumed)
     finally:
         if started:
             ray.shutdown()

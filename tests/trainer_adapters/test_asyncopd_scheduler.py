@@ -1,15 +1,17 @@
 """AsyncOPD scheduler core with stub stages: permits, sync gate, keep-mode, FIFO, probes, shutdown.
 
-Orderings are checked on the scheduler's event log and on stage-side records, never on timings; every
+Orderings are checked on the scheduler's event log (through its sink) and on stage-side records, never on timings; every
 wait is bounded (``WAIT``) and the scheduler's own ``wait_timeout_s`` turns a hang into an error.
 """
 
 from __future__ import annotations
 
+import queue
 import threading
+import tracemalloc
 
 import pytest
-from asyncopd_stubs import WAIT, StubEngine, StubLearner, StubTeacher, prompt_source
+from asyncopd_stubs import WAIT, Recorder, StubEngine, StubLearner, StubTeacher, prompt_source
 
 from adwin.trainer_adapters.asyncopd.items import StreamItem
 from adwin.trainer_adapters.asyncopd.permits import PermitPool
@@ -27,13 +29,13 @@ def make(lengths, *, B=2, tau=1, workers=1, worker_batch=4, hold=None, on_load=N
     hooks = hooks or StaticWindowHooks(window, max_len)
     sched = AsyncOPDScheduler(cfg, prompt_source(lengths), engines, teacher or StubTeacher(),
                               learner or StubLearner(), hooks)
-    return sched, engines
+    return sched, engines, Recorder().attach(sched)
 
 
-def outstanding_trace(sched: AsyncOPDScheduler) -> list[int]:
+def outstanding_trace(sched: AsyncOPDScheduler, rec: Recorder) -> list[int]:
     """Training requests submitted minus permits given back by completed syncs, after every event."""
     B, n, trace = sched.cfg.batch_size, 0, []
-    for ev in sched.events:
+    for ev in rec.events:
         if ev.kind == "submit" and not ev.detail["probe"]:
             n += 1
         elif ev.kind == "sync_done":
@@ -67,16 +69,16 @@ def test_permit_bound_is_never_exceeded_and_binds() -> None:
         if version == 0:  # the learner is slow: the feeder must stall at exactly (tau + 1) * B
             assert sched.permits.wait_until_blocked(WAIT), "the feeder never blocked on the permit bound"
             seen["stats"] = sched.permits.stats()
-            seen["submitted"] = sum(1 for e in list(sched.events) if e.kind == "submit")
+            seen["submitted"] = sum(1 for e in list(rec.events) if e.kind == "submit")
 
-    sched, _ = make([3], B=2, tau=1, workers=2, learner=StubLearner(before_update))
+    sched, _, rec = make([3], B=2, tau=1, workers=2, learner=StubLearner(before_update))
     out = sched.run(5)
     cap = (1 + 1) * 2
     s = seen["stats"]
     assert (s.outstanding, s.available) == (cap, 0)
     assert seen["submitted"] == cap
     assert out["permits"]["max_outstanding"] == cap
-    assert max(outstanding_trace(sched)) <= cap
+    assert max(outstanding_trace(sched, rec)) <= cap
     assert out["checks"] == {"max_unconsumed": cap, "gate_violations": 0}
     assert out["updates"] == 5 and out["version"] == 5
 
@@ -84,17 +86,17 @@ def test_permit_bound_is_never_exceeded_and_binds() -> None:
 def test_probes_hold_no_permit_and_never_join_a_training_batch() -> None:
     hooks = StaticWindowHooks(4, 16, probe_every=3)
     learner = StubLearner()
-    sched, _ = make([3, 5, 2, 6], B=2, tau=1, hooks=hooks, learner=learner)
+    sched, _, rec = make([3, 5, 2, 6], B=2, tau=1, hooks=hooks, learner=learner)
     out = sched.run(6)
     assert hooks.completed, "no probe reached the hooks"
     assert all(it.is_probe and it.max_tokens == 16 for it in hooks.completed)
     probe_seqs = {it.seq for it in hooks.completed}
     assert not probe_seqs & {s for b in learner.batches for s in b}
-    assert all(not it.is_probe and it.max_tokens == 4 for it in sched.consumed)
-    assert max(outstanding_trace(sched)) <= sched.permits.capacity
+    assert all(not it.is_probe and it.max_tokens == 4 for it in rec.consumed)
+    assert max(outstanding_trace(sched, rec)) <= sched.permits.capacity
     assert out["probes_completed"] == len(hooks.completed)
     # a training request is capped by the window, a probe runs to EOS (its length) below the horizon
-    assert all(it.response_len <= 4 for it in sched.consumed)
+    assert all(it.response_len <= 4 for it in rec.consumed)
     assert {it.finish_reason for it in hooks.completed} <= {"eos", "horizon"}
 
 
@@ -110,20 +112,20 @@ def test_sync_gate_keeps_released_permits_back_until_workers_have_weights() -> N
         assert sched.permits.wait_until_blocked(WAIT)
         during.append((version, sched.permits.stats()))
 
-    sched, _ = make([3], B=2, tau=1, on_load=on_load)
+    sched, _, rec = make([3], B=2, tau=1, on_load=on_load)
     out = sched.run(3)
     assert out["checks"]["gate_violations"] == 0
     assert [v for v, _ in during] == [1, 2, 3]
     for _, s in during:
         assert s.deferred == 2 and s.available == 0 and not s.gate_open
-    kinds = [(e.kind, e.version) for e in sched.events]
+    kinds = [(e.kind, e.version) for e in rec.events]
     for v in (1, 2, 3):  # during a sync only permits that were already available can be used
         start, done = kinds.index(("sync_start", v)), kinds.index(("sync_done", v))
-        snap = sched.events[start].detail  # permits taken after the sync started came from those available
-        late = [e for e in sched.events[start:done] if e.kind == "submit" and e.detail["ticket"] > snap["acquired"]]
+        snap = rec.events[start].detail  # permits taken after the sync started came from those available
+        late = [e for e in rec.events[start:done] if e.kind == "submit" and e.detail["ticket"] > snap["acquired"]]
         assert len(late) <= snap["available"]
         assert ("weights_received", v) in kinds[start:done]
-    assert max(outstanding_trace(sched)) <= sched.permits.capacity
+    assert max(outstanding_trace(sched, rec)) <= sched.permits.capacity
 
 
 def test_window_is_read_at_each_sync_boundary_and_stamped_on_requests() -> None:
@@ -133,10 +135,10 @@ def test_window_is_read_at_each_sync_boundary_and_stamped_on_requests() -> None:
             return super().on_sync(version)
 
     hooks = Growing(2, 16)
-    sched, _ = make([16], B=2, tau=0, hooks=hooks)
+    sched, _, rec = make([16], B=2, tau=0, hooks=hooks)
     sched.run(4)
     assert hooks.syncs == [0, 1, 2, 3, 4]
-    for it in sched.consumed:  # tau = 0: every request is submitted after the previous sync
+    for it in rec.consumed:  # tau = 0: every request is submitted after the previous sync
         assert it.window == 2 + it.submitted_version == it.max_tokens == it.response_len
         assert it.finish_reason == "window"
 
@@ -150,16 +152,16 @@ def test_keep_mode_keeps_prefix_and_records_version_breakpoint() -> None:
             return len(it.tokens) == 4 and version < 1
         return it.seq > 2 and version < 1  # later requests start only after the first sync
 
-    sched, engines = make([3, 3, 6, 3], B=2, tau=1, hold=hold)
+    sched, engines, rec = make([3, 3, 6, 3], B=2, tau=1, hold=hold)
     out = sched.run(3)
     long_item = engines[0].seen[2]
     assert long_item.tokens == [0, 1, 2, 3, 1004, 1005], "keep-mode must keep the prefix, not regenerate it"
     assert long_item.token_versions == [0, 0, 0, 0, 1, 1]
     assert long_item.version_breakpoints == [(4, 1)]
     assert long_item.behavior_version == 0 and long_item.newest_version == 1
-    assert long_item in sched.consumed
+    assert long_item in rec.consumed
     assert out["breakpoint_samples"] >= 1
-    for it in sched.consumed:  # breakpoints agree with the version encoded in every token
+    for it in rec.consumed:  # breakpoints agree with the version encoded in every token
         versions = [t // 1000 for t in it.tokens]
         assert versions == it.token_versions
         assert it.version_breakpoints == [(i, versions[i]) for i in range(1, len(versions))
@@ -169,10 +171,10 @@ def test_keep_mode_keeps_prefix_and_records_version_breakpoint() -> None:
 
 
 def test_staleness_is_learner_version_minus_oldest_token_version() -> None:
-    sched, _ = make([3], B=2, tau=3)
+    sched, _, rec = make([3], B=2, tau=3)
     out = sched.run(6)
     assert out["staleness"]["histogram"], "staleness must be recorded per consumed sample"
-    assert sum(out["staleness"]["histogram"].values()) == len(sched.consumed) == 12
+    assert sum(out["staleness"]["histogram"].values()) == len(rec.consumed) == 12
     assert out["staleness"]["max"] <= 3, "permits bound staleness by tau (in updates)"
     hist = out["staleness"]["histogram"]
     assert out["staleness"]["mean"] == pytest.approx(sum(k * v for k, v in hist.items()) / 12)
@@ -197,7 +199,7 @@ def test_forced_probe_completes_at_once_with_current_weights() -> None:
         # the first training requests wait until the probe has its 2 tokens (no race on admission)
         return it.seq < 3 and (probe is None or len(probe.tokens) < 2)
 
-    sched, engines = make([3, 3, 3, 12], B=2, tau=1, hooks=hooks, hold=hold, worker_batch=8)
+    sched, engines, rec = make([3, 3, 3, 12], B=2, tau=1, hooks=hooks, hold=hold, worker_batch=8)
     holder.append(sched)
     sched.run(3)
     assert hooks.completed and hooks.completed[0].forced
@@ -214,7 +216,7 @@ def test_forced_probe_completes_at_once_with_current_weights() -> None:
 
 def test_queues_are_fifo_from_submission_to_learner() -> None:
     teacher, learner = StubTeacher(), StubLearner()
-    sched, _ = make([2], B=3, tau=2, worker_batch=3, teacher=teacher, learner=learner)
+    sched, _, rec = make([2], B=3, tau=2, worker_batch=3, teacher=teacher, learner=learner)
     sched.run(5)
     flat = [s for b in learner.batches for s in b]
     assert flat == list(range(15))
@@ -223,7 +225,7 @@ def test_queues_are_fifo_from_submission_to_learner() -> None:
 
 def test_run_stops_every_thread_and_leaves_no_waiter() -> None:
     before = set(threading.enumerate())
-    sched, _ = make([3, 9], B=2, tau=2, workers=2)
+    sched, _, rec = make([3, 9], B=2, tau=2, workers=2)
     sched.run(3)
     assert not [t for t in threading.enumerate() if t not in before and t.is_alive()]
     assert sched.stop.is_set()
@@ -233,14 +235,65 @@ def test_run_stops_every_thread_and_leaves_no_waiter() -> None:
 def test_a_failing_stage_stops_the_run_with_its_error(where: str) -> None:
     before = set(threading.enumerate())
     kw = {"learner": StubLearner(fail_at=1)} if where == "learner" else {"teacher": StubTeacher(fail_after=3)}
-    sched, _ = make([3], B=2, tau=1, **kw)
+    sched, _, rec = make([3], B=2, tau=1, **kw)
     with pytest.raises((RuntimeError, ValueError), match="diverged|teacher down"):
         sched.run(4)
     assert not [t for t in threading.enumerate() if t not in before and t.is_alive()]
 
 
 def test_a_stuck_pipeline_times_out_instead_of_hanging() -> None:
-    sched, _ = make([3], B=2, tau=1, hold=lambda it, v: True)
+    sched, _, rec = make([3], B=2, tau=1, hold=lambda it, v: True)
     sched.cfg.wait_timeout_s = 0.3
     with pytest.raises(TimeoutError, match="stuck"):
         sched.run(1)
+
+
+# ------------------------------------------------------------------------------------- bounded state
+
+
+class ForgetfulHooks(StaticWindowHooks):
+    """Static hooks that keep nothing per probe or per sync (their bookkeeping is the hooks', not ours)."""
+
+    def on_sync(self, version: int) -> SyncDecision:
+        return SyncDecision(version, self.window)
+
+    def on_probe_complete(self, item: StreamItem, version: int) -> None:
+        return None
+
+
+def retained_sizes(sched: AsyncOPDScheduler) -> dict[str, int]:
+    """Length of every sized attribute of the scheduler and of its accumulators, by attribute path."""
+    sizes: dict[str, int] = {}
+    for owner, obj in [("sched", sched), ("timeline", sched.timeline), ("throughput", sched.throughput),
+                       ("checks", sched.checks), ("permits", sched.permits)]:
+        for name, val in vars(obj).items():
+            if isinstance(val, (list, dict, set, tuple, queue.Queue)) or hasattr(val, "__len__"):
+                sizes[f"{owner}.{name}"] = val.qsize() if isinstance(val, queue.Queue) else len(val)
+    return sizes
+
+
+@pytest.mark.parametrize("probe_every", [0, 3])
+def test_retained_state_does_not_grow_with_the_number_of_updates(probe_every: int) -> None:
+    """What the scheduler keeps after 20 and after 200 updates is the same size: the per-update deltas
+    went to the sinks, the staleness to counts per value, the event log into the online checks."""
+    sizes, mem = {}, {}
+    for steps in (20, 200):
+        tracemalloc.start()
+        cfg = SchedulerConfig(batch_size=2, queue_depth=2, max_response_len=16, worker_batch=4, teacher_batch=3,
+                              wait_timeout_s=WAIT)
+        sched = AsyncOPDScheduler(cfg, prompt_source([3, 5, 2, 6]), [StubEngine(record=False)],
+                                  StubTeacher(record=False), StubLearner(record=False),
+                                  ForgetfulHooks(4, 16, probe_every=probe_every))
+        out = sched.run(steps)
+        sched.last_update = None  # the one delta handed out last is as large as any update's: not growth
+        current, _ = tracemalloc.get_traced_memory()
+        tracemalloc.stop()
+        assert out["updates"] == steps and out["checks"]["gate_violations"] == 0
+        assert sum(out["staleness"]["histogram"].values()) == 2 * steps
+        assert out["probes_completed"] >= (steps // 4 if probe_every else 0)
+        sizes[steps], mem[steps] = retained_sizes(sched), current
+    cap = sched.permits.capacity + sched.cfg.worker_batch  # what can be in flight at once
+    assert sizes[200].keys() == sizes[20].keys()
+    assert all(n <= cap for n in sizes[200].values()), sizes[200]
+    # ten times the updates (1,800 more items): far less than one item's worth of memory per extra update
+    assert mem[200] - mem[20] < 180 * 200, mem

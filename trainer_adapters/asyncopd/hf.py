@@ -1,12 +1,7 @@
 """Transformers stages of the AsyncOPD pipeline: rollout snapshot, teacher scoring, MC reverse-KL learner.
 
-- ``HFRolloutEngine``: a rollout worker's own copy of the student (its latest synced snapshot). Each
-  ``step`` decodes one token per request from the behavior distribution ``softmax(logits / T)`` and, for
-  the multi-sample MC estimator, draws ``m`` actions iid (with replacement) from the same distribution,
-  caching their behavior logprobs (AsyncOPD Appendix G: "for each visited prefix, cache the MC actions,
-  rollout logprobs under p_old and the rollout student version"). There is no KV cache: every step
-  re-encodes the prefix, so after a keep-mode sync the attention state of a kept prefix is rebuilt under
-  the new weights, which is exactly what the paper's prefix-cache reset achieves.
+- ``HFRolloutEngine`` (defined in ``engine``): a rollout worker's student snapshot, continuous batching on
+  its KV cache, sampling the behavior distribution and the MC actions (AsyncOPD Appendix G).
 - ``HFTeacherScorer``: teacher logprobs of the realized tokens (probe audits) and of the cached actions.
 - ``HFLearner``: recomputes ``log p_theta`` of the cached actions under the current student and applies
   ``adwin.objectives.losses.reverse_kl_mc`` via ``opd_loss``: ``-(1/m) sum_i rho_i sg(A_theta(a_i))`` with
@@ -31,9 +26,12 @@ import torch
 from adwin.backends.logprob_gap import logprob_gap
 from adwin.objectives.loss_table import ASYNCOPD_TOKEN_LOSSES as LEARNER_LOSSES
 from adwin.objectives.losses import action_logprobs, opd_loss, token_logprobs
-from adwin.sampling.rollout import Rows, layout, left_pad, response_values
+from adwin.sampling.rollout import Rows, layout, response_values
 from adwin.sampling.teacher import Teachers
-from adwin.trainer_adapters.asyncopd.items import StreamItem, TokenOut
+from adwin.trainer_adapters.asyncopd.engine import (
+    HFRolloutEngine as HFRolloutEngine,  # run.py imports it here
+)
+from adwin.trainer_adapters.asyncopd.items import StreamItem
 
 
 def clip_and_step(model: torch.nn.Module, optimizer: Any, lr_scheduler: Any, grad_clip: float) -> float:
@@ -67,42 +65,6 @@ def item_values(items: Sequence[StreamItem], rows: Rows, field: str) -> torch.Te
     if missing is not None:
         raise ValueError(f"item {missing} has no {field}")
     return response_values(rows, [getattr(it, field) for it in items])
-
-
-class HFRolloutEngine:
-    """A rollout worker's student snapshot; see the module docstring."""
-
-    def __init__(self, model: torch.nn.Module, *, eos: set[int], pad_id: int, temperature: float = 1.0,
-                 mc_samples: int = 1, seed: int = 0) -> None:
-        if temperature <= 0:
-            raise ValueError("the MC estimator needs a sampling distribution: temperature must be > 0")
-        self.model = model.eval().requires_grad_(False)
-        if mc_samples < 0:
-            raise ValueError(f"mc_samples must be >= 0, got {mc_samples}")
-        self.eos, self.pad_id, self.temperature, self.m = eos, pad_id, temperature, mc_samples  # m = 0: no MC cache
-        self.version = 0
-        self.gen = torch.Generator().manual_seed(seed)
-
-    def load_weights(self, weights: dict[str, torch.Tensor], version: int) -> None:
-        self.model.load_state_dict(weights)
-        self.version = version
-
-    @torch.no_grad()
-    def step(self, items: Sequence[StreamItem]) -> list[TokenOut | None]:
-        device = next(self.model.parameters()).device
-        ids, attn = left_pad([it.prompt_ids + it.tokens for it in items], self.pad_id, device)  # (n, L)
-        pos = (attn.cumsum(-1) - 1).clamp_min(0)  # left padding: positions count real tokens only
-        logits = self.model(input_ids=ids, attention_mask=attn, position_ids=pos).logits[:, -1].float()  # (n, V)
-        logp = torch.log_softmax(logits / self.temperature, dim=-1).cpu()  # (n, V) behavior distribution
-        probs = logp.exp()
-        tok = torch.multinomial(probs, 1, generator=self.gen)  # (n, 1)
-        tok_lp = logp.gather(-1, tok).squeeze(-1)  # (n,)
-        if self.m == 0:
-            return [TokenOut(int(tok[b, 0]), float(tok_lp[b]), eos=int(tok[b, 0]) in self.eos) for b in range(len(items))]
-        acts = torch.multinomial(probs, self.m, replacement=True, generator=self.gen)  # (n, m)
-        acts_lp = logp.gather(-1, acts)  # (n, m)
-        return [TokenOut(int(tok[b, 0]), float(tok_lp[b]), eos=int(tok[b, 0]) in self.eos,
-                         mc_actions=acts[b].tolist(), mc_logprobs=acts_lp[b].tolist()) for b in range(len(items))]
 
 
 class HFTeacherScorer:

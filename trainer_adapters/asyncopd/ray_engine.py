@@ -103,7 +103,7 @@ def ray_engines(student: torch.nn.Module, n: int, engine_kw: dict[str, Any], *, 
                 num_cpus_per_actor: float = 1.0) -> tuple[list[RayRolloutEngine], Callable[[], None]]:
     """``n`` engine proxies, each backed by an actor holding a copy of ``student``; and a close callback
     that kills the actors (and shuts down Ray when this call started it)."""
-    from adwin.trainer_adapters.asyncopd.hf import HFRolloutEngine
+    from adwin.trainer_adapters.asyncopd.engine import HFRolloutEngine
 
     ray = _import_ray()
     started = False

@@ -91,7 +91,7 @@ def build_asyncopd(cfg: TrainConfig, controller: ControllerAPI, *, parts: Parts 
     r = cfg.rollout
     width = cfg.data.max_prompt_len + r.max_response_len if opts.pad_to_horizon else None
     m = cfg.loss.mc_samples if cfg.loss.name == "reverse_kl_mc" else 0
-    engine_kw = {"eos": eos, "pad_id": pad, "temperature": r.temperature, "mc_samples": m}
+    engine_kw = {"eos": eos, "pad_id": pad, "temperature": r.temperature, "top_p": r.top_p, "mc_samples": m}
     close: Callable[[], None] | None = None
     if r.backend == "vllm":  # untested on hardware: see adwin.backends
         from adwin.trainer_adapters.asyncopd.vllm import vllm_engines
@@ -148,7 +148,7 @@ def run_asyncopd(cfg: TrainConfig, controller: ControllerAPI, *, parts: Parts | 
     distribution, the permit bound as observed, probe/audit counts and the per-update history.
     ``built``: run what ``build_asyncopd`` returned (tests inspect the stages afterwards). ``enrich(step, m)``
     returns extra metrics merged into the step's row before it is logged (evaluation, token ledger).
-    The per-step history is under ``"history"``; ``"logged"`` holds the rows as logged.
+    ``"logged"`` holds the per-update rows as logged.
     """
     b = built or build_asyncopd(cfg, controller, parts=parts, options=options, profile=profile)
     ctl = b.hooks.controller  # the hooks' degraded-mode wrapper: telemetry survives an outage too

@@ -25,6 +25,11 @@ drop training requests that already have tokens (``restart_on_sync``); the dispa
 groups sampled by the inference policy the workers hold now, ``B / samples_per_prompt`` per update, and
 discards every other complete group (``groups.GroupBuffer``), returning its permits (Algorithm 1).
 
+**Bounded state**: the scheduler keeps no per-item history. What an update consumed and which probes
+completed since the previous one are handed out as an ``UpdateDelta`` (``last_update``, and every
+``update_sinks`` callback); the ordered event log goes to ``event_sinks`` (tests check orderings on it)
+and is folded online into the invariant checks; staleness is kept as counts per value.
+
 Queues are FIFO and never evict stale items. Every blocking wait has a timeout and re-checks the stop
 flag and the first error raised by any stage (re-raised by ``run``), so a broken stage never hangs a run.
 Workers are threads on CPU; ``worker_factory`` is the seam for another backend (e.g. Ray actors).
@@ -36,6 +41,7 @@ import logging
 import queue
 import threading
 import time
+from collections import Counter
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
@@ -48,7 +54,13 @@ from adwin.trainer_adapters.asyncopd.items import (
     StreamItem,
     TeacherScorer,
 )
-from adwin.trainer_adapters.asyncopd.metrics import ThroughputMeter, Timeline, staleness_summary
+from adwin.trainer_adapters.asyncopd.metrics import (
+    EventChecks,
+    LogEvent,
+    ThroughputMeter,
+    Timeline,
+    staleness_summary,
+)
 from adwin.trainer_adapters.asyncopd.permits import PermitPool
 from adwin.trainer_adapters.asyncopd.worker import RolloutWorker
 from adwin.trainer_adapters.hooks import WindowHooks
@@ -88,12 +100,16 @@ class SchedulerConfig:
 
 
 @dataclass
-class LogEvent:
-    """One entry of the scheduler's ordered event log (tests check orderings, never timings)."""
+class UpdateDelta:
+    """What one learner update consumed, and the probes completed since the previous update."""
 
-    kind: str  # submit | sync_start | weights_received | sync_done | release | discard | consume | update
-    version: int
-    detail: dict[str, Any] = field(default_factory=dict)
+    step: int
+    version: int  # learner version the items were consumed at (updates applied before this one)
+    items: list[StreamItem]
+    probes: list[StreamItem] = field(default_factory=list)
+
+
+__all__ = ["AsyncOPDScheduler", "LogEvent", "SchedulerConfig", "SchedulerStopped", "UpdateDelta"]
 
 
 class AsyncOPDScheduler:
@@ -109,6 +125,8 @@ class AsyncOPDScheduler:
         hooks: WindowHooks,
         *,
         worker_factory: Callable[[int, RolloutEngine, AsyncOPDScheduler], RolloutWorker] = RolloutWorker,
+        event_sink: Callable[[LogEvent], None] | None = None,
+        update_sink: Callable[[UpdateDelta], None] | None = None,
     ) -> None:
         if not engines:
             raise ValueError("at least one rollout engine is needed")
@@ -120,10 +138,15 @@ class AsyncOPDScheduler:
         self.stop = threading.Event()
         self.timeline = Timeline()
         self.throughput = ThroughputMeter(cfg.throughput_warmup)
-        self.events: list[LogEvent] = []
-        self.staleness: list[int] = []
-        self.consumed: list[StreamItem] = []
-        self.probes_completed: list[StreamItem] = []
+        # bounded: the log goes to the sinks (called in log order, under the log lock) and into the checks
+        self.event_sinks: list[Callable[[LogEvent], None]] = [event_sink] if event_sink else []
+        self.update_sinks: list[Callable[[UpdateDelta], None]] = [update_sink] if update_sink else []
+        self.checks = EventChecks(cfg.batch_size)
+        self.staleness: Counter[int] = Counter()  # consumed samples per staleness value
+        self.last_update: UpdateDelta | None = None
+        self._probes_since: list[StreamItem] = []  # completed since the last update (handed out with it)
+        self.n_probes_completed = 0
+        self.n_breakpoint_samples = 0
         self.version = 0
         self.inference_version = 0  # the weights the rollout workers hold (pi_inf)
         self.window = 0
@@ -139,8 +162,11 @@ class AsyncOPDScheduler:
     # ------------------------------------------------------------------------------------ plumbing
 
     def _log(self, kind: str, version: int, **detail: Any) -> None:
+        ev = LogEvent(kind, version, detail)
         with self._elock:
-            self.events.append(LogEvent(kind, version, detail))
+            self.checks.feed(ev)
+            for sink in self.event_sinks:
+                sink(ev)
 
     def _guard(self, fn: Callable[[], None]) -> None:
         """Thread body wrapper: the first error stops everything and is re-raised by ``run``."""
@@ -273,11 +299,11 @@ class AsyncOPDScheduler:
             w.thread.start()
         for t in self._threads:
             t.start()
-        history: list[dict[str, float]] = []
+        updates = 0
         try:
             for step in range(steps):
                 m = self._one_update(step)
-                history.append(m)
+                updates += 1
                 if on_step is not None:
                     on_step(step, m)
         finally:
@@ -285,12 +311,13 @@ class AsyncOPDScheduler:
             self._join()
         if self._error is not None:
             raise RuntimeError(f"an AsyncOPD stage failed: {self._error!r}") from self._error
-        return self.summary(history)
+        return self.summary(updates)
 
     def _probe_done(self, it: StreamItem) -> None:
         with self._elock:
             self._inflight_probes.pop(it.request_id, None)
-        self.probes_completed.append(it)
+        self.n_probes_completed += 1
+        self._probes_since.append(it)
         self.hooks.on_probe_complete(it, self.version)
 
     def _fifo_batch(self) -> list[StreamItem]:
@@ -337,8 +364,10 @@ class AsyncOPDScheduler:
         batch = self._fifo_batch() if self.groups is None else self._group_batch(self.groups)
         self.hooks.offer_complete(batch, self.version)  # finished / full-length items may be complete probes
         stale = [self.version - it.behavior_version for it in batch]
-        self.staleness += stale
-        self.consumed += batch
+        self.staleness.update(stale)
+        self.n_breakpoint_samples += sum(1 for it in batch if it.version_breakpoints)
+        delta = UpdateDelta(step, self.version, batch, self._probes_since)
+        self._probes_since = []
         t0 = time.perf_counter()
         m = dict(self.learner.update(batch, self.version))
         t1 = time.perf_counter()
@@ -361,6 +390,9 @@ class AsyncOPDScheduler:
         if throughput is not None:
             m["async/throughput_tokens_per_s"] = throughput
         m |= self.timeline.overlap()  # cumulative since the first stage interval
+        self.last_update = delta
+        for sink in self.update_sinks:
+            sink(delta)
         self.hooks.on_step(step, m)
         return m
 
@@ -374,10 +406,11 @@ class AsyncOPDScheduler:
         if alive:
             raise RuntimeError(f"AsyncOPD threads did not stop: {alive}")
 
-    def summary(self, history: list[dict[str, float]]) -> dict[str, Any]:
+    def summary(self, updates: int) -> dict[str, Any]:
+        """The run's totals; the per-update rows are what ``run``'s ``on_step`` received."""
         ps = self.permits.stats()
         return {
-            "updates": len(history),
+            "updates": updates,
             "version": self.version,
             "throughput_tokens_per_s": self.throughput.throughput(),
             "overlap": self.timeline.overlap(),
@@ -385,42 +418,16 @@ class AsyncOPDScheduler:
             "permits": {"capacity": ps.capacity, "max_outstanding": ps.max_outstanding,
                         "blocked_waits": ps.blocked_waits, "acquired": ps.acquired_total},
             "submitted": self._submitted,
-            "probes_completed": len(self.probes_completed),
-            "breakpoint_samples": sum(1 for it in self.consumed if it.version_breakpoints),
+            "probes_completed": self.n_probes_completed,
+            "breakpoint_samples": self.n_breakpoint_samples,
             "sync_every": self.cfg.sync_every,
             "discarded": None if self.groups is None else {
                 "groups": self.groups.discarded_groups, "items": self.groups.discarded_items,
                 "tokens": self.groups.discarded_tokens},
             "checks": self.event_checks(),
-            "history": history,
         }
 
     def event_checks(self) -> dict[str, int]:
-        """Invariants recomputed from the event log (instrumentation, independent of the permit pool).
-
-        ``max_unconsumed``: training requests submitted minus the permits given back (``B`` per completed
-        sync, or what a ``release`` / ``discard`` event names), maximized over the log; the capacity bound says it never exceeds ``(tau + 1) * B``. ``gate_violations``: syncs during
-        which the feeder used more permits acquired after the sync started (tickets above the start
-        snapshot) than were available then: a permit released by the sync was used before every worker
-        had the new weights.
-        """
+        """Invariants recomputed from the event log (``metrics.EventChecks``)."""
         with self._elock:
-            events = list(self.events)
-        unconsumed = peak = violations = 0
-        in_sync: list[int] | None = None  # [available at start, tickets issued before it, new tickets since]
-        for ev in events:
-            if ev.kind == "submit" and not ev.detail["probe"]:
-                unconsumed += 1
-                peak = max(peak, unconsumed)
-            if ev.kind == "submit" and in_sync is not None and ev.detail["ticket"] > in_sync[1]:
-                in_sync[2] += 1
-            elif ev.kind == "sync_start":
-                in_sync = [int(ev.detail["available"]), int(ev.detail["acquired"]), 0]
-            elif ev.kind in ("release", "discard"):
-                unconsumed -= int(ev.detail["n"])
-            elif ev.kind == "sync_done":
-                unconsumed -= int(ev.detail.get("released", self.cfg.batch_size))
-                if in_sync is not None and in_sync[2] > in_sync[0]:
-                    violations += 1
-                in_sync = None
-        return {"max_unconsumed": peak, "gate_violations": violations}
+            return self.checks.result()

@@ -50,27 +50,27 @@ class _StepExtras:
         self.ledger = TokenLedger(cfg.rollout.max_response_len)
         self.initial: dict[str, float] = {}
         self.final: dict[str, float] = {}
-        self._probes_seen = 0
-        self._consumed_seen = 0
+        self._probe_tokens = 0
         self._busy: dict[str, float] = {}
 
     def evaluate(self) -> dict[str, float]:
         return evaluate(self.parts, self.cfg, self.gen)
 
     def probe_tokens(self) -> int:
-        return sum(it.response_len for it in self.built.scheduler.probes_completed)
+        return self._probe_tokens
 
     def __call__(self, step: int, m: dict[str, float]) -> dict[str, float]:
         sched, cfg = self.built.scheduler, self.cfg
-        done = sched.probes_completed[self._probes_seen :]
-        self._probes_seen += len(done)
-        self.ledger.completed_lengths += [it.response_len for it in done]  # probes: truncations continued
-        batch = sched.consumed[self._consumed_seen :]  # this update's items (OAPL's may be fewer than B: probes)
-        self._consumed_seen = len(sched.consumed)
+        delta = sched.last_update  # this update's items (OAPL's may be fewer than B: probes) and new probes
+        assert delta is not None and delta.step == step
+        for it in delta.probes:
+            self.ledger.add_completed(it.response_len)
+            self._probe_tokens += it.response_len
+        batch = delta.items
         view = SimpleNamespace(response_ids=[it.tokens for it in batch],
                                finished=[it.finish_reason != "window" for it in batch])
         out = self.ledger.record(view, int(m.get("window/current", cfg.rollout.max_response_len)),  # type: ignore[arg-type]
-                                 self.probe_tokens())
+                                 self.probe_tokens(), windows=[it.window for it in batch])
         out["rollout/prompt_tokens"] = float(sum(len(it.prompt_ids) for it in batch))  # FLOPs estimates read it
         for stage in ("rollout", "teacher", "train"):  # this update's share of each stage's busy time
             total = m.get(f"pipeline/busy_{stage}_s", 0.0)

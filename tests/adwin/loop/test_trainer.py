@@ -114,8 +114,8 @@ def test_full_rollout_estimate_uses_probe_lengths_clamped_to_window_and_horizon(
     assert m["rollout/full_equiv_tokens"] == 3 + 2 * 50
     ledger.completed_lengths[:] = [4]
     m = ledger.record(_batch([3, 10], [True, False]), window=10, probe_tokens_total=0)
-    assert m["rollout/full_equiv_tokens"] == 3 + 10  # a truncated sample is at least its window long
-    assert ledger.totals(7) == {"sync_tokens": 23.0 + 23 + 13, "probe_tokens": 7.0, "full_equiv_tokens": 203.0 + 103 + 13}
+    assert m["rollout/full_equiv_tokens"] == 3 + 100  # no probe longer than the window: the horizon bounds it
+    assert ledger.totals(7) == {"sync_tokens": 23.0 + 23 + 13, "probe_tokens": 7.0, "full_equiv_tokens": 203.0 + 103 + 103}
 
 
 def test_multi_teacher_run_routes_by_key(tmp_path: Path) -> None:
