@@ -23,12 +23,25 @@ from adwin.probes.workers import RoundJob
 log = logging.getLogger(__name__)
 
 
+_started: dict[str, object] = {}  # how this process's Ray was started: a later run asking otherwise is told
+
+
 def ensure_ray(address: str | None = None, num_cpus: int = 2) -> None:
-    """Connect to ``address`` or start a local cluster, once per process."""
+    """Connect to ``address`` or start a local cluster, once per process. Ray cannot be restarted under a
+    running process's actors, so a later call asking for another address or CPU count gets a warning naming
+    the fields it cannot honour (a new process can)."""
     import ray
 
     if ray.is_initialized():
+        asked = {"probes.ray_address": address, "probes.ray_num_cpus": None if address else num_cpus}
+        differ = {k: v for k, v in asked.items() if k in _started and v is not None and _started[k] != v}
+        if differ:
+            log.warning("Ray is already running in this process (%s); %s not applied: start a new process to use "
+                        "them", ", ".join(f"{k}={v}" for k, v in _started.items()),
+                        ", ".join(f"{k}={v}" for k, v in differ.items()))
         return
+    _started.clear()
+    _started.update({"probes.ray_address": address} if address else {"probes.ray_num_cpus": num_cpus})
     if address:
         ray.init(address=address, log_to_driver=False)
     else:

@@ -131,3 +131,14 @@ def test_train_runs_the_builtin_task_with_each_probe_backend(backend: str, tiny_
     assert sum(m["probe/submitted"] for m in metrics) > 0  # rounds went to the workers
     assert max(m["probe/staleness_max"] for m in metrics) <= 2
     assert json.loads((out / backend / "config.json").read_text())["probes"]["backend"] == backend
+
+
+def test_a_later_run_asking_for_another_ray_cluster_is_told_it_is_not_applied(ray_cluster: None,
+                                                                              caplog: pytest.LogCaptureFixture) -> None:
+    from adwin.probes.ray_actor import ensure_ray
+
+    with caplog.at_level("WARNING", logger="adwin.probes.ray_actor"):
+        ensure_ray(None, num_cpus=2)  # what the running cluster was started with: nothing to say
+        assert not caplog.records
+        ensure_ray(None, num_cpus=1)
+    assert "probes.ray_num_cpus=1 not applied" in caplog.text
