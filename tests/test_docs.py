@@ -142,3 +142,15 @@ def test_every_cited_section_of_a_doc_exists() -> None:
 def test_the_readme_and_the_benchmarks_page_stay_readable_in_length() -> None:
     assert len((ROOT / "README.md").read_text().splitlines()) <= 200
     assert len((ROOT / "docs" / "benchmarks.md").read_text().splitlines()) <= 700
+
+
+def test_no_table_is_cut_in_two_by_a_blank_line() -> None:
+    """A table row after a blank line that follows a table renders as plain text."""
+    bad = []
+    for doc in DOCS:
+        lines = doc.read_text().splitlines()
+        for i in range(2, len(lines)):
+            if lines[i].startswith("|") and not lines[i - 1].strip() and lines[i - 2].startswith("|") \
+                    and not (i + 1 < len(lines) and set(lines[i + 1].replace("|", "").strip()) <= set("-: ")):
+                bad.append(f"{_rel(doc)}:{i + 1}")
+    assert not bad, f"table rows after a blank line, cut off from their table: {bad}"
