@@ -159,3 +159,19 @@ def test_tiny_prepare_of_a_long_task_records_its_horizon_and_ladder(tmp_path: Pa
     model = AutoModelForCausalLM.from_pretrained(str(prepared.student_path))
     assert model.config.max_position_embeddings >= task.horizon
     assert assets.is_prepared(prepared.root, "tiny", "chain-late-long")
+
+
+@pytest.mark.parametrize("name", LONG_TASKS)
+def test_long_preset_carries_the_tasks_horizon_and_ladder_and_fits_their_models(name: str) -> None:
+    from adwin.config import load_config
+    from adwin.sampling.data import check_context
+
+    preset = Path(__file__).resolve().parents[3] / "configs" / "long.yaml"
+    cfg = load_config(preset, {"data.builtin_task": name})
+    task = get_task(name)
+    assert cfg.data.builtin_task == name
+    assert cfg.rollout.max_response_len == task.horizon and cfg.window.candidates == list(task.candidates)
+    batch = cfg.rollout.prompts_per_step * cfg.rollout.samples_per_prompt
+    assert cfg.probes.batch_size * 16 == batch  # P = 1/16 of a training batch, as in the paper
+    for profile in ("default", "tiny"):
+        check_context(cfg.data.max_prompt_len, cfg.rollout.max_response_len, task.profile(profile).model.max_positions)
