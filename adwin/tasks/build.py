@@ -75,7 +75,7 @@ def _build(root: Path, profile: str, seed: int, task: str) -> dict[str, Any]:
     timings: dict[str, float] = {}
 
     t = time.perf_counter()
-    tokenizer = save_tokenizer(root / "tokenizer")
+    tokenizer = save_tokenizer(root / "tokenizer", spec.model.max_positions)
     model = spec.model.build(len(tokenizer), tokenizer, seed=seed)
     n_params = sum(p.numel() for p in model.parameters())
     logger.info(

@@ -146,7 +146,7 @@ def test_cache_fingerprint_changes_with_the_rule_and_the_format(name: str, monke
 
 
 def test_tiny_prepare_of_a_long_task_records_its_horizon_and_ladder(tmp_path: Path) -> None:
-    from transformers import AutoModelForCausalLM
+    from transformers import AutoModelForCausalLM, AutoTokenizer
 
     prepared = assets.ensure_prepared(home=tmp_path, profile="tiny", task="chain-late-long", threads=1)
     assert prepared.root.name == "chain-late-long-tiny-seed0"
@@ -158,6 +158,8 @@ def test_tiny_prepare_of_a_long_task_records_its_horizon_and_ladder(tmp_path: Pa
     assert meta["model"]["max_positions"] == task.profile("tiny").model.max_positions
     model = AutoModelForCausalLM.from_pretrained(str(prepared.student_path))
     assert model.config.max_position_embeddings >= task.horizon
+    tokenizer = AutoTokenizer.from_pretrained(str(prepared.tokenizer_path))  # no over-length warning on a response
+    assert tokenizer.model_max_length == model.config.max_position_embeddings
     assert assets.is_prepared(prepared.root, "tiny", "chain-late-long")
 
 
