@@ -253,6 +253,22 @@ def check_read_settings(cfg: TrainConfig) -> None:
                          "evaluation samples on the vLLM engine (which never computes stopped rows); drop "
                          "eval.compact or set rollout.backend: hf")
     _held_out_eval(cfg)
+    _horizon_fits_task(cfg)
+
+
+def _horizon_fits_task(cfg: TrainConfig) -> None:
+    """A built-in task's responses run to its horizon: a shorter ``rollout.max_response_len`` cuts every long one,
+    which smoke runs do on purpose, so it is said rather than refused."""
+    if cfg.data.task != "builtin":
+        return
+    from adwin.tasks.suite import get_task
+
+    task = get_task(cfg.data.builtin_task)
+    if cfg.rollout.max_response_len < task.horizon:
+        _warn_once(f"rollout.max_response_len={cfg.rollout.max_response_len} is below the horizon of task "
+                   f"{task.name!r} ({task.horizon} tokens): its longer responses are cut and never reach their "
+                   f"answer; set rollout.max_response_len: {task.horizon} and window.candidates: "
+                   f"{list(task.candidates)} (the preset configs/long.yaml does for the long tasks)")
 
 
 def _held_out_eval(cfg: TrainConfig) -> None:

@@ -76,9 +76,9 @@ def profile_fingerprint(profile: str, task: str = DEFAULT_TASK) -> str:
     from dataclasses import asdict
 
     from adwin.tasks import chain
-    from adwin.tasks.profiles import PROFILE_SPECS
 
-    spec = asdict(PROFILE_SPECS[profile])
+    builtin = get_task(task)
+    spec = asdict(builtin.profile(profile))
     fields = [
         chain.ROUTES,
         chain.UNITS,
@@ -90,11 +90,13 @@ def profile_fingerprint(profile: str, task: str = DEFAULT_TASK) -> str:
         chain.step_count_weights(),
     ]
     # chain's fingerprint is unchanged by the other tasks, so its existing caches stay valid
-    extra = [] if task == DEFAULT_TASK else [task, get_task(task).noise_line_rate]
-    if get_task(task).rule_version != 1:
-        extra.append(get_task(task).rule_version)
-    if get_task(task).student_step_scale != 1.0:
-        extra.append(get_task(task).student_step_scale)
+    extra = [] if task == DEFAULT_TASK else [task, builtin.noise_line_rate]
+    if builtin.rule_version != 1:
+        extra.append(builtin.rule_version)
+    if builtin.student_step_scale != 1.0:
+        extra.append(builtin.student_step_scale)
+    if builtin.fingerprint_fields:
+        extra.append(repr(builtin.fingerprint_fields))
     blob = json.dumps([spec, repr(fields), FORMAT_VERSION, *extra], sort_keys=True, default=str)
     return hashlib.sha256(blob.encode()).hexdigest()[:16]
 

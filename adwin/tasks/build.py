@@ -14,17 +14,9 @@ from typing import Any
 
 import torch
 
-from adwin.tasks.chain import (
-    ANSWER_PREFIX,
-    DEFAULT_CANDIDATES,
-    LINE_CHARS,
-    MAX_RESPONSE_TOKENS,
-    MAX_STEPS,
-    MIN_STEPS,
-    ROUTES,
-)
+from adwin.tasks.chain import ANSWER_PREFIX, ROUTES
 from adwin.tasks.phases import PHASES, phase_accuracy
-from adwin.tasks.profiles import PREPARE_THREADS, PROFILE_SPECS, TARGETS
+from adwin.tasks.profiles import PREPARE_THREADS, TARGETS
 from adwin.tasks.sft import evaluate_accuracy, train_sft
 from adwin.tasks.suite import DEFAULT_TASK, BuiltinTask, get_task
 from adwin.tasks.tokenizer import save_tokenizer
@@ -75,15 +67,15 @@ def build_assets(root: Path, profile: str = "default", seed: int = 0, threads: i
 
 
 def _build(root: Path, profile: str, seed: int, task: str) -> dict[str, Any]:
-    spec = PROFILE_SPECS[profile]
     builtin = get_task(task)
+    spec = builtin.profile(profile)
     student_step = builtin.student_step(spec.student_step, spec.schedule.steps)
     start = time.perf_counter()
     load_start = _load()
     timings: dict[str, float] = {}
 
     t = time.perf_counter()
-    tokenizer = save_tokenizer(root / "tokenizer")
+    tokenizer = save_tokenizer(root / "tokenizer", spec.model.max_positions)
     model = spec.model.build(len(tokenizer), tokenizer, seed=seed)
     n_params = sum(p.numel() for p in model.parameters())
     logger.info(
@@ -168,11 +160,11 @@ def _build(root: Path, profile: str, seed: int, task: str) -> dict[str, Any]:
         "shared_teacher": True,
         "format": {
             "answer_prefix": ANSWER_PREFIX,
-            "line_chars": LINE_CHARS,
-            "min_steps": MIN_STEPS,
-            "max_steps": MAX_STEPS,
-            "max_response_tokens": MAX_RESPONSE_TOKENS,
-            "default_candidates": list(DEFAULT_CANDIDATES),
+            "line_chars": builtin.kind.line_chars(),
+            "min_steps": builtin.min_steps,
+            "max_steps": builtin.max_steps,
+            "max_response_tokens": builtin.horizon,
+            "default_candidates": list(builtin.candidates),
             "bos_prepended_by_tokenizer": True,
             "pad_token_id": tokenizer.pad_token_id,
             "bos_token_id": tokenizer.bos_token_id,

@@ -33,6 +33,7 @@ import random
 import re
 from collections.abc import Iterator
 from dataclasses import dataclass
+from typing import ClassVar
 
 ROUTES: tuple[str, ...] = ("muladd", "submul")
 # Arithmetic mod 10 (one digit per value). MOD = 5 was tried to shrink the digit tables (25 entries
@@ -67,7 +68,7 @@ def second_op(route: str, p: int, b: int) -> int:
 
 _PROMPT_RE = re.compile(r"^(muladd|submul) x=(\d) a=(\d) b=(\d) n=(\d+)\n$")
 _ANSWER_RE = re.compile(re.escape(ANSWER_PREFIX) + r"(\d+)")
-_LINE_RE = re.compile(r"^(\d\d):(\d)([*\-])(\d)=(\d)([+*])(\d)=(\d)$")
+_LINE_RE = re.compile(r"^(\d+):(\d)([*\-])(\d)=(\d)([+*])(\d)=(\d)$")
 
 
 @dataclass(frozen=True)
@@ -88,13 +89,18 @@ class Problem:
     b: int
     n: int
 
+    # the line format's counter width and the allowed step counts; the long tasks widen them (adwin.tasks.long)
+    COUNTER_DIGITS: ClassVar[int] = 2
+    MIN_N: ClassVar[int] = MIN_STEPS
+    MAX_N: ClassVar[int] = MAX_STEPS
+
     def __post_init__(self) -> None:
         if self.route not in ROUTES:
             raise ValueError(f"unknown route {self.route!r}; expected one of {ROUTES}")
         if not (0 <= self.x < MOD and 0 <= self.a < MOD and 0 <= self.b < MOD):
             raise ValueError(f"x, a, b must be digits below {MOD}")
-        if not MIN_STEPS <= self.n <= MAX_STEPS:
-            raise ValueError(f"n must be in [{MIN_STEPS}, {MAX_STEPS}], got {self.n}")
+        if not self.MIN_N <= self.n <= self.MAX_N:
+            raise ValueError(f"n must be in [{self.MIN_N}, {self.MAX_N}], got {self.n}")
         multiplier = self.a if self.route == "muladd" else self.b
         if multiplier not in UNITS:
             raise ValueError(f"the multiplier of {self.route} must be one of {UNITS}")
@@ -112,10 +118,18 @@ class Problem:
         p = first_op(self.route, x, self.a)
         return p, second_op(self.route, p, self.b)
 
+    def counter_text(self, counter: int) -> str:
+        return f"{counter:0{self.COUNTER_DIGITS}d}"
+
+    @classmethod
+    def line_chars(cls) -> int:
+        """Characters (= tokens) of every line: the counter, ``:x*a=p+b=q`` and the newline."""
+        return cls.COUNTER_DIGITS + LINE_CHARS - 2
+
     def line(self, counter: int, x: int) -> tuple[str, int]:
         p, q = self.step(x)
         op1, op2 = OPERATORS[self.route]
-        return f"{counter:02d}:{x}{op1}{self.a}={p}{op2}{self.b}={q}\n", q
+        return f"{self.counter_text(counter)}:{x}{op1}{self.a}={p}{op2}{self.b}={q}\n", q
 
     def solution(self, first_x: int | None = None) -> str:
         """The full written response (without EOS). ``first_x`` overrides the value the first line
@@ -216,12 +230,12 @@ def generate_samples(n: int, seed: int, split: str = "train") -> list[TaskSample
     return list(itertools.islice(iter_samples(seed, split), n))
 
 
-def parse_prompt(prompt: str) -> Problem:
-    """The problem a prompt states (inverse of :attr:`Problem.prompt`)."""
+def parse_prompt(prompt: str, kind: type[Problem] = Problem) -> Problem:
+    """The problem a prompt states (inverse of :attr:`Problem.prompt`), as a ``kind`` (the task's line format)."""
     m = _PROMPT_RE.match(prompt)
     if m is None:
         raise ValueError(f"not a task prompt: {prompt!r}")
-    return Problem(m.group(1), int(m.group(2)), int(m.group(3)), int(m.group(4)), int(m.group(5)))
+    return kind(m.group(1), int(m.group(2)), int(m.group(3)), int(m.group(4)), int(m.group(5)))
 
 
 def solution_for(sample: TaskSample) -> str:
@@ -245,10 +259,11 @@ def check_answer(response_text: str, answer: str) -> bool:
     return got is not None and got == answer.strip()
 
 
-def verify_solution(prompt: str, response_text: str) -> bool:
+def verify_solution(prompt: str, response_text: str, kind: type[Problem] = Problem) -> bool:
     """True iff every written line follows from the previous one (the first from the prompt), the
-    counter counts down to 01 and the stated answer is the last value. Used to audit solutions."""
-    problem = parse_prompt(prompt)
+    counter counts down to 01 and the stated answer is the last value. Used to audit solutions;
+    ``kind`` is the task's line format."""
+    problem = parse_prompt(prompt, kind)
     body, sep, tail = response_text.rpartition(ANSWER_PREFIX)
     if not sep:
         return False

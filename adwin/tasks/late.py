@@ -37,7 +37,7 @@ CLOSING_PREFIX = "fin:"
 # (MAX_RESPONSE_TOKENS), so chain-late skips chains of 24 lines: at most 23 x 13 + 10 + 5 + <eos> = 315.
 CLOSING_STEPS_LEFT_OUT = 1
 _CLOSING_RE = re.compile(r"^fin:(\d)\+(\d)=(\d)$")
-_LINE = re.compile(r"^\d\d:(\d)\D.*=(\d)$")  # a chain line as written: its input x and its result q
+_LINE = re.compile(r"^\d+:(\d)\D.*=(\d)$")  # a chain line as written: its input x and its result q
 
 
 def closing_line(start: int, result: int) -> tuple[str, int]:
@@ -90,10 +90,10 @@ def write_late(
     return body + tail, trained + [not c.isdigit() for c in tail] + [True]
 
 
-def verify_late_solution(prompt: str, response_text: str) -> bool:
+def verify_late_solution(prompt: str, response_text: str, kind: type[Problem] = Problem) -> bool:
     """True iff every chain line follows the rule, the closing line adds the last line's input and
-    result and the stated answer is its value."""
-    problem = parse_prompt(prompt)
+    result and the stated answer is its value; ``kind`` is the task's line format."""
+    problem = parse_prompt(prompt, kind)
     body, sep, tail = response_text.rpartition(ANSWER_PREFIX)
     if not sep:
         return False

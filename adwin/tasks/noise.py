@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import random
 
-from adwin.tasks.chain import ANSWER_PREFIX, MAX_STEPS, MOD, OPERATORS, Problem, first_op, second_op
+from adwin.tasks.chain import ANSWER_PREFIX, MOD, OPERATORS, Problem, first_op, second_op
 
 KINDS: tuple[str, ...] = ("x", "operand", "p", "q", "counter")
 
@@ -49,15 +49,15 @@ def corrupt_solution(problem: Problem, rng: random.Random, line_rate: float) -> 
             counter, lines = counter - 1, lines + 1
             continue
         if kind == "counter":
-            # a wrong counter is followed, so the response must still fit MAX_STEPS lines
-            options = [c for c in range(1, MAX_STEPS - lines + 1) if c != counter]
+            # a wrong counter is followed, so the response must still fit the format's longest chain
+            options = [c for c in range(1, problem.MAX_N - lines + 1) if c != counter]
             if options:
                 counter = rng.choice(options)
-                put(f"{counter:02d}", ok=False)
+                put(problem.counter_text(counter), ok=False)
             else:
-                put(f"{counter:02d}")
+                put(problem.counter_text(counter))
         else:
-            put(f"{counter:02d}")
+            put(problem.counter_text(counter))
         put(":")
         if kind == "x":
             x = _other_digit(rng, x)

@@ -10,6 +10,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from adwin.tasks.chain import MAX_RESPONSE_TOKENS
+from adwin.tasks.long import LONG_MAX_RESPONSE_TOKENS
 
 if TYPE_CHECKING:
     from transformers import LlamaForCausalLM, PreTrainedTokenizerBase
@@ -104,6 +105,36 @@ PROFILE_SPECS: dict[str, Profile] = {
     "tiny": Profile(
         name="tiny",
         model=ModelSpec(hidden_size=16, num_layers=1, num_heads=2, intermediate_size=32),
+        schedule=SFTSchedule(steps=4, batch_size=4, lr=3e-3, warmup=1),
+        student_step=2,
+        eval_problems=4,
+        enforce_targets=False,
+        eval_max_new_tokens=16,
+    ),
+}
+
+# The long tasks (adwin.tasks.long): the 2,048-token horizon plus data.max_prompt_len's default 128 (the
+# prompts have at most 26 tokens), so a config needs no prompt override; RoPE has no table of positions,
+# so this only sets what the trainer's context check allows
+LONG_MAX_POSITIONS = 2048 + 128
+
+LONG_PROFILE_SPECS: dict[str, Profile] = {
+    "default": Profile(
+        name="default",
+        # the default profile's model and recipe on the curriculum of adwin.tasks.long (17 short chains to 3
+        # task-length ones), fewer steps: a step costs ~4x a chain step in tokens (docs/task.md)
+        model=ModelSpec(hidden_size=64, num_layers=4, num_heads=4, intermediate_size=256,
+                        max_positions=LONG_MAX_POSITIONS),
+        schedule=SFTSchedule(steps=600, batch_size=16, lr=5e-3, warmup=50, noise_line_rate=0.05),
+        student_step=180,
+        eval_problems=64,  # a T=1 rollout to 2,048 tokens costs ~10x a chain one
+        enforce_targets=True,
+        eval_max_new_tokens=LONG_MAX_RESPONSE_TOKENS,
+    ),
+    "tiny": Profile(
+        name="tiny",
+        model=ModelSpec(hidden_size=16, num_layers=1, num_heads=2, intermediate_size=32,
+                        max_positions=LONG_MAX_POSITIONS),
         schedule=SFTSchedule(steps=4, batch_size=4, lr=3e-3, warmup=1),
         student_step=2,
         eval_problems=4,

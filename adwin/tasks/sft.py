@@ -128,7 +128,7 @@ def train_sft(
     stop_step = schedule.steps if stop_step is None else stop_step
     n_steps = stop_step - start_step
     task = task or get_task(DEFAULT_TASK)
-    problems = task.problems(schedule.steps * schedule.batch_size * 2, seed=seed, split="train")
+    problems = task.sft_problems(schedule.steps * schedule.batch_size * 2, seed=seed)
     if routes is not None:
         problems = [p for p in problems if p.route in routes]
     problems = problems[start_step * schedule.batch_size : stop_step * schedule.batch_size]

@@ -6,20 +6,44 @@
   so its feedback after a student mistake is unreliable (the paper's supervision drift).
 * ``chain-late``: the chain plus a closing line combining the last line's input and result
   (:mod:`adwin.tasks.late`); the student initialisation never trained on it, the teacher did.
+* ``chain-long`` and ``chain-late-long``: ``chain`` and ``chain-late`` at the paper's horizon, responses of
+  510-2,046 tokens (:mod:`adwin.tasks.long`), with their own profiles (models that cover the horizon,
+  an SFT curriculum of mostly short chains).
 
 Kept free of torch imports: config validation and cache fingerprints read it.
 """
 
 from __future__ import annotations
 
+import functools
 import itertools
 import random
-from collections.abc import Callable, Iterator
-from dataclasses import dataclass
+from collections.abc import Callable, Iterator, Mapping
+from dataclasses import dataclass, field
 
-from adwin.tasks.chain import MAX_STEPS, Problem, TaskSample, iter_problems, verify_solution
+from adwin.tasks.chain import (
+    DEFAULT_CANDIDATES,
+    MAX_RESPONSE_TOKENS,
+    MAX_STEPS,
+    MIN_STEPS,
+    Problem,
+    TaskSample,
+    iter_problems,
+    verify_solution,
+)
 from adwin.tasks.late import CLOSING_STEPS_LEFT_OUT, late_answer, verify_late_solution, write_late
+from adwin.tasks.long import (
+    FORMAT_FIELDS,
+    LONG_CANDIDATES,
+    LONG_MAX_RESPONSE_TOKENS,
+    LONG_MAX_STEPS,
+    LONG_MIN_STEPS,
+    LongProblem,
+    iter_long_problems,
+    iter_sft_problems,
+)
 from adwin.tasks.noise import corrupt_solution
+from adwin.tasks.profiles import LONG_PROFILE_SPECS, PROFILE_SPECS, Profile
 
 # (problem, rng, line_rate, student_phase) -> (written response without EOS, trained flag per char)
 Writer = Callable[[Problem, random.Random, float, bool], tuple[str, list[bool]]]
@@ -48,9 +72,23 @@ class BuiltinTask:
     # None: the profile's planted-mistake rate; 0.0: clean solutions only (supervision drift)
     noise_line_rate: float | None = None
     max_steps: int = MAX_STEPS  # longer chains are skipped: their response would not fit the horizon
+    min_steps: int = MIN_STEPS  # shorter chains are skipped from the task's problems (not from an SFT curriculum)
     rule_version: int = 1  # bump when the written response or what the student sees changes: caches are rebuilt
     # the student snapshot step, as a multiple of the profile's (adwin.tasks.profiles.Profile.student_step)
     student_step_scale: float = 1.0
+    # (seed, split) -> the endless problem stream; sft_stream: the SFT's, when it differs (a curriculum)
+    stream: Callable[[int, str], Iterator[Problem]] = iter_problems
+    sft_stream: Callable[[int, str], Iterator[Problem]] | None = None
+    kind: type[Problem] = Problem  # the line format (counter width, allowed step counts)
+    horizon: int = MAX_RESPONSE_TOKENS  # the longest response plus room: a config's rollout.max_response_len
+    candidates: tuple[int, ...] = DEFAULT_CANDIDATES  # the prefix windows a config's window.candidates offers
+    profiles: Mapping[str, Profile] = field(default_factory=lambda: PROFILE_SPECS)
+    fingerprint_fields: tuple[object, ...] = ()  # what else shapes the prepared models (cache fingerprint)
+
+    def profile(self, name: str) -> Profile:
+        if name not in self.profiles:
+            raise ValueError(f"unknown profile {name!r}; expected one of {', '.join(self.profiles)}")
+        return self.profiles[name]
 
     def student_step(self, profile_step: int, sft_steps: int) -> int:
         """The SFT step whose snapshot is this task's student, strictly inside the run."""
@@ -59,7 +97,14 @@ class BuiltinTask:
     def iter_problems(self, seed: int, split: str = "train") -> Iterator[Problem]:
         """The seed's endless problem stream (:func:`adwin.tasks.chain.iter_problems`) without the chains
         longer than ``max_steps``; every prefix is the same whatever length is read."""
-        return (p for p in iter_problems(seed, split) if p.n <= self.max_steps)
+        return (p for p in self.stream(seed, split) if self.min_steps <= p.n <= self.max_steps)
+
+    def sft_problems(self, n: int, seed: int) -> list[Problem]:
+        """The first ``n`` training problems the SFT writes solutions for: :meth:`problems` unless the task
+        has a curriculum of its own."""
+        if self.sft_stream is None:
+            return self.problems(n, seed, "train")
+        return list(itertools.islice((p for p in self.sft_stream(seed, "train") if p.n <= self.max_steps), n))
 
     def iter_samples(self, seed: int, split: str = "train") -> Iterator[TaskSample]:
         """:meth:`iter_problems` as samples with this task's answers; sample ``i`` has id ``{split}-{seed}-{i}``."""
@@ -77,6 +122,18 @@ class BuiltinTask:
 
     def solution(self, problem: Problem) -> str:
         return self.write(problem, random.Random(0), 0.0, False)[0]
+
+
+def _long_task(name: str, summary: str, write: Writer, answer: Callable[[Problem], str],
+               verify: Callable[..., bool], student_step_scale: float = 1.0) -> BuiltinTask:
+    """A task of :mod:`adwin.tasks.long`: the line format, problem streams, horizon, ladder and profiles of
+    the long regime around one of the short tasks' writers and verifiers."""
+    return BuiltinTask(
+        name, summary, write, answer, functools.partial(verify, kind=LongProblem),
+        max_steps=LONG_MAX_STEPS, min_steps=LONG_MIN_STEPS, student_step_scale=student_step_scale,
+        stream=iter_long_problems, sft_stream=iter_sft_problems, kind=LongProblem, horizon=LONG_MAX_RESPONSE_TOKENS,
+        candidates=LONG_CANDIDATES, profiles=LONG_PROFILE_SPECS, fingerprint_fields=FORMAT_FIELDS,
+    )
 
 
 TASKS: dict[str, BuiltinTask] = {
@@ -103,6 +160,21 @@ TASKS: dict[str, BuiltinTask] = {
         rule_version=3,
         # at the profile's step 600 this student was weak on the chain lines too (first line 0.14 under
         # teacher forcing vs chain's 0.69); at 800 it is strong on them (docs/task.md)
+        student_step_scale=4 / 3,
+    ),
+    "chain-long": _long_task(
+        "chain-long",
+        "chain at length: 36-145 lines, 510-2,036 tokens; the student drifts over the length",
+        _write_chain,
+        _chain_answer,
+        verify_solution,
+    ),
+    "chain-late-long": _long_task(
+        "chain-late-long",
+        "chain-late at length: the closing line after 36-145 lines, which the student init never trained on",
+        _write_late,
+        late_answer,
+        verify_late_solution,
         student_step_scale=4 / 3,
     ),
 }

@@ -20,7 +20,8 @@ SPECIAL_TOKENS: tuple[str, ...] = (PAD, BOS, EOS, UNK)  # ids 0, 1, 2, 3
 CHARACTERS = "0123456789abcdefghijklmnopqrstuvwxyz=:+-*\n ,.;#>?"
 
 
-def build_tokenizer() -> PreTrainedTokenizerFast:
+def build_tokenizer(model_max_length: int = 512) -> PreTrainedTokenizerFast:
+    """The character tokenizer; ``model_max_length`` is the models' positions (the long tasks' exceed 512)."""
     from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers, processors
     from transformers import PreTrainedTokenizerFast
 
@@ -41,11 +42,11 @@ def build_tokenizer() -> PreTrainedTokenizerFast:
         pad_token=PAD,
         unk_token=UNK,
         padding_side="left",  # decoder-only generation pads on the left
-        model_max_length=512,
+        model_max_length=model_max_length,
     )
 
 
-def save_tokenizer(path: str | Path) -> PreTrainedTokenizerFast:
-    tokenizer = build_tokenizer()
+def save_tokenizer(path: str | Path, model_max_length: int = 512) -> PreTrainedTokenizerFast:
+    tokenizer = build_tokenizer(model_max_length)
     tokenizer.save_pretrained(str(path))
     return tokenizer

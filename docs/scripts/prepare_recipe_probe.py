@@ -17,7 +17,6 @@ import time
 import torch
 
 from adwin.tasks.phases import phase_accuracy
-from adwin.tasks.profiles import PROFILE_SPECS
 from adwin.tasks.sft import evaluate_accuracy, train_sft
 from adwin.tasks.suite import TASK_NAMES, get_task
 from adwin.tasks.tokenizer import build_tokenizer
@@ -39,9 +38,9 @@ def main() -> None:
     ap.add_argument("--problems", type=int, default=128)
     a = ap.parse_args()
     torch.set_num_threads(a.threads)
-    spec = PROFILE_SPECS["default"]
-    schedule = dataclasses.replace(spec.schedule, steps=a.steps, warmup=a.warmup, lr=a.lr, batch_size=a.batch)
     task, tok = get_task(a.task), build_tokenizer()
+    spec = task.profile("default")  # the long tasks' models cover their horizon
+    schedule = dataclasses.replace(spec.schedule, steps=a.steps, warmup=a.warmup, lr=a.lr, batch_size=a.batch)
     model = dataclasses.replace(spec.model, num_heads=a.heads, num_layers=a.layers,
                                 intermediate_size=a.mlp).build(len(tok), tok, seed=0)
     evalset = task.problems(a.problems, seed=1, split="eval")
@@ -52,7 +51,7 @@ def main() -> None:
                                       optimizer=optimizer, task=task, student_phase=check <= a.student,
                                       progress_desc=f"{previous}-{check}")
         previous, t_eval = check, time.perf_counter()
-        accuracy = evaluate_accuracy(model, tok, evalset, 320, temperature=1.0, seed=0, task=task)
+        accuracy = evaluate_accuracy(model, tok, evalset, spec.eval_max_new_tokens, temperature=1.0, seed=0, task=task)
         line = {"task": a.task, "steps": a.steps, "batch": a.batch, "heads": a.heads, "layers": a.layers,
                 "mlp": a.mlp, "lr": a.lr, "step": check, "accuracy_t1": accuracy["accuracy"],
                 "phases": phase_accuracy(model, tok, task, evalset), "loss": losses[-1],

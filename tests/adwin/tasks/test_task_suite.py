@@ -9,6 +9,7 @@ import random
 import pytest
 import torch
 from pydantic import ValidationError
+from task_reference import reference_response
 
 from adwin.config import DataConfig
 from adwin.tasks import late
@@ -22,21 +23,8 @@ from adwin.tasks.tokenizer import build_tokenizer
 
 
 def reference_late(route: str, x: int, a: int, b: int, n: int) -> str:
-    """chain-late's response written from the task statement, not from the generator's helpers."""
-    lines = []
-    for k in range(n, 0, -1):
-        start = x
-        if route == "muladd":
-            p = x * a % 10
-            q = (p + b) % 10
-            lines.append(f"{k:02d}:{x}*{a}={p}+{b}={q}")
-        else:
-            p = (x - a) % 10
-            q = p * b % 10
-            lines.append(f"{k:02d}:{x}-{a}={p}*{b}={q}")
-        x = q
-    total = (start + x) % 10  # the last line's input plus its result
-    return "\n".join(lines) + f"\nfin:{start}+{x}={total}\nans={total}"
+    """chain-late's response written from the task statement (tests/adwin/tasks/task_reference.py)."""
+    return reference_response(route, x, a, b, n, closing=True)
 
 
 def test_chain_late_solutions_and_answers_match_an_independent_implementation() -> None:
@@ -82,7 +70,7 @@ def test_train_and_eval_prompts_are_disjoint_for_every_task(name: str) -> None:
 
 
 def test_chain_and_chain_drift_share_problems_and_answers_chain_late_its_own_answers() -> None:
-    chain, drift, late = (get_task(n).samples(200, seed=3, split="eval") for n in TASK_NAMES)
+    chain, drift, late = (get_task(n).samples(200, seed=3, split="eval") for n in ("chain", "chain-drift", "chain-late"))
     assert chain == drift
     late_problems = {s.prompt for s in late}
     assert late_problems <= {s.prompt for s in get_task("chain").samples(400, seed=3, split="eval")}
@@ -133,13 +121,14 @@ def test_student_snapshot_step_is_later_for_chain_late_and_inside_the_run() -> N
     assert 0 < get_task("chain-late").student_step(tiny.student_step, tiny.schedule.steps) < tiny.schedule.steps
 
 
-def test_student_init_learns_nothing_about_the_closing_rule(monkeypatch: pytest.MonkeyPatch) -> None:
+@pytest.mark.parametrize("name", ["chain-late", "chain-late-long"])
+def test_student_init_learns_nothing_about_the_closing_rule(name: str, monkeypatch: pytest.MonkeyPatch) -> None:
     """The student snapshot is the same whatever the closing rule says, even through the context (its
     closing digits are random): a changed rule changes the teacher's SFT but not one weight of the
     student's (on the tiny profile)."""
-    spec = PROFILE_SPECS["tiny"]
+    task = get_task(name)
+    spec = task.profile("tiny")
     tok = build_tokenizer()
-    task = get_task("chain-late")
 
     def weights(student_phase: bool) -> list[torch.Tensor]:
         model = spec.model.build(len(tok), tok, seed=0)

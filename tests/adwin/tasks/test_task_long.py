@@ -1,0 +1,179 @@
+"""The long-horizon tasks (chain-long, chain-late-long): solutions against an independent implementation,
+the verifiers refuse planted mistakes, responses of 510-2,046 tokens inside the horizon, the models cover
+it, the closing skill is absent from the student's SFT data (and weights: test_task_suite.py), and the cache fingerprint follows the rule."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import random
+from pathlib import Path
+
+import pytest
+from task_reference import reference_response
+
+from adwin.tasks import assets, suite
+from adwin.tasks.chain import MOD
+from adwin.tasks.long import LONG_MAX_STEPS, LONG_MIN_STEPS, SFT_SHORT_MAX, LongProblem
+from adwin.tasks.noise import corrupt_solution
+from adwin.tasks.phases import phase_spans
+from adwin.tasks.sft import encode_example
+from adwin.tasks.suite import get_task
+from adwin.tasks.tokenizer import build_tokenizer
+
+LONG_TASKS = ("chain-long", "chain-late-long")
+
+
+@pytest.mark.parametrize("name", LONG_TASKS)
+def test_solutions_and_answers_match_an_independent_implementation(name: str) -> None:
+    task = get_task(name)
+    for split in ("train", "eval"):
+        for p in task.problems(150, seed=1, split=split):
+            want = reference_response(p.route, p.x, p.a, p.b, p.n, counter_digits=3, closing=name == "chain-late-long")
+            assert task.solution(p) == want
+            assert task.answer(p) == want.rsplit("=", 1)[1]
+            assert task.verify(p.prompt, want)
+
+
+@pytest.mark.parametrize("name", LONG_TASKS)
+def test_problems_are_deterministic_task_length_and_both_routes(name: str) -> None:
+    task = get_task(name)
+    first = task.samples(300, seed=5, split="eval")
+    assert first == task.samples(300, seed=5, split="eval")
+    assert first != task.samples(300, seed=6, split="eval")
+    problems = task.problems(300, seed=5, split="eval")
+    assert all(LONG_MIN_STEPS <= p.n <= LONG_MAX_STEPS for p in problems)
+    assert {p.route for p in problems} == {"muladd", "submul"}
+    assert max(p.n for p in problems) - min(p.n for p in problems) > 80  # the whole range, not one length
+
+
+@pytest.mark.parametrize("name", LONG_TASKS)
+def test_responses_are_510_to_2046_tokens_and_fit_the_horizon_and_the_models(name: str) -> None:
+    task, tok = get_task(name), build_tokenizer()
+    lengths = [len(tok(task.solution(p), add_special_tokens=False)["input_ids"]) + 1  # + <eos>
+               for p in task.problems(400, seed=0, split="eval")]
+    assert min(lengths) >= 500 and max(lengths) <= task.horizon == 2048
+    assert max(lengths) > 1800  # long chains are drawn, not only the short end
+    longest = LongProblem("submul", 9, 9, 9, LONG_MAX_STEPS)
+    assert len(tok(task.solution(longest), add_special_tokens=False)["input_ids"]) + 1 <= task.horizon
+    assert all(c < task.horizon for c in task.candidates) and list(task.candidates) == sorted(task.candidates)
+    prompt = len(tok(longest.prompt)["input_ids"])
+    for profile in ("default", "tiny"):
+        assert task.profile(profile).model.max_positions >= prompt + task.horizon
+
+
+@pytest.mark.parametrize("name", LONG_TASKS)
+def test_verifier_refuses_planted_mistakes(name: str) -> None:
+    task = get_task(name)
+    p = LongProblem("muladd", 4, 3, 5, 40)
+    good = task.solution(p)
+    assert task.verify(p.prompt, good)
+    lines = good.split("\n")
+    mid = lines[20]  # "020:x*3=p+5=q"
+    wrong_q = mid[:-1] + str((int(mid[-1]) + 1) % MOD)
+    bad = [
+        "\n".join(lines[:20] + [wrong_q] + lines[21:]),  # a wrong result, the rest as written before
+        "\n".join(lines[:20] + lines[21:]),  # a line left out
+        "\n".join(lines[:20] + ["099" + mid[3:]] + lines[21:]),  # a wrong counter
+        "\n".join(line[1:] if line[0] == "0" else line for line in lines),  # the short task's 2-digit counter
+        good.rsplit("=", 1)[0] + f"={(int(good[-1]) + 1) % MOD}",  # a wrong final answer
+        good.replace("\nans=", "\nans=\n"),
+    ]
+    for text in bad:
+        assert not task.verify(p.prompt, text)
+
+
+@pytest.mark.parametrize("seed", range(3))
+def test_planted_mistakes_use_the_wide_counter_and_keep_the_response_inside_the_horizon(seed: int) -> None:
+    rng = random.Random(seed)
+    task = get_task("chain-long")
+    planted = 0
+    for p in task.problems(40, seed=seed):
+        text, trained = corrupt_solution(p, rng, line_rate=0.2)
+        lines = text.split("\n")
+        assert all(line[3] == ":" and line[:3].isdigit() for line in lines[:-1])
+        assert lines[-2].startswith("001:") and len(lines) - 1 <= LONG_MAX_STEPS
+        planted += trained.count(False)
+    assert planted > 0
+
+
+def test_sft_curriculum_mixes_short_and_task_length_chains_deterministically() -> None:
+    task = get_task("chain-long")
+    problems = task.sft_problems(2000, seed=0)
+    assert problems == task.sft_problems(2000, seed=0)
+    short = sum(p.n <= SFT_SHORT_MAX for p in problems)
+    assert 0.5 < short / len(problems) < 0.95  # mostly short, cheap steps
+    assert sum(p.n >= LONG_MIN_STEPS for p in problems) > 100  # task-length chains are trained on
+    assert all(p.split == "train" for p in problems)
+    eval_keys = {p.key for p in task.problems(500, seed=0, split="eval")}
+    assert not eval_keys & {p.key for p in problems}
+
+
+def _labels(task_name: str, problems: list, student_phase: bool) -> list[list[int]]:
+    tok = build_tokenizer()
+    task, rng = get_task(task_name), random.Random(0)
+    out = []
+    for p in problems:
+        _, labels = encode_example(tok, p, rng, 0.0, task, student_phase)
+        out.append(labels[len(tok(p.prompt)["input_ids"]):])
+    return out
+
+
+def test_closing_digits_are_absent_from_the_students_sft_data() -> None:
+    task = get_task("chain-late-long")
+    problems = task.sft_problems(60, seed=0)
+    student, teacher = _labels(task.name, problems, True), _labels(task.name, problems, False)
+    for p, s_row, t_row in zip(problems, student, teacher, strict=True):
+        text = task.solution(p)
+        closing = text.rindex("fin:")
+        assert phase_spans(text)["late"] == (closing, len(text))
+        assert all(v != -100 for v in s_row[:closing])  # every chain line is trained
+        assert [v == -100 for v in s_row[closing:-1]] == [c.isdigit() for c in text[closing:]]
+        assert s_row[-1] != -100 and all(v != -100 for v in t_row)
+
+
+@pytest.mark.parametrize("name", LONG_TASKS)
+def test_cache_fingerprint_changes_with_the_rule_and_the_format(name: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    before = assets.profile_fingerprint("default", name)
+    assert before != assets.profile_fingerprint("default", "chain")
+    assert assets.profile_fingerprint("default", "chain-long") != assets.profile_fingerprint("default", "chain-late-long")
+    monkeypatch.setitem(suite.TASKS, name, dataclasses.replace(suite.TASKS[name], rule_version=99))
+    bumped = assets.profile_fingerprint("default", name)
+    assert bumped != before
+    fields = suite.TASKS[name].fingerprint_fields
+    monkeypatch.setitem(suite.TASKS, name, dataclasses.replace(suite.TASKS[name], fingerprint_fields=(*fields, 1)))
+    assert assets.profile_fingerprint("default", name) != bumped
+
+
+def test_tiny_prepare_of_a_long_task_records_its_horizon_and_ladder(tmp_path: Path) -> None:
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    prepared = assets.ensure_prepared(home=tmp_path, profile="tiny", task="chain-late-long", threads=1)
+    assert prepared.root.name == "chain-late-long-tiny-seed0"
+    meta = json.loads((prepared.root / "meta.json").read_text())
+    task = get_task("chain-late-long")
+    assert meta["format"]["max_response_tokens"] == task.horizon
+    assert meta["format"]["default_candidates"] == list(task.candidates)
+    assert meta["format"]["line_chars"] == 14 and meta["format"]["min_steps"] == LONG_MIN_STEPS
+    assert meta["model"]["max_positions"] == task.profile("tiny").model.max_positions
+    model = AutoModelForCausalLM.from_pretrained(str(prepared.student_path))
+    assert model.config.max_position_embeddings >= task.horizon
+    tokenizer = AutoTokenizer.from_pretrained(str(prepared.tokenizer_path))  # no over-length warning on a response
+    assert tokenizer.model_max_length == model.config.max_position_embeddings
+    assert assets.is_prepared(prepared.root, "tiny", "chain-late-long")
+
+
+@pytest.mark.parametrize("name", LONG_TASKS)
+def test_long_preset_carries_the_tasks_horizon_and_ladder_and_fits_their_models(name: str) -> None:
+    from adwin.config import load_config
+    from adwin.sampling.data import check_context
+
+    preset = Path(__file__).resolve().parents[3] / "configs" / "long.yaml"
+    cfg = load_config(preset, {"data.builtin_task": name})
+    task = get_task(name)
+    assert cfg.data.builtin_task == name
+    assert cfg.rollout.max_response_len == task.horizon and cfg.window.candidates == list(task.candidates)
+    batch = cfg.rollout.prompts_per_step * cfg.rollout.samples_per_prompt
+    assert cfg.probes.batch_size * 16 == batch  # P = 1/16 of a training batch, as in the paper
+    for profile in ("default", "tiny"):
+        check_context(cfg.data.max_prompt_len, cfg.rollout.max_response_len, task.profile(profile).model.max_positions)
