@@ -27,12 +27,13 @@ from __future__ import annotations
 
 import itertools
 import logging
+import threading
 import time
 from collections import deque
 from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import Future
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import Any, Protocol, TypeVar
 
 import numpy as np
 import torch
@@ -58,6 +59,8 @@ from adwin.probes.pool import Probe, ProbePool, Score, probe_batch
 from adwin.probes.workers import run_now
 
 log = logging.getLogger(__name__)
+
+T = TypeVar("T")
 
 # drift/* diagnostics of an audited batch, from (input_ids, attention_mask, response_mask, routes)
 Drift = Callable[[torch.Tensor, torch.Tensor, torch.Tensor, list[str]], dict[str, float]]
@@ -124,6 +127,7 @@ class ProbeClient:
     _batch_calls: dict[int, int] = field(default_factory=dict)
     _expiry_warned: bool = False
     _held: list[tuple[ProbeBatchOut, list[Probe]]] = field(default_factory=list)  # ready batches awaiting their pool
+    _budget_lock: threading.Lock = field(default_factory=threading.Lock)  # AsyncOPD offers from its feeder thread
 
     def __post_init__(self) -> None:
         if self.offer_finished not in OFFER_FINISHED:
@@ -152,8 +156,8 @@ class ProbeClient:
             records[i].finished = is_complete(ended[i], len(records[i].response_ids), self.max_len)
         if complete_now:  # no rounds will continue a cut rollout: offer only what needs none
             chosen = [i for i in chosen if records[i].finished]
-        if self.budget is not None and self.budget.enabled:  # the open round's share of this step
-            chosen = chosen[: self.budget.allow_offers()]
+        if self._gating:  # the open round's share of this step
+            chosen = chosen[: self._spend(lambda b: b.allow_offers())]
         if not chosen:
             self._record_offers(0)
             return []
@@ -174,13 +178,12 @@ class ProbeClient:
         return list(out.accepted)
 
     def _record_offers(self, accepted: int) -> None:
-        if self.budget is not None:
-            self.budget.record_offers(accepted)
+        self._spend(lambda b: b.record_offers(accepted))
 
     def offer_fresh(self, probe_id: str, prompt_id: str, version: int) -> bool:
         """Offer a request as a probe before it has any token (the pipeline generates it to full length);
         False without asking the controller when the decision budget's open round is spent."""
-        if self.budget is not None and self.budget.enabled and self.budget.allow_offers() <= 0:
+        if self._gating and self._spend(lambda b: b.allow_offers()) <= 0:
             return False
         offer = OfferIn(step=version, offers=[ProbeOfferItem(sample_id=probe_id, prompt_id=prompt_id, response_len=0,
                                                              version=version)])
@@ -205,8 +208,8 @@ class ProbeClient:
             self.counts["conflicts"] += 1
             self._release(1)
             return False
-        if self.budget is not None and added:  # generated outside the rounds: its tokens are an extension's
-            self.budget.record_decision("extension", float(added))
+        if added:  # generated outside the rounds: its tokens are an extension's
+            self._spend(lambda b: b.record_decision("extension", float(added)))
         probe.finished = True
         self.pool.add(probe)
         self.counts["reported"] += 1
@@ -247,9 +250,9 @@ class ProbeClient:
         self._check_staleness(stats.staleness, version, "extended")
         self.counts["completed"] += stats.completed
         self.counts["forced"] += stats.forced
-        if self.budget is not None:  # the learner's seconds: workers' rounds overlap training
-            self.budget.record_decision("extension", float(stats.tokens), time.perf_counter() - t0)
-            self._release(stats.dropped)
+        seconds = time.perf_counter() - t0  # the learner's: the workers' rounds overlap training
+        self._spend(lambda b: b.record_decision("extension", float(stats.tokens), seconds))
+        self._release(stats.dropped)
         return stats
 
     def drop_overstale(self, version: int) -> int:
@@ -283,19 +286,30 @@ class ProbeClient:
         return gone
 
     def _release(self, probes: int) -> None:
-        if self.budget is not None and probes:
-            self.budget.release(probes)
+        if probes:
+            self._spend(lambda b: b.release(probes))
+
+    @property
+    def _gating(self) -> bool:
+        """A budget that limits offers and pools audits (``audit.budget: null`` only counts)."""
+        return self.budget is not None and self.budget.enabled
+
+    def _spend(self, call: Callable[[DecisionBudget], T]) -> T | None:
+        """``call`` on the decision budget, one thread at a time; None without one."""
+        if self.budget is None:
+            return None
+        with self._budget_lock:
+            return call(self.budget)
 
     # --- the decision budget's other inputs and outputs ----------------------------------------------
 
     def record_train(self, tokens: float, seconds: float) -> None:
         """One learner update: its training rollouts' prompt + response tokens and its measured seconds."""
-        if self.budget is not None:
-            self.budget.record_train(tokens, seconds)
+        self._spend(lambda b: b.record_train(tokens, seconds))
 
     def decision_metrics(self) -> dict[str, float]:
         """``decision/*`` (``DecisionBudget.metrics``); none without a budget."""
-        return self.budget.metrics() if self.budget is not None else {}
+        return self._spend(lambda b: b.metrics()) or {}
 
     def _report(self, reports: Sequence[ProbeReportIn]) -> None:
         for rep in reports:
@@ -325,12 +339,12 @@ class ProbeClient:
             return {}
         m: dict[str, float] = {}
         self._collect(m, version, block=False)
-        if self.budget is not None and self.budget.enabled:
+        if self._gating:
             while (ready := self._next_batch(version)) is not None:
                 self._held.append(ready)
             while self._held:
                 oldest = max(p.staleness(version) for _, probes in self._held for p in probes)
-                k = len(self._held) if flush else self.budget.pool_size(len(self._held), oldest)
+                k = len(self._held) if flush else self._spend(lambda b, n=len(self._held), o=oldest: b.pool_size(n, o))
                 if not k:
                     break
                 group, self._held = self._held[:k], self._held[k:]
@@ -382,19 +396,19 @@ class ProbeClient:
         t0 = time.perf_counter()
         batch = probe_batch(probes, self.pad_id, self.score)
         tokens = float(batch.attention_mask.sum())  # prompt + response tokens of every probe
-        if self.budget is not None:
-            self.budget.record_decision("scoring", tokens, time.perf_counter() - t0)
+        seconds = time.perf_counter() - t0
+        self._spend(lambda b: b.record_decision("scoring", tokens, seconds))
         rows = self.budget.drift_rows(len(probes)) if self.budget is not None else len(probes)
         t0 = time.perf_counter()
         if self.drift is not None:  # a sample of a pooled batch: telemetry, the same curves at 1/k the cost
             m |= self.drift(batch.input_ids[:rows], batch.attention_mask[:rows], batch.response_mask[:rows],
                             [p.route for p in probes[:rows]])
         if self.budget is not None and self.budget.drift:  # charged where the drift runs on another rank too
-            self.budget.record_decision("drift", float(batch.attention_mask[:rows].sum()), time.perf_counter() - t0)
+            drift = (float(batch.attention_mask[:rows].sum()), time.perf_counter() - t0)
+            self._spend(lambda b: b.record_decision("drift", *drift))
         job = AuditJob(audit_id, version, batch, self.settings,
                        adam_moments=self.adam_moments() if self.adam_moments is not None else None)
-        if self.budget is not None:  # its seconds come with the result (``_submit``)
-            self.budget.record_decision("audit", tokens, probes=len(probes))
+        self._spend(lambda b: b.record_decision("audit", tokens, probes=len(probes)))  # seconds: ``_submit``
         self.pending.append(_Pending(audit_id, version, stale, float(batch.response_mask.sum()),
                                      runner.submit_audit(job)))
 
@@ -440,8 +454,7 @@ class ProbeClient:
         self.counts["audits"] += 1
         self.last_out = out
         self.audit_s += res.elapsed_s
-        if self.budget is not None:
-            self.budget.record_seconds("audit", res.elapsed_s)
+        self._spend(lambda b: b.record_seconds("audit", res.elapsed_s))
         self.last_cosines = dict(out.cosines or res.cosines)
         m = {"audit/submitted": 1.0, "audit/id": float(p.audit_id), "audit/time": res.elapsed_s,
              "audit/staleness_max": float(max(p.staleness)), "audit/staleness_mean": float(np.mean(p.staleness)),

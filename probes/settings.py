@@ -57,16 +57,17 @@ def param_count(model: Any) -> int | None:
     return sum(p.numel() for p in params()) if callable(params) else None
 
 
-def decision_budget(audit: AuditConfig, probes: ProbeConfig, *, n_student: int, n_teacher: int, max_prompt_len: int,
-                    max_response_len: int, min_window: int, drift: bool) -> DecisionBudget:
+def decision_budget(audit: AuditConfig, *, probe_batch: int, staleness_limit: int, offers_per_step: int, n_student: int,
+                    n_teacher: int, max_prompt_len: int, max_response_len: int, min_window: int,
+                    drift: bool) -> DecisionBudget:
     """``audit.budget`` / ``audit.pool_max`` as the probe client's ``DecisionBudget`` (with ``audit.budget: null``
     one that only counts: ``decision/*`` is reported, offers and audits are as without it).
 
     The priors are upper bounds (an underestimate lets the rounds before the first audit overspend): a probe
     is at most the longest prompt plus the horizon, and its extension adds at most the horizon minus the
     smallest window."""
-    return DecisionBudget(audit.budget, FlopsModel(n_student, n_teacher), probe_batch=probes.batch_size,
-                          staleness_limit=probes.staleness_limit, offer_cap=max(1, probes.offers_per_step),
+    return DecisionBudget(audit.budget, FlopsModel(n_student, n_teacher), probe_batch=probe_batch,
+                          staleness_limit=staleness_limit, offer_cap=max(1, offers_per_step),
                           prior_probe_tokens=float(max_prompt_len + max_response_len),
                           prior_extension_tokens=float(max(0, max_response_len - min_window)),
                           pool_max=audit.pool_max, drift=drift)
@@ -80,7 +81,9 @@ def run_decision_budget(cfg: TrainConfig, student: Any, teachers: Any, *, drift:
     if not counts:
         log.warning("audit.budget: the teachers' parameters cannot be counted (an engine); charging the "
                     "student's count (%d) for the teacher's forward", n_s)
-    return decision_budget(cfg.audit, cfg.probes, n_student=n_s, n_teacher=max(counts, default=n_s),
+    p = cfg.probes
+    return decision_budget(cfg.audit, probe_batch=p.batch_size, staleness_limit=p.staleness_limit,
+                           offers_per_step=p.offers_per_step, n_student=n_s, n_teacher=max(counts, default=n_s),
                            max_prompt_len=cfg.data.max_prompt_len, max_response_len=cfg.rollout.max_response_len,
                            min_window=min(cfg.window.candidates), drift=drift)
 
