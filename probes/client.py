@@ -33,14 +33,13 @@ from collections import deque
 from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import Future
 from dataclasses import dataclass, field
-from typing import Any, Protocol, TypeVar
+from typing import Any, TypeVar
 
 import numpy as np
-import torch
 
 from adwin.audit.budget import DecisionBudget
 from adwin.audit.errors import is_non_finite_audit
-from adwin.audit.job import AuditJob, AuditOutcome, AuditSettings, lag_metrics, run_audit_job
+from adwin.audit.job import AuditJob, AuditOutcome, AuditSettings, lag_metrics
 from adwin.audit.schedule import AuditSchedule
 from adwin.controller.api import ControllerAPI, ControllerError, ProbeConflict
 from adwin.controller.feasibility import expiry_warning
@@ -54,43 +53,19 @@ from adwin.controller.schemas import (
     ProbeReportIn,
 )
 from adwin.probes.async_executor import AdvanceStats, AsyncProbeExecutor
+from adwin.probes.auditors import (
+    AuditRunner,
+    Drift,
+    InlineAuditor,  # noqa: F401  (re-exported: the loops build one)
+    _merged,
+    _Pending,
+)
 from adwin.probes.offers import OFFER_FINISHED, is_complete, offer_indices
 from adwin.probes.pool import Probe, ProbePool, Score, probe_batch
-from adwin.probes.workers import run_now
 
 log = logging.getLogger(__name__)
 
 T = TypeVar("T")
-
-# drift/* diagnostics of an audited batch, from (input_ids, attention_mask, response_mask, routes)
-Drift = Callable[[torch.Tensor, torch.Tensor, torch.Tensor, list[str]], dict[str, float]]
-
-
-class AuditRunner(Protocol):
-    """Where audits run: a probe executor (its workers' replicas) or ``InlineAuditor`` (the learner's model)."""
-
-    def submit_audit(self, job: AuditJob) -> Future[AuditOutcome]: ...
-
-
-@dataclass
-class InlineAuditor:
-    """Runs an audit at once on ``model`` (the learner's live weights: call it between updates)."""
-
-    model: torch.nn.Module
-    optimizer: Any = None  # the learner's AdamW, read by metric="adam"
-
-    def submit_audit(self, job: AuditJob) -> Future[AuditOutcome]:
-        return run_now(lambda: run_audit_job(self.model, job, self.optimizer))  # a failure comes back in the future
-
-
-@dataclass
-class _Pending:
-    audit_id: int
-    version: int  # the weights version the audit runs under
-    staleness: list[int]
-    probe_tokens: float
-    future: Future[AuditOutcome]
-
 
 @dataclass
 class ProbeClient:
@@ -342,6 +317,7 @@ class ProbeClient:
         if self._gating:
             while (ready := self._next_batch(version)) is not None:
                 self._held.append(ready)
+            self._skip_overstale(version)
             while self._held:
                 oldest = max(p.staleness(version) for _, probes in self._held for p in probes)
                 k = len(self._held) if flush else self._spend(lambda b, n=len(self._held), o=oldest: b.pool_size(n, o))
@@ -357,6 +333,20 @@ class ProbeClient:
                 self._dispatch(m, version, runner, [ready])
         self.evict(version)
         return self._collect(m, version, block=wait)  # an inline audit is back already
+
+    def _skip_overstale(self, version: int) -> None:
+        """Held batches past S (a loop that skipped ``audit`` calls) can no longer be audited: close them."""
+        keep = []
+        for ready, probes in self._held:
+            if max(p.staleness(version) for p in probes) <= self.staleness_limit:
+                keep.append((ready, probes))
+                continue
+            log.warning("audit %d: held past the staleness limit S=%d, closed unaudited", ready.audit_id,
+                        self.staleness_limit)
+            self._skip(ready.audit_id, {"probes": float(len(probes))})
+            self.counts["skipped"] += 1
+            self._release(len(probes))
+        self._held = keep
 
     def _next_batch(self, version: int) -> tuple[ProbeBatchOut, list[Probe]] | None:
         """The controller's next batch of P complete probes, taken out of the pool; None when none is ready."""
@@ -478,12 +468,3 @@ class ProbeClient:
     def close(self) -> None:
         if self.executor is not None:
             self.executor.close()
-
-
-def _merged(a: AdvanceStats, b: AdvanceStats) -> AdvanceStats:
-    """Two parts of one ``advance`` (the rounds collected before the plan, then the plan's) as one."""
-    out = AdvanceStats(reports=a.reports + b.reports)
-    for k, v in vars(b).items():
-        if k not in ("reports", "staleness"):
-            setattr(out, k, v if k in ("active", "in_flight") else getattr(a, k) + v)
-    return out
