@@ -343,9 +343,7 @@ class ProbeClient:
                 continue
             log.warning("audit %d: held past the staleness limit S=%d, closed unaudited", ready.audit_id,
                         self.staleness_limit)
-            self._skip(ready.audit_id, {"probes": float(len(probes))})
-            self.counts["skipped"] += 1
-            self._release(len(probes))
+            self._skip(ready.audit_id, len(probes))
         self._held = keep
 
     def _next_batch(self, version: int) -> tuple[ProbeBatchOut, list[Probe]] | None:
@@ -361,9 +359,14 @@ class ProbeClient:
             raise RuntimeError(f"audit {ready.audit_id} names probes this client never completed: {missing[:3]}")
         return ready, self.pool.pop(ready.probe_ids)
 
-    def _skip(self, audit_id: int, stats: dict[str, float]) -> None:
+    def _skip(self, audit_id: int, probes: int, pooled_into: int | None = None) -> None:
+        """Close a batch unaudited (its probes released), or as pooled into another batch's audit."""
+        stats = {"probes": float(probes)} | ({"pooled_into": float(pooled_into)} if pooled_into is not None else {})
         self.controller.submit_audit(self.run_id, audit_id, AuditIn(skipped=True, stats=stats),
                                      idempotency_key=f"{self.run_id}-audit-{audit_id}")
+        if pooled_into is None:
+            self.counts["skipped"] += 1
+            self._release(probes)
 
     def _dispatch(self, m: dict[str, float], version: int, runner: AuditRunner,
                   group: Sequence[tuple[ProbeBatchOut, list[Probe]]]) -> None:
@@ -374,14 +377,12 @@ class ProbeClient:
         self._check_staleness(stale, version, "audited")
         audit_id = group[-1][0].audit_id
         for ready, batch in group[:-1]:
-            self._skip(ready.audit_id, {"probes": float(len(batch)), "pooled_into": float(audit_id)})
+            self._skip(ready.audit_id, len(batch), pooled_into=audit_id)
         if len(group) > 1:
             m["audit/pooled_batches"] = float(len(group))
         if self.schedule is not None and not self.schedule.should_audit():
-            self._skip(audit_id, {"probes": float(len(probes))})
+            self._skip(audit_id, len(probes))
             m["audit/skipped"] = m.get("audit/skipped", 0.0) + 1.0
-            self.counts["skipped"] += 1
-            self._release(len(probes))
             return
         t0 = time.perf_counter()
         batch = probe_batch(probes, self.pad_id, self.score)
