@@ -92,3 +92,20 @@ def test_the_generic_client_refuses_a_budget_it_cannot_count_and_gates_offers_wi
     assert len(ids) == 2  # the first round: P probes, however many the controller would take
     assert client.offer(1, [[1, 2]] * 4, [[3, 4]] * 4, version=1, window=2) == []  # nothing paid for since
     assert "decision/flops_share" in client.metrics()
+
+
+@pytest.mark.timeout(240)
+def test_an_asyncopd_run_under_a_tight_budget_offers_fewer_probes_and_logs_decision_metrics(tmp_path) -> None:
+    from test_asyncopd_pipeline import tiny_cfg, tiny_parts
+
+    from adwin.config import AsyncOPDSection
+    from adwin.trainer_adapters.asyncopd.run import run_asyncopd
+
+    opts = AsyncOPDSection(queue_depth=1, rollout_workers=1, worker_batch=8, teacher_batch=8, wait_timeout_s=60)
+    outs = {b: run_asyncopd(tiny_cfg(tmp_path / str(b), steps=6, **{"audit.budget": b}), Controller(),
+                            parts=tiny_parts(), options=opts) for b in (0.05, None)}
+    tight, free = outs[0.05], outs[None]
+    assert tight["probes"]["audits"] >= 1  # the first decision is never delayed
+    assert tight["probes"]["accepted"] < free["probes"]["accepted"]
+    assert all("decision/flops_share" in row for row in tight["logged"])
+    assert tight["logged"][-1]["decision/budget"] == 0.05 and "decision/budget" not in free["logged"][-1]
