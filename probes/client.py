@@ -27,17 +27,19 @@ from __future__ import annotations
 
 import itertools
 import logging
+import threading
+import time
 from collections import deque
 from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import Future
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import Any, TypeVar
 
 import numpy as np
-import torch
 
+from adwin.audit.budget import DecisionBudget
 from adwin.audit.errors import is_non_finite_audit
-from adwin.audit.job import AuditJob, AuditOutcome, AuditSettings, lag_metrics, run_audit_job
+from adwin.audit.job import AuditJob, AuditOutcome, AuditSettings, lag_metrics
 from adwin.audit.schedule import AuditSchedule
 from adwin.controller.api import ControllerAPI, ControllerError, ProbeConflict
 from adwin.controller.feasibility import expiry_warning
@@ -45,46 +47,25 @@ from adwin.controller.schemas import (
     AuditIn,
     AuditOut,
     OfferIn,
+    ProbeBatchOut,
     ProbeOfferItem,
     ProbePlanOut,
     ProbeReportIn,
 )
 from adwin.probes.async_executor import AdvanceStats, AsyncProbeExecutor
+from adwin.probes.auditors import (
+    AuditRunner,
+    Drift,
+    InlineAuditor,  # noqa: F401  (re-exported: the loops build one)
+    _merged,
+    _Pending,
+)
 from adwin.probes.offers import OFFER_FINISHED, is_complete, offer_indices
 from adwin.probes.pool import Probe, ProbePool, Score, probe_batch
-from adwin.probes.workers import run_now
 
 log = logging.getLogger(__name__)
 
-# drift/* diagnostics of an audited batch, from (input_ids, attention_mask, response_mask, routes)
-Drift = Callable[[torch.Tensor, torch.Tensor, torch.Tensor, list[str]], dict[str, float]]
-
-
-class AuditRunner(Protocol):
-    """Where audits run: a probe executor (its workers' replicas) or ``InlineAuditor`` (the learner's model)."""
-
-    def submit_audit(self, job: AuditJob) -> Future[AuditOutcome]: ...
-
-
-@dataclass
-class InlineAuditor:
-    """Runs an audit at once on ``model`` (the learner's live weights: call it between updates)."""
-
-    model: torch.nn.Module
-    optimizer: Any = None  # the learner's AdamW, read by metric="adam"
-
-    def submit_audit(self, job: AuditJob) -> Future[AuditOutcome]:
-        return run_now(lambda: run_audit_job(self.model, job, self.optimizer))  # a failure comes back in the future
-
-
-@dataclass
-class _Pending:
-    audit_id: int
-    version: int  # the weights version the audit runs under
-    staleness: list[int]
-    probe_tokens: float
-    future: Future[AuditOutcome]
-
+T = TypeVar("T")
 
 @dataclass
 class ProbeClient:
@@ -105,6 +86,7 @@ class ProbeClient:
     schedule: AuditSchedule | None = None  # audit.every / audit.skip_*: which ready batches to audit
     probe_batch_size: int = 1  # P, for the expiry warning
     on_completed: Callable[[Probe], None] | None = None  # a probe an extension round completed
+    budget: DecisionBudget | None = None  # audit.budget: offers, pooled audits, decision/* (probes.settings)
     pending: deque[_Pending] = field(default_factory=deque)
     # window/changes_per_audit: audits whose decision differed from the window in use, over all decisions
     window: int | None = None
@@ -119,6 +101,8 @@ class ProbeClient:
     _keys: Iterator[int] = field(default_factory=itertools.count)
     _batch_calls: dict[int, int] = field(default_factory=dict)
     _expiry_warned: bool = False
+    _held: list[tuple[ProbeBatchOut, list[Probe]]] = field(default_factory=list)  # ready batches awaiting their pool
+    _budget_lock: threading.Lock = field(default_factory=threading.Lock)  # AsyncOPD offers from its feeder thread
 
     def __post_init__(self) -> None:
         if self.offer_finished not in OFFER_FINISHED:
@@ -147,7 +131,10 @@ class ProbeClient:
             records[i].finished = is_complete(ended[i], len(records[i].response_ids), self.max_len)
         if complete_now:  # no rounds will continue a cut rollout: offer only what needs none
             chosen = [i for i in chosen if records[i].finished]
+        if self._gating:  # the open round's share of this step
+            chosen = chosen[: self._spend(lambda b: b.allow_offers())]
         if not chosen:
+            self._record_offers(0)
             return []
         items = [ProbeOfferItem(sample_id=records[i].probe_id, prompt_id=records[i].prompt_id or records[i].probe_id,
                                 response_len=len(records[i].response_ids), version=records[i].oldest_version)
@@ -156,6 +143,7 @@ class ProbeClient:
                                            idempotency_key=f"{self.run_id}-offer-{step}-{items[0].sample_id}")
         self.counts["offered"] += len(items)
         self.counts["accepted"] += len(out.accepted)
+        self._record_offers(len(out.accepted))
         by_id = {records[i].probe_id: records[i] for i in chosen}
         for pid in out.accepted:
             if complete_now:
@@ -164,14 +152,21 @@ class ProbeClient:
                 self.pool.add(by_id[pid])
         return list(out.accepted)
 
+    def _record_offers(self, accepted: int) -> None:
+        self._spend(lambda b: b.record_offers(accepted))
+
     def offer_fresh(self, probe_id: str, prompt_id: str, version: int) -> bool:
-        """Offer a request as a probe before it has any token (the pipeline generates it to full length)."""
+        """Offer a request as a probe before it has any token (the pipeline generates it to full length);
+        False without asking the controller when the decision budget's open round is spent."""
+        if self._gating and self._spend(lambda b: b.allow_offers()) <= 0:
+            return False
         offer = OfferIn(step=version, offers=[ProbeOfferItem(sample_id=probe_id, prompt_id=prompt_id, response_len=0,
                                                              version=version)])
         accepted = probe_id in self.controller.offer_probes(
             self.run_id, offer, idempotency_key=f"{self.run_id}-offer-{version}-{probe_id}").accepted
         self.counts["offered"] += 1
         self.counts["accepted"] += int(accepted)
+        self._record_offers(int(accepted))
         return accepted
 
     def complete(self, probe: Probe, version: int, *, tokens_added: int | None = None) -> bool:
@@ -186,7 +181,10 @@ class ProbeClient:
         except ProbeConflict as e:
             log.warning("probe %s not accepted as complete: %s", probe.probe_id, e)
             self.counts["conflicts"] += 1
+            self._release(1)
             return False
+        if added:  # generated outside the rounds: its tokens are an extension's
+            self._spend(lambda b: b.record_decision("extension", float(added)))
         probe.finished = True
         self.pool.add(probe)
         self.counts["reported"] += 1
@@ -209,6 +207,7 @@ class ProbeClient:
         """
         if self.executor is None:
             raise RuntimeError("advance needs a probe executor (continue-a-prefix mode)")
+        t0 = time.perf_counter()
         dropped = self.drop_overstale(version)
         sync_s = self.executor.publish(version)
         stats = self.executor.collect(version)  # reported before the plan is read: it depends on them
@@ -226,6 +225,9 @@ class ProbeClient:
         self._check_staleness(stats.staleness, version, "extended")
         self.counts["completed"] += stats.completed
         self.counts["forced"] += stats.forced
+        seconds = time.perf_counter() - t0  # the learner's: the workers' rounds overlap training
+        self._spend(lambda b: b.record_decision("extension", float(stats.tokens), seconds))
+        self._release(stats.dropped)
         return stats
 
     def drop_overstale(self, version: int) -> int:
@@ -233,6 +235,7 @@ class ProbeClient:
         stale = [p for p in self.pool.snapshot() if not p.finished and p.staleness(version) > self.staleness_limit]
         if not stale:
             return 0
+        self._release(len(stale))
         for p in self.pool.pop([p.probe_id for p in stale]):
             try:
                 self.controller.report_probe(self.run_id, ProbeReportIn(probe_id=p.probe_id, step=version, tokens_added=0,
@@ -248,6 +251,7 @@ class ProbeClient:
         """Forget complete probes past S: the controller expires them, no batch will name them."""
         gone = self.pool.evict_complete_past(version, self.staleness_limit)
         self.counts["expired"] += gone
+        self._release(gone)
         warning = None if self._expiry_warned else expiry_warning(
             self.counts["expired"], self.counts["accepted"], probe_batch_size=self.probe_batch_size,
             staleness_limit=self.staleness_limit)
@@ -255,6 +259,32 @@ class ProbeClient:
             self._expiry_warned = True
             log.warning("run %s: %s", self.run_id, warning)
         return gone
+
+    def _release(self, probes: int) -> None:
+        if probes:
+            self._spend(lambda b: b.release(probes))
+
+    @property
+    def _gating(self) -> bool:
+        """A budget that limits offers and pools audits (``audit.budget: null`` only counts)."""
+        return self.budget is not None and self.budget.enabled
+
+    def _spend(self, call: Callable[[DecisionBudget], T]) -> T | None:
+        """``call`` on the decision budget, one thread at a time; None without one."""
+        if self.budget is None:
+            return None
+        with self._budget_lock:
+            return call(self.budget)
+
+    # --- the decision budget's other inputs and outputs ----------------------------------------------
+
+    def record_train(self, tokens: float, seconds: float) -> None:
+        """One learner update: its training rollouts' prompt + response tokens and its measured seconds."""
+        self._spend(lambda b: b.record_train(tokens, seconds))
+
+    def decision_metrics(self) -> dict[str, float]:
+        """``decision/*`` (``DecisionBudget.metrics``); none without a budget."""
+        return self._spend(lambda b: b.metrics()) or {}
 
     def _report(self, reports: Sequence[ProbeReportIn]) -> None:
         for rep in reports:
@@ -270,11 +300,13 @@ class ProbeClient:
 
     # --- audits ---------------------------------------------------------------------------------------
 
-    def audit(self, version: int, *, wait: bool = False, max_batches: int = 1) -> dict[str, float]:
-        """Collect audits that are back, then hand up to ``max_batches`` ready probe batches to the auditor.
+    def audit(self, version: int, *, wait: bool = False, max_batches: int = 1, flush: bool = False) -> dict[str, float]:
+        """Collect audits that are back, then hand ready probe batches to the auditor: up to ``max_batches``
+        one by one, or, with a decision budget, the batches its ``pool_size`` pools into one audit.
 
         ``wait``: also wait for every audit still in flight (before a checkpoint, at the end of the run, and in
-        loops that audit on the learner between updates).
+        loops that audit on the learner between updates). ``flush``: audit every held batch now, pooled (before a
+        checkpoint: held batches are the client's alone, a resumed run would never submit them).
         """
         runner = self.auditor or self.executor
         if runner is None or self.settings is None:
@@ -282,35 +314,94 @@ class ProbeClient:
             return {}
         m: dict[str, float] = {}
         self._collect(m, version, block=False)
-        for _ in range(max_batches):
-            n = self._batch_calls.get(version, -1) + 1
-            self._batch_calls = {version: n}  # keys repeat nowhere: one counter per version, the current one
-            ready = self.controller.next_probe_batch(self.run_id, step=version,
-                                                     idempotency_key=f"{self.run_id}-batch-{version}-{n}")
-            if ready is None:
-                break
-            missing = [pid for pid in ready.probe_ids if pid not in self.pool]
-            if missing:
-                raise RuntimeError(f"audit {ready.audit_id} names probes this client never completed: {missing[:3]}")
-            probes = self.pool.pop(ready.probe_ids)
-            stale = [p.staleness(version) for p in probes]
-            self._check_staleness(stale, version, "audited")
-            if self.schedule is not None and not self.schedule.should_audit():
-                self.controller.submit_audit(self.run_id, ready.audit_id,
-                                             AuditIn(skipped=True, stats={"probes": float(len(probes))}),
-                                             idempotency_key=f"{self.run_id}-audit-{ready.audit_id}")
-                m["audit/skipped"] = m.get("audit/skipped", 0.0) + 1.0
-                self.counts["skipped"] += 1
-                continue
-            batch = probe_batch(probes, self.pad_id, self.score)
-            if self.drift is not None:
-                m |= self.drift(batch.input_ids, batch.attention_mask, batch.response_mask, [p.route for p in probes])
-            job = AuditJob(ready.audit_id, version, batch, self.settings,
-                           adam_moments=self.adam_moments() if self.adam_moments is not None else None)
-            self.pending.append(_Pending(ready.audit_id, version, stale, float(batch.response_mask.sum()),
-                                         runner.submit_audit(job)))
+        if self._gating:
+            while (ready := self._next_batch(version)) is not None:
+                self._held.append(ready)
+            self._skip_overstale(version)
+            while self._held:
+                oldest = max(p.staleness(version) for _, probes in self._held for p in probes)
+                k = len(self._held) if flush else self._spend(lambda b, n=len(self._held), o=oldest: b.pool_size(n, o))
+                if not k:
+                    break
+                group, self._held = self._held[:k], self._held[k:]
+                self._dispatch(m, version, runner, group)
+        else:
+            for _ in range(max_batches):
+                ready = self._next_batch(version)
+                if ready is None:
+                    break
+                self._dispatch(m, version, runner, [ready])
         self.evict(version)
         return self._collect(m, version, block=wait)  # an inline audit is back already
+
+    def _skip_overstale(self, version: int) -> None:
+        """Held batches past S (a loop that skipped ``audit`` calls) can no longer be audited: close them."""
+        keep = []
+        for ready, probes in self._held:
+            if max(p.staleness(version) for p in probes) <= self.staleness_limit:
+                keep.append((ready, probes))
+                continue
+            log.warning("audit %d: held past the staleness limit S=%d, closed unaudited", ready.audit_id,
+                        self.staleness_limit)
+            self._skip(ready.audit_id, len(probes))
+        self._held = keep
+
+    def _next_batch(self, version: int) -> tuple[ProbeBatchOut, list[Probe]] | None:
+        """The controller's next batch of P complete probes, taken out of the pool; None when none is ready."""
+        n = self._batch_calls.get(version, -1) + 1
+        self._batch_calls = {version: n}  # keys repeat nowhere: one counter per version, the current one
+        ready = self.controller.next_probe_batch(self.run_id, step=version,
+                                                 idempotency_key=f"{self.run_id}-batch-{version}-{n}")
+        if ready is None:
+            return None
+        missing = [pid for pid in ready.probe_ids if pid not in self.pool]
+        if missing:
+            raise RuntimeError(f"audit {ready.audit_id} names probes this client never completed: {missing[:3]}")
+        return ready, self.pool.pop(ready.probe_ids)
+
+    def _skip(self, audit_id: int, probes: int, pooled_into: int | None = None) -> None:
+        """Close a batch unaudited (its probes released), or as pooled into another batch's audit."""
+        stats = {"probes": float(probes)} | ({"pooled_into": float(pooled_into)} if pooled_into is not None else {})
+        self.controller.submit_audit(self.run_id, audit_id, AuditIn(skipped=True, stats=stats),
+                                     idempotency_key=f"{self.run_id}-audit-{audit_id}")
+        if pooled_into is None:
+            self.counts["skipped"] += 1
+            self._release(probes)
+
+    def _dispatch(self, m: dict[str, float], version: int, runner: AuditRunner,
+                  group: Sequence[tuple[ProbeBatchOut, list[Probe]]]) -> None:
+        """Audit the union of ``group``'s batches as one job under the last batch's ``audit_id``; the others are
+        closed as skipped with ``pooled_into`` naming it (docs/decisions.md, "Decision budget")."""
+        probes = [p for _, batch in group for p in batch]
+        stale = [p.staleness(version) for p in probes]
+        self._check_staleness(stale, version, "audited")
+        audit_id = group[-1][0].audit_id
+        for ready, batch in group[:-1]:
+            self._skip(ready.audit_id, len(batch), pooled_into=audit_id)
+        if len(group) > 1:
+            m["audit/pooled_batches"] = float(len(group))
+        if self.schedule is not None and not self.schedule.should_audit():
+            self._skip(audit_id, len(probes))
+            m["audit/skipped"] = m.get("audit/skipped", 0.0) + 1.0
+            return
+        t0 = time.perf_counter()
+        batch = probe_batch(probes, self.pad_id, self.score)
+        tokens = float(batch.attention_mask.sum())  # prompt + response tokens of every probe
+        seconds = time.perf_counter() - t0
+        self._spend(lambda b: b.record_decision("scoring", tokens, seconds))
+        rows = self.budget.drift_rows(len(probes)) if self.budget is not None else len(probes)
+        t0 = time.perf_counter()
+        if self.drift is not None:  # a sample of a pooled batch: telemetry, the same curves at 1/k the cost
+            m |= self.drift(batch.input_ids[:rows], batch.attention_mask[:rows], batch.response_mask[:rows],
+                            [p.route for p in probes[:rows]])
+        if self.budget is not None and self.budget.drift:  # charged where the drift runs on another rank too
+            drift = (float(batch.attention_mask[:rows].sum()), time.perf_counter() - t0)
+            self._spend(lambda b: b.record_decision("drift", *drift))
+        job = AuditJob(audit_id, version, batch, self.settings,
+                       adam_moments=self.adam_moments() if self.adam_moments is not None else None)
+        self._spend(lambda b: b.record_decision("audit", tokens, probes=len(probes)))  # seconds: ``_submit``
+        self.pending.append(_Pending(audit_id, version, stale, float(batch.response_mask.sum()),
+                                     runner.submit_audit(job)))
 
     def drain(self, version: int) -> dict[str, float]:
         """Wait for every audit in flight and submit it."""
@@ -354,6 +445,7 @@ class ProbeClient:
         self.counts["audits"] += 1
         self.last_out = out
         self.audit_s += res.elapsed_s
+        self._spend(lambda b: b.record_seconds("audit", res.elapsed_s))
         self.last_cosines = dict(out.cosines or res.cosines)
         m = {"audit/submitted": 1.0, "audit/id": float(p.audit_id), "audit/time": res.elapsed_s,
              "audit/staleness_max": float(max(p.staleness)), "audit/staleness_mean": float(np.mean(p.staleness)),
@@ -377,12 +469,3 @@ class ProbeClient:
     def close(self) -> None:
         if self.executor is not None:
             self.executor.close()
-
-
-def _merged(a: AdvanceStats, b: AdvanceStats) -> AdvanceStats:
-    """Two parts of one ``advance`` (the rounds collected before the plan, then the plan's) as one."""
-    out = AdvanceStats(reports=a.reports + b.reports)
-    for k, v in vars(b).items():
-        if k not in ("reports", "staleness"):
-            setattr(out, k, v if k in ("active", "in_flight") else getattr(a, k) + v)
-    return out

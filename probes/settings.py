@@ -10,15 +10,19 @@ callback from an ``AuditConfig`` they are given or build from their arguments.
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Sequence
 from functools import partial
 from typing import Any
 
+from adwin.audit.budget import DecisionBudget, FlopsModel
 from adwin.audit.drift import teacher_drift
 from adwin.audit.job import AuditSettings
 from adwin.audit.schedule import AuditSchedule
 from adwin.config import AuditConfig, ProbeConfig, TrainConfig
 from adwin.probes.client import ProbeClient
+
+log = logging.getLogger(__name__)
 
 
 def audit_settings(audit: AuditConfig, candidates: Sequence[int], *, seed: int = 0, probes: ProbeConfig | None = None,
@@ -46,13 +50,55 @@ def run_audit_settings(cfg: TrainConfig) -> AuditSettings:
                           micro_batch=cfg.optim.micro_batch_size, autocast=cfg.model.autocast)
 
 
-def configure_audits(client: ProbeClient, cfg: TrainConfig, teachers: Any, *, pad_id: int, drift: bool = True) -> None:
+def param_count(model: Any) -> int | None:
+    """All parameters of a torch module (tied weights once: ``parameters()`` yields a shared tensor once);
+    None for what has none to count (an engine behind vLLM)."""
+    params = getattr(model, "parameters", None)
+    return sum(p.numel() for p in params()) if callable(params) else None
+
+
+def decision_budget(audit: AuditConfig, *, probe_batch: int, staleness_limit: int, offers_per_step: int, n_student: int,
+                    n_teacher: int, max_prompt_len: int, max_response_len: int, min_window: int,
+                    drift: bool) -> DecisionBudget:
+    """``audit.budget`` / ``audit.pool_max`` as the probe client's ``DecisionBudget`` (with ``audit.budget: null``
+    one that only counts: ``decision/*`` is reported, offers and audits are as without it).
+
+    The priors are upper bounds (an underestimate lets the rounds before the first audit overspend): a probe
+    is at most the longest prompt plus the horizon, and its extension adds at most the horizon minus the
+    smallest window."""
+    return DecisionBudget(audit.budget, FlopsModel(n_student, n_teacher), probe_batch=probe_batch,
+                          staleness_limit=staleness_limit, offer_cap=max(1, offers_per_step),
+                          prior_probe_tokens=float(max_prompt_len + max_response_len),
+                          prior_extension_tokens=float(max(0, max_response_len - min_window)),
+                          pool_max=audit.pool_max, drift=drift)
+
+
+def run_decision_budget(cfg: TrainConfig, student: Any, teachers: Any, *, drift: bool) -> DecisionBudget:
+    """``decision_budget`` of a whole run: parameter counts from the student and the teachers (the largest
+    teacher: every probe may route to it); a teacher with nothing to count (vLLM) is charged the student's."""
+    n_s = param_count(student) or 1
+    counts = [c for c in (param_count(m) for m in getattr(teachers, "models", {}).values()) if c]
+    if not counts:
+        log.warning("audit.budget: the teachers' parameters cannot be counted (an engine); charging the "
+                    "student's count (%d) for the teacher's forward", n_s)
+    p = cfg.probes
+    return decision_budget(cfg.audit, probe_batch=p.batch_size, staleness_limit=p.staleness_limit,
+                           offers_per_step=p.offers_per_step, n_student=n_s, n_teacher=max(counts, default=n_s),
+                           max_prompt_len=cfg.data.max_prompt_len, max_response_len=cfg.rollout.max_response_len,
+                           min_window=min(cfg.window.candidates), drift=drift)
+
+
+def configure_audits(client: ProbeClient, cfg: TrainConfig, teachers: Any, *, pad_id: int, student: Any,
+                     drift: bool = True) -> None:
     """Give ``client`` the run's audit: settings, schedule, the teacher (``adwin.sampling.teacher.Teachers``) for
-    probes no teacher stage scored, and the drift diagnostics when the teacher has full logits and ``drift``
-    (one process logs them). The same for the sync trainer and the AsyncOPD run."""
+    probes no teacher stage scored, the drift diagnostics when the teacher has full logits and ``drift``
+    (one process logs them), and the decision budget (``audit.budget``; FLOPs from ``student``'s and the
+    teachers' parameter counts). The same for the sync trainer and the AsyncOPD run."""
     client.settings = run_audit_settings(cfg)
     client.schedule = audit_schedule(cfg.audit, cfg.window.threshold)
     client.score = teachers.score
     client.pad_id = pad_id
     if drift and teachers.dense:  # drift/*: needs the teacher's full logits (not vLLM's)
         client.drift = partial(teacher_drift, teachers.logits, candidates=tuple(cfg.window.candidates))
+    # charged on every rank alike (only one computes drift/*): ranks must offer and pool identically
+    client.budget = run_decision_budget(cfg, student, teachers, drift=bool(teachers.dense))

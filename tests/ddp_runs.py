@@ -13,8 +13,9 @@ from trainer_fixtures import tiny_overrides, write_config
 
 def ddp_config(tmp: Path, **extra: Any) -> Path:
     """A 3-step tiny run (tests/trainer_fixtures.py) with 4 prompts x 2 samples per step, per-sample seeding,
-    inline probes (P=2, S=2: probes and audits every step) as ``tmp/cfg.yaml``."""
-    ov = tiny_overrides(tmp, **{"probes.backend": "inline", "rollout.seeding": "per_sample",
+    inline probes (P=2, S=2: probes and audits every step, so no decision budget: on tiny models whose teacher is
+    as large as the student it thins the audits out) as ``tmp/cfg.yaml``."""
+    ov = tiny_overrides(tmp, **{"probes.backend": "inline", "rollout.seeding": "per_sample", "audit.budget": None,
                                 "rollout.prompts_per_step": 4, "eval.every": 0, "optim.schedule": "constant",
                                 "name": "run", **extra})
     return write_config(tmp / "cfg.yaml", ov)

@@ -41,7 +41,7 @@ from adwin.probes.async_executor import AsyncProbeExecutor
 from adwin.probes.client import InlineAuditor, ProbeClient
 from adwin.probes.offers import OFFER_FINISHED
 from adwin.probes.pool import Extension, Probe, ProbePool, probe_batch
-from adwin.probes.settings import audit_schedule, audit_settings
+from adwin.probes.settings import audit_schedule, audit_settings, decision_budget
 from adwin.probes.workers import InlineWorker
 from adwin.runtime.resilient_controller import controller_metrics, drain_controller
 from adwin.sampling.rollout import generate
@@ -84,6 +84,10 @@ class WindowClient:
     ``offer_finished`` (``probes.offers``): ``"always"`` (the adapters' default) also offers rollouts that
     finished inside the window as complete probes, so a window most rollouts fit into keeps auditing;
     ``"at_horizon"`` is the paper's rule (unfinished prefixes only, finished ones at the full horizon).
+    ``model_params``: the student's and the teacher's parameter counts, which the decision budget
+    (``audit.budget``, docs/decisions.md "Decision budget") needs; an ``audit`` with a budget and no
+    ``model_params`` is refused. Without ``audit``, no budget (every ready batch audited, as before). The loop
+    tells the budget each step's training compute with ``record_step``; ``metrics()`` adds ``decision/*``.
     ``resume=True`` continues a run id registered with another spec instead of raising ``RunConflict``.
     ``resilient_controller=True`` (default) trains on through a controller outage (``ResilientController``); call
     ``close()`` at the end to deliver the writes buffered meanwhile. ``rollouts_per_step`` (when known)
@@ -92,7 +96,7 @@ class WindowClient:
 
     def __init__(self, controller: ControllerAPI, run: str | RunIn, *, offer_finished: str = "always",
                  resume: bool = False, resilient_controller: bool = True, rollouts_per_step: int | None = None,
-                 audit: AuditConfig | None = None) -> None:
+                 audit: AuditConfig | None = None, model_params: tuple[int, int] | None = None) -> None:
         if offer_finished not in OFFER_FINISHED:
             raise ValueError(f"offer_finished must be one of {OFFER_FINISHED}, got {offer_finished!r}")
         self.offer_finished = offer_finished
@@ -105,10 +109,19 @@ class WindowClient:
         self.max_len: int = int(policy["max_len"])
         self.staleness_limit: int = int(out.spec.get("staleness_limit", 1 << 30))
         self.probe_batch_size: int = int(out.spec.get("probe_batch_size", 1))
-        self.audit_config = audit or AuditConfig()
+        self.audit_config = audit or AuditConfig(budget=None)
+        if self.audit_config.budget is not None and model_params is None:
+            raise ValueError(f"audit.budget={self.audit_config.budget} needs model_params=(student parameters, teacher "
+                             f"parameters) to count FLOPs; pass them, or AuditConfig(budget=None)")
         self.probe_client = ProbeClient(self.controller, self.run_id, ProbePool(self.max_len), self.staleness_limit,
                                         offer_finished=offer_finished, probe_batch_size=self.probe_batch_size,
                                         schedule=audit_schedule(self.audit_config, float(policy.get("threshold", 0.7))))
+        if model_params is not None:
+            self.probe_client.budget = decision_budget(
+                self.audit_config, probe_batch=self.probe_batch_size, staleness_limit=min(self.staleness_limit, 1 << 20),
+                offers_per_step=int(out.spec.get("offers_per_step", 1)), n_student=model_params[0],
+                n_teacher=model_params[1], max_prompt_len=self.max_len, max_response_len=self.max_len,  # prompts unknown
+                min_window=min(self.candidates, default=self.max_len), drift=False)
         self._extend: Extend | None = None  # the one extension rounds use: the last ``extend_probes`` call's
         self.probe_client.executor = AsyncProbeExecutor(self.probe_client.pool, lambda: InlineWorker(self._extender))
         self.probe_tokens = 0
@@ -267,12 +280,17 @@ class WindowClient:
 
     # --- telemetry --------------------------------------------------------------------------------
 
+    def record_step(self, tokens: int, seconds: float) -> None:
+        """One training step for the decision budget: its rollouts' prompt + response tokens (generated, scored
+        by the teacher, trained on) and its measured seconds. Call it every step, before ``offer``."""
+        self.probe_client.record_train(float(tokens), seconds)
+
     def report_step(self, step: int, metrics: dict[str, float]) -> None:
         clean = {k: float(v) for k, v in metrics.items() if isinstance(v, (int, float)) and math.isfinite(v)}
         self.controller.report_step(self.run_id, StepMetricsIn(step=step, metrics=clean), idempotency_key=f"step:{step}")
 
     def metrics(self) -> dict[str, float]:
-        """``window/*`` and ``probe/*`` values for the trainer's own logger."""
+        """``window/*``, ``probe/*`` and ``decision/*`` values for the trainer's own logger."""
         out: dict[str, float] = {}
         if self.last_window is not None:
             out["window/size"] = float(self.last_window)
@@ -292,6 +310,7 @@ class WindowClient:
         for c, v in s.last_cosines.items():
             out[f"window/cos@{c}"] = float(v)
         out.update(controller_metrics(self.controller))  # controller/* gauges in degraded mode
+        out.update(self.probe_client.decision_metrics())
         return out
 
     def close(self, timeout_s: float = 30.0) -> int:

@@ -51,6 +51,7 @@ from __future__ import annotations
 
 import logging
 import threading
+import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Protocol, runtime_checkable
@@ -231,6 +232,7 @@ class ControllerWindowHooks:
         self._version = -1
         self._offered = 0  # offers made in the current version
         self._exhausted = False  # the controller declined an offer in this version: stop asking
+        self._update: tuple[float, float] | None = None  # the update under way: (its batch's tokens, its start)
 
     @property
     def window(self) -> int:
@@ -277,6 +279,9 @@ class ControllerWindowHooks:
         """Offer training items that need no continuation as complete probes; returns how many were accepted."""
         if not self.probing:
             return 0
+        # the scheduler calls this just before the learner update on ``items``: its tokens and start, for the
+        # decision budget's training compute (recorded at ``poll_audit``, just after the update)
+        self._update = (float(sum(len(it.prompt_ids) + len(it.tokens) for it in items)), time.perf_counter())
         chosen = [it for it in items if not it.is_probe]  # complete_now: this pipeline never continues one
         with self._lock:
             accepted = self.client.offer(version, [probe_of(it) for it in chosen],
@@ -289,8 +294,15 @@ class ControllerWindowHooks:
         return controller_metrics(self.controller)
 
     def poll_audit(self, version: int) -> dict[str, float]:
-        """Audit up to ``max_audits_per_poll`` ready batches now, under the learner's current weights."""
-        return self.client.audit(version, wait=True, max_batches=self.max_audits_per_poll)
+        """After a learner update: record its training compute with the decision budget, then audit up to
+        ``max_audits_per_poll`` ready batches (or what the budget pools) under the learner's current weights;
+        with ``decision/*``."""
+        if self._update is not None:
+            tokens, started = self._update
+            self.client.record_train(tokens, time.perf_counter() - started)
+            self._update = None
+        m = self.client.audit(version, wait=True, max_batches=self.max_audits_per_poll)
+        return m | self.client.decision_metrics()
 
     def on_step(self, step: int, metrics: Mapping[str, float]) -> None:
         if self.report_steps:

@@ -64,6 +64,7 @@ from adwin.config import AuditConfig
 from adwin.controller.api import ControllerAPI
 from adwin.controller.schemas import AuditOut, PolicyIn, RunIn
 from adwin.probes.offers import OFFER_FINISHED
+from adwin.probes.settings import param_count
 from adwin.runtime.resilient_controller import controller_metrics
 from adwin.trainer_adapters.generic import WindowClient, hf_extender, teacher_scorer
 
@@ -77,8 +78,9 @@ class AdwinCallback(TrainerCallback):
     id and ``candidates``, a ``RunIn`` is built (adwin policy, ``max_len`` = the trainer's configured
     ``max_completion_length``). Call ``attach(trainer)`` (it adds the callback): callbacks receive no
     trainer reference from transformers, and the window lives on the trainer. ``audit`` (an ``AuditConfig``)
-    sets every audit knob as in the built-in trainer's ``audit`` section; without it, ``audit_method`` and
-    ``audit_metric`` over its defaults.
+    sets every audit knob as in the built-in trainer's ``audit`` section, ``audit.budget`` included (FLOPs
+    from the student's and the teacher's parameter counts); without it, ``audit_method`` and
+    ``audit_metric`` over its defaults and no decision budget.
     """
 
     def __init__(
@@ -109,7 +111,8 @@ class AdwinCallback(TrainerCallback):
         self.threshold = threshold
         self.probe_every = probe_every
         self.probe_count = probe_count
-        self.audit = audit or AuditConfig(method=audit_method, metric=audit_metric)  # one declaration of the audit
+        # one declaration of the audit; without one, no decision budget (as the generic client without ``audit``)
+        self.audit = audit or AuditConfig(method=audit_method, metric=audit_metric, budget=None)
         self.report_steps = report_steps
         self.offer_finished = offer_finished
         self.resume = resume
@@ -119,6 +122,7 @@ class AdwinCallback(TrainerCallback):
         self.client: WindowClient | None = None
         self.decisions: list[AuditOut] = []
         self.windows: dict[int, int] = {}  # optimizer step -> window applied
+        self._step_started: float | None = None  # the step's training seconds, for the decision budget
 
     # --- wiring -----------------------------------------------------------------------------------
 
@@ -142,6 +146,8 @@ class AdwinCallback(TrainerCallback):
         self.client = WindowClient(
             self.controller, run, offer_finished=self.offer_finished, resume=self.resume,
             resilient_controller=self.resilient_controller, audit=self.audit,
+            model_params=(param_count(trainer.accelerator.unwrap_model(trainer.model)) or 1,
+                          param_count(trainer.accelerator.unwrap_model(trainer.teacher_model)) or 1),
             rollouts_per_step=min(rollouts, self.probe_count) if self.probe_count > 0 else 0,
         )
         if self.client.max_len != trainer.args.max_completion_length:
@@ -177,6 +183,7 @@ class AdwinCallback(TrainerCallback):
         self.apply_window(window)
         self.windows[state.global_step] = window
         self._log("window/size", float(window))
+        self._step_started = time.perf_counter()
 
     # --- probes and audits ------------------------------------------------------------------------
 
@@ -184,6 +191,11 @@ class AdwinCallback(TrainerCallback):
         self, args: TrainingArguments, state: TrainerState, control: TrainerControl, **kwargs: Any
     ) -> None:
         rollout_step = state.global_step - 1  # the step whose rollouts are buffered
+        if self._step_started is not None:  # generation, teacher scoring and the update all ran in the step
+            prompts, responses, _ = self._rollouts()
+            self._client().record_step(sum(map(len, prompts)) + sum(map(len, responses)),
+                                       time.perf_counter() - self._step_started)
+            self._step_started = None
         if (rollout_step % self.probe_every == 0 and self.probe_count > 0) or self._client().probes:
             self.probe_cycle(rollout_step)  # logs the controller/* gauges with the client's metrics
         else:

@@ -50,6 +50,15 @@ class BudgetError(ValueError):
     """A decision budget built or fed with values it cannot use (the message names the argument)."""
 
 
+def pool_limit(pool_max: int, offer_cap: int, staleness_limit: int, probe_batch: int) -> int:
+    """The most batches of P one decision may pool: ``pool_max``, and no more than the controller takes in
+    ``S // 2`` steps of offers (``offer_cap`` each), so that a round's first probes keep the other half
+    of the staleness limit to be extended and to wait for the rest of the pool. The config refuses a
+    ``probes.max_active`` below ``pool_limit · P`` (a round must fit)."""
+    span = max(1, staleness_limit // 2)
+    return max(1, min(pool_max, offer_cap * span // probe_batch))
+
+
 @dataclass(frozen=True)
 class FlopsModel:
     """``FLOPS_FORMULA`` per part. Token counts include the prompt wherever a forward reads it."""
@@ -150,6 +159,12 @@ class DecisionBudget:
             self.probes_audited += probes
             self.in_flight = max(0, self.in_flight - probes)
 
+    def record_seconds(self, kind: DecisionKind, seconds: float) -> None:
+        """Measured seconds of a decision part already counted in FLOPs (an audit that came back later)."""
+        if kind not in self.seconds:
+            raise BudgetError(f"decision kind must be one of {KINDS}, got {kind!r}")
+        self.seconds[kind] += seconds
+
     def release(self, probes: int) -> None:
         """Probes that left without an audit (dropped, expired, consumed unaudited): no longer reserved."""
         self.probes_released += probes
@@ -166,11 +181,8 @@ class DecisionBudget:
         return sum(self.spent.values())
 
     def pool_limit(self) -> int:
-        """The most batches of P one decision may pool: ``pool_max``, and no more than the controller takes in
-        ``S // 2`` steps of offers (``offer_cap`` each), so that a round's first probes keep the other half
-        of the staleness limit to be extended and to wait for the rest of the pool."""
-        span = max(1, self.staleness_limit // 2)
-        return max(1, min(self.pool_max, self.offer_cap * span // self.probe_batch))
+        """This budget's ``pool_limit`` (the module function)."""
+        return pool_limit(self.pool_max, self.offer_cap, self.staleness_limit, self.probe_batch)
 
     def pressure(self) -> float:
         """How many times the budget's rate is exceeded by offering ``offer_cap`` probes every step (the

@@ -10,6 +10,7 @@ from typing import Literal
 
 from pydantic import Field, model_validator
 
+from adwin.audit.budget import pool_limit
 from adwin.config.base import _Strict
 from adwin.config.loss import LossConfig
 from adwin.config.sections import (
@@ -76,6 +77,7 @@ class TrainConfig(_Strict):
         check_oapl(self)
         check_engines(self)
         check_read_settings(self)
+        _round_fits_active(self)
         return self
 
 
@@ -94,6 +96,20 @@ def _window_fits_horizon(cfg: TrainConfig) -> None:
         raise ValueError(f"window.confidence: policy {w.policy!r} does not decide from audits; unset it")
     if w.confidence and cfg.audit.ci_level is None:
         raise ValueError("window.confidence needs audit.ci_level (e.g. 0.9): the interval it decides on")
+
+
+def _round_fits_active(cfg: TrainConfig) -> None:
+    """A budgeted offer round of ``pool_limit · P`` probes must fit in ``probes.max_active`` (docs/decisions.md,
+    "Decision budget"), or the controller would refuse its last batches and the pooled decision never form."""
+    if cfg.audit.budget is None or not cfg.probing:
+        return
+    p = cfg.probes
+    k = pool_limit(cfg.audit.pool_max, p.offers_per_step, p.staleness_limit, p.batch_size)
+    if p.max_active < k * p.batch_size:
+        raise ValueError(f"probes.max_active: audit.budget pools up to {k} batches of probes.batch_size={p.batch_size} "
+                         f"(audit.pool_max={cfg.audit.pool_max}, probes.offers_per_step={p.offers_per_step}, "
+                         f"probes.staleness_limit={p.staleness_limit}), so it must be >= {k * p.batch_size}, got "
+                         f"{p.max_active}; raise it, lower audit.pool_max, or set audit.budget: null")
 
 
 def _loss_fits_scheduler(cfg: TrainConfig) -> None:

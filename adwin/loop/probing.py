@@ -20,6 +20,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
+from adwin.audit.budget import DecisionBudget
 from adwin.audit.job import adam_snapshot
 from adwin.audit.schedule import AuditSchedule
 from adwin.config import TrainConfig
@@ -59,6 +60,10 @@ class ProbeSide:
     def schedule(self) -> AuditSchedule | None:  # restored and saved with a checkpoint
         return self.client.schedule
 
+    @property
+    def budget(self) -> DecisionBudget | None:  # restored and saved with a checkpoint
+        return self.client.budget
+
     def offer(self, step: int, batch: Batch, behavior: torch.Tensor, window: int) -> dict[str, float]:
         """Offer this step's rollouts; accepted ones enter the pool.
 
@@ -95,15 +100,19 @@ class ProbeSide:
             "probe/evicted": float(expired)}
 
     def audit(self, version: int, *, wait: bool = False) -> dict[str, float]:
-        """Collect audits that are back, then hand a ready probe batch to the workers (inline: compute it now)."""
-        return self.client.audit(version, wait=wait)
+        """Collect audits that are back, then hand ready probe batches to the workers (inline: compute it now);
+        ``wait`` (a checkpoint follows) also audits the batches a decision budget holds for its pool."""
+        return self.client.audit(version, wait=wait, flush=wait)
 
     def drain(self, version: int) -> dict[str, float]:
         return self.client.drain(version)
 
-    def account(self, batch: Batch, window: int) -> dict[str, float]:
+    def account(self, batch: Batch, window: int, learner_s: float) -> dict[str, float]:
+        """The step's tokens; its training compute (``batch``'s prompt + response tokens, ``learner_s`` the
+        learner's rollout, teacher and update seconds) to the decision budget, and ``decision/*``."""
         self.client.window = window
-        return self.ledger.record(batch, window, self.pool.tokens_generated)
+        self.client.record_train(float(sum(map(len, batch.prompt_ids)) + sum(map(len, batch.response_ids))), learner_s)
+        return self.ledger.record(batch, window, self.pool.tokens_generated) | self.client.decision_metrics()
 
     def totals(self) -> dict[str, float]:
         return self.ledger.totals(self.pool.tokens_generated)
@@ -136,7 +145,7 @@ def open_probe_side(cfg: TrainConfig, controller: ControllerAPI, run_id: str, pa
                                      ray_address=p.ray_address, ray_num_cpus=p.ray_num_cpus,
                                      fault_policy=p.fault_policy, max_reissues=p.max_reissues, optimizer=optimizer)
     configure_audits(client, cfg, parts.teachers, pad_id=pad_id_of(parts.tokenizer, eos_ids(parts.student, parts.tokenizer)),
-                     drift=dist.is_main)  # drift/*: rank 0's (it alone logs)
+                     student=parts.student, drift=dist.is_main)  # drift/*: rank 0's (it alone logs)
     if dist.world > 1:
         client.settings.extra["combine"] = dist
     if cfg.audit.metric == "adam" and p.backend != "inline":

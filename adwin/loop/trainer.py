@@ -96,7 +96,7 @@ def train(cfg: TrainConfig, controller: ControllerAPI | None, parts: Parts | Non
             saved = save_checkpoint(
                 run_dir, step, parts.student, parts.tokenizer, optimizer, scheduler,
                 controller.get_run(run_id).policy_state,
-                extra=run_state(probes.pool, probes.ledger, parts.train_prompts, faults, probes.schedule),
+                extra=run_state(probes.pool, probes.ledger, parts.train_prompts, faults, probes.schedule, probes.budget),
                 meta={"run_id": run_id, "initial_eval": initial, "world_size": dist.world},
                 write_files=lambda d: (snapshot_controller(controller, d / CONTROLLER_DB), write_rank_rngs(d, rngs)))
         dist.barrier()  # no rank runs ahead of a checkpoint that is not on disk yet
@@ -105,7 +105,7 @@ def train(cfg: TrainConfig, controller: ControllerAPI | None, parts: Parts | Non
     start = 0
     if resume:  # RNG states are restored last: nothing below may draw before the loop
         initial, start = resume_from(resume, parts.student, optimizer, scheduler, probes.pool, probes.ledger,
-                                     parts.train_prompts, faults, probes.schedule)
+                                     parts.train_prompts, faults, probes.schedule, probes.budget)
         restore_rank_rng(resume, dist.rank, dist.world)
     elif initial_eval is not None:
         initial = dict(initial_eval)
@@ -137,7 +137,8 @@ def train(cfg: TrainConfig, controller: ControllerAPI | None, parts: Parts | Non
                 m |= probes.offer(t, batch, behavior, win.window) | probes.advance(version)
             with clock("audit"):  # learner-side share: thread/Ray workers compute the audit (waited for at a save)
                 m |= probes.audit(version, wait=bool(save))
-        m |= window_metrics(win) | probes.account(batch, win.window)
+        learner_s = sum(clock.spent.get(k, 0.0) for k in ("rollout", "teacher", "train"))  # the decision budget's T
+        m |= window_metrics(win) | probes.account(batch, win.window, learner_s)
         m |= surprise_metrics(teacher_lp, batch.rows.response_mask, cfg.window.surprise) | {
             "rollout/prompt_tokens": float(sum(map(len, batch.prompt_ids)))}  # surprise policy input; FLOPs
         if t == 0:

@@ -23,6 +23,9 @@ NAMESPACES: dict[str, str] = {
     "window": "the window the step trained under and why, as the controller answered it",
     "probe": "probes: offers, extension rounds, forced completions, workers; what decisions cost the learner",
     "audit": "prefix-full alignment audits: the cosines measured, their intervals, lag, staleness and the next window",
+    "decision": "the decision budget (`audit.budget`, docs/decisions.md \"Decision budget\"): what ADWIN's decisions "
+                "(probe extension, the teacher's scoring of probe batches, drift diagnostics, audits) cost, as a share "
+                "of the run's FLOPs and of the learner's measured seconds, cumulative since the run started",
     "drift": "teacher-side diagnostics of an audited probe batch (paper section 3.1): where the student's rollout "
              "leaves the teacher's support",
     "eval": "held-out evaluation of the student (at step 0, every `eval.every` steps and at the end)",
@@ -116,6 +119,8 @@ KEYS: dict[str, str] = {
     "audit/submitted": "audits submitted to the controller this step",
     "audit/rejected": "audits the controller refused as non-finite (the window stays)",
     "audit/skipped": "ready probe batches not audited (`audit.every` / `audit.skip_margin`)",
+    "audit/pooled_batches": "probe batches of P audited together as one pooled audit this step (`audit.budget`): "
+                            "the others are closed as skipped with `pooled_into` naming the audited one",
     "audit/ready": "probe batches that became ready so far (audit schedule)",
     "audit/audited": "probe batches audited so far (audit schedule)",
     "audit/in_flight": "audits computing on probe workers",
@@ -172,6 +177,19 @@ KEYS: dict[str, str] = {
     "async/throughput_tokens_per_s": "trained response tokens per second after the warm-up updates",
     "async/discarded_items": "samples discarded so far (OAPL: groups of an older inference policy)",
     "async/discarded_tokens": "their response tokens (generated, never trained on)",
+    # decision
+    "decision/flops_share": "decision FLOPs D over all FLOPs T + D so far (the formula of adwin.audit.budget); "
+                            "the budget keeps it at most `audit.budget` plus one decision's worth",
+    "decision/flops_share_<k>": "the share of all FLOPs so far spent on decision part k (extension, scoring, "
+                                "drift, audit)",
+    "decision/seconds_share": "measured seconds of the decision parts over those plus the learner's training "
+                              "seconds (rollout, teacher, update); reported, never used to gate",
+    "decision/cadence": "steps per decision at the current estimates (budget off: steps per decision so far)",
+    "decision/pool": "probes per decision after the first (k batches of P)",
+    "decision/pressure": "how many times offering `probes.offers_per_step` every step would exceed the budget",
+    "decision/decisions": "audits run so far (a pooled audit counts once)",
+    "decision/in_flight": "probes offered and accepted, not yet audited or released",
+    "decision/budget": "`audit.budget` (absent with `audit.budget: null`)",
     # pipeline
     "pipeline/overlap": "sum of the stages' busy seconds over the wall: above 1 when stages overlap",
     "pipeline/wall_s": "seconds of the pipeline run measured for the overlap",

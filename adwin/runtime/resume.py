@@ -27,10 +27,13 @@ log = logging.getLogger(__name__)
 CONTROLLER_DB = "controller.db"
 
 
-def run_state(pool: Any, ledger: Any, prompts: Any, faults: Any, schedule: Any = None) -> dict[str, Any]:
+def run_state(pool: Any, ledger: Any, prompts: Any, faults: Any, schedule: Any = None, budget: Any = None
+              ) -> dict[str, Any]:
     """The loop's state besides model/optimizer/RNG, for ``save_checkpoint(extra=...)``; ``schedule`` is the
-    audit schedule (``audit.every`` / ``audit.skip_margin``) when the run has one."""
-    return ({"audit_schedule": schedule.state_dict()} if schedule is not None else {}) | {
+    audit schedule (``audit.every`` / ``audit.skip_margin``) and ``budget`` the decision budget
+    (``audit.budget``) when the run has them."""
+    return ({"audit_schedule": schedule.state_dict()} if schedule is not None else {}) | (
+        {"decision_budget": budget.state_dict()} if budget is not None else {}) | {
         "prompts": prompts.state_dict(),
         "probes": [dataclasses.asdict(p) for p in pool.snapshot()],
         "probe_tokens_generated": pool.tokens_generated,
@@ -40,7 +43,7 @@ def run_state(pool: Any, ledger: Any, prompts: Any, faults: Any, schedule: Any =
 
 
 def restore_run_state(extra: dict[str, Any], pool: Any, ledger: Any, prompts: Any, faults: Any,
-                      schedule: Any = None) -> None:
+                      schedule: Any = None, budget: Any = None) -> None:
     from adwin.probes.pool import Probe
 
     if not extra:
@@ -55,6 +58,8 @@ def restore_run_state(extra: dict[str, Any], pool: Any, ledger: Any, prompts: An
     faults.load_state_dict(extra["faults"])
     if schedule is not None and "audit_schedule" in extra:
         schedule.load_state_dict(extra["audit_schedule"])
+    if budget is not None and "decision_budget" in extra:
+        budget.load_state_dict(extra["decision_budget"])
 
 
 def snapshot_controller(controller: Any, dest: Path) -> bool:
@@ -137,12 +142,12 @@ def check_extension(checkpoint: Path, steps: int, schedule: str) -> None:
 
 
 def resume_from(checkpoint: Path, model: Any, optimizer: Any, scheduler: Any, pool: Any, ledger: Any,
-                prompts: Any, faults: Any, schedule: Any = None) -> tuple[dict[str, float], int]:
+                prompts: Any, faults: Any, schedule: Any = None, budget: Any = None) -> tuple[dict[str, float], int]:
     """Load everything back in place; RNG states last. Returns the run's initial evaluation and the next step."""
     from adwin.runtime.checkpoint import load_checkpoint, load_weights
 
     load_weights(checkpoint, model)
     state = load_checkpoint(checkpoint, optimizer, scheduler)
-    restore_run_state(state["extra"], pool, ledger, prompts, faults, schedule)
+    restore_run_state(state["extra"], pool, ledger, prompts, faults, schedule, budget)
     log.info("resumed from %s at step %d (%d probes restored)", checkpoint, state["step"], len(pool))
     return dict(state.get("initial_eval") or {}), int(state["step"])

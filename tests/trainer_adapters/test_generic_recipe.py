@@ -221,7 +221,7 @@ def test_audit_keyword_arguments_go_over_the_clients_audit_config_and_are_checke
     from adwin.config import AuditConfig
 
     client = WindowClient(Controller(), RunIn(policy=PolicyIn(candidates=[2, 4], max_len=8)),
-                          audit=AuditConfig(ci_level=0.9, every=2))
+                          audit=AuditConfig(ci_level=0.9, every=2, budget=None))
     s = client._settings({"method": "reference", "micro_batch": 2})
     assert (s.method, s.ci_level, s.micro_batch, s.candidates) == ("reference", 0.9, 2, [2, 4])
     assert client.probe_client.schedule is not None and client.probe_client.schedule.every == 2

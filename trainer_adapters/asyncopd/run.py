@@ -123,7 +123,7 @@ def build_asyncopd(cfg: TrainConfig, controller: ControllerAPI, *, parts: Parts 
     hooks = ControllerWindowHooks(controller, run_id, max_len=r.max_response_len, probing=probing,
                                   report_steps=False, offer_finished=cfg.probes.offer_finished)
     if probing:  # the sync trainer's audit: settings, schedule, drift; on the learner's weights between updates
-        configure_audits(hooks.client, cfg, parts.teachers, pad_id=pad)
+        configure_audits(hooks.client, cfg, parts.teachers, pad_id=pad, student=parts.student)
         hooks.client.auditor = InlineAuditor(parts.student, optimizer)
     scfg = SchedulerConfig(batch_size=r.prompts_per_step * r.samples_per_prompt, queue_depth=opts.queue_depth,
                            samples_per_prompt=r.samples_per_prompt, max_response_len=r.max_response_len,

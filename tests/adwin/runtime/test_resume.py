@@ -67,6 +67,14 @@ def test_resumed_run_matches_straight_run_parameters_and_windows(tmp_path: Path)
     straight_ck = json.loads((tmp_path / "straight" / "run" / f"checkpoint-{N}" / "state.json").read_text())
     split_ck = json.loads((run_dir / f"checkpoint-{N}" / "state.json").read_text())
     assert split_ck["policy_state"] == straight_ck["policy_state"]
+    # the decision budget's state came back: its cumulative shares continue, not restart at the checkpoint
+    for key in ("decision/flops_share", "decision/decisions", "decision/in_flight"):
+        assert res.history[-1][key] == pytest.approx(straight.history[-1][key]), key
+    budgets = [torch.load(d / f"checkpoint-{N}" / "trainer_state.pt", weights_only=False)["extra"]["decision_budget"]
+               for d in (tmp_path / "straight" / "run", run_dir)]
+    for state in budgets:
+        state.pop("train_seconds"), state.pop("seconds")  # measured: differ between any two runs
+    assert budgets[0] == budgets[1]
     s_model = load_parts(straight_cfg).student
     ckpt_mod.load_weights(tmp_path / "straight" / "run" / f"checkpoint-{N}", s_model)
     diffs = [float((a - b).abs().max()) for a, b in zip(_params(s_model), _params(parts.student), strict=True)]
