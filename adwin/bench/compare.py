@@ -319,6 +319,7 @@ def run_one(base: Any, method: Method, seed: int, profile: str, assets_seed: int
     """One training run through ``adwin.loop.trainer.train`` (or ``train_asyncopd`` for ``scheduler: asyncopd``)
     with an embedded controller; its measured row. ``initial_eval``: the seed's shared start-of-run evaluation (:func:`initial_eval_job`); None evaluates."""
     from adwin.bench.compare_stats import measure_run
+    from adwin.probes.settings import param_count
     from adwin.controller import Controller
     from adwin.loop.trainer import train
 
@@ -338,9 +339,9 @@ def run_one(base: Any, method: Method, seed: int, profile: str, assets_seed: int
             res = train(cfg, controller, parts, initial_eval=initial_eval)
     finally:
         controller.close()
-    n_student = sum(p.numel() for p in parts.student.parameters())
+    n_student = param_count(parts.student) or 0
     teachers = list(parts.teachers.models.values())
-    n_teacher = round(sum(sum(p.numel() for p in t.parameters()) for t in teachers) / max(len(teachers), 1))
+    n_teacher = round(sum(param_count(t) or 0 for t in teachers) / max(len(teachers), 1))
     row = measure_run(res.history, res.initial_eval, res.final_eval, res.totals, n_student=n_student,
                       n_teacher=n_teacher, probe_batch=cfg.probes.batch_size,
                       samples_per_step=cfg.rollout.prompts_per_step * cfg.rollout.samples_per_prompt)

@@ -73,7 +73,7 @@ class TrainConfig(_Strict):
         _loss_fits_scheduler(self)
         _asyncopd_needs_its_scheduler(self)
         _per_sample_scope(self)
-        _memory_options_need_sync(self)
+        _sync_only_fields(self)
         check_oapl(self)
         check_engines(self)
         check_read_settings(self)
@@ -161,7 +161,7 @@ SYNC_ONLY: dict[str, object] = {
 }
 
 
-def _memory_options_need_sync(cfg: TrainConfig) -> None:
+def _sync_only_fields(cfg: TrainConfig) -> None:
     """The AsyncOPD learner and teacher stage: refuse what they would ignore (``SYNC_ONLY``)."""
     if cfg.scheduler != "asyncopd":
         return
