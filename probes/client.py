@@ -32,17 +32,15 @@ import time
 from collections import deque
 from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import Future
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
-import numpy as np
-
 from adwin.audit.budget import DecisionBudget
 from adwin.audit.errors import is_non_finite_audit
-from adwin.audit.job import AuditJob, AuditOutcome, AuditSettings, lag_metrics
+from adwin.audit.job import AuditOutcome, AuditSettings
 from adwin.audit.schedule import AuditSchedule
-from adwin.controller.api import ControllerAPI, ControllerError, ProbeConflict
-from adwin.controller.feasibility import expiry_warning
+from adwin.controller.api import ControllerAPI, ProbeConflict
 from adwin.controller.schemas import (
     AuditIn,
     AuditOut,
@@ -53,6 +51,7 @@ from adwin.controller.schemas import (
     ProbeReportIn,
 )
 from adwin.probes.async_executor import AdvanceStats, AsyncProbeExecutor
+from adwin.probes.audit_steps import build_audit_job, record_outcome
 from adwin.probes.auditors import (
     AuditRunner,
     Drift,
@@ -60,8 +59,9 @@ from adwin.probes.auditors import (
     _merged,
     _Pending,
 )
+from adwin.probes.expiry import drop_overstale, evict_expired
 from adwin.probes.offers import OFFER_FINISHED, is_complete, offer_indices
-from adwin.probes.pool import Probe, ProbePool, Score, probe_batch
+from adwin.probes.pool import Probe, ProbePool, Score
 
 log = logging.getLogger(__name__)
 
@@ -116,6 +116,11 @@ class ProbeClient:
 
     def offer(self, step: int, records: Sequence[Probe], ended: Sequence[bool], window: int | Sequence[int], *,
               limit: int | None = None, complete_now: bool = False) -> list[str]:
+        with self._learner():
+            return self._offer(step, records, ended, window, limit=limit, complete_now=complete_now)
+
+    def _offer(self, step: int, records: Sequence[Probe], ended: Sequence[bool], window: int | Sequence[int], *,
+               limit: int | None, complete_now: bool) -> list[str]:
         """Offer rollouts by the one offer rule (``probes.offers.offer_indices``); accepted ones enter the pool.
 
         ``records[i]``: rollout ``i`` as a probe (offered at its oldest token's version); ``ended[i]``: it emitted
@@ -207,6 +212,10 @@ class ProbeClient:
         """
         if self.executor is None:
             raise RuntimeError("advance needs a probe executor (continue-a-prefix mode)")
+        with self._learner():
+            return self._advance(version, to_full, drop_unknown, plan_at)
+
+    def _advance(self, version: int, to_full: bool, drop_unknown: bool, plan_at: int | None) -> AdvanceStats:
         t0 = time.perf_counter()
         dropped = self.drop_overstale(version)
         sync_s = self.executor.publish(version)
@@ -231,34 +240,12 @@ class ProbeClient:
         return stats
 
     def drop_overstale(self, version: int) -> int:
-        """Unfinished probes already past S missed rounds (e.g. a controller outage): drop and report them."""
-        stale = [p for p in self.pool.snapshot() if not p.finished and p.staleness(version) > self.staleness_limit]
-        if not stale:
-            return 0
-        self._release(len(stale))
-        for p in self.pool.pop([p.probe_id for p in stale]):
-            try:
-                self.controller.report_probe(self.run_id, ProbeReportIn(probe_id=p.probe_id, step=version, tokens_added=0,
-                                                                        version=version, dropped=True),
-                                             idempotency_key=f"{self.run_id}-drop-{p.probe_id}")
-            except ControllerError as e:  # e.g. the controller no longer holds it as active: nothing to undo
-                log.warning("probe %s: drop report refused (%s)", p.probe_id, e)
-        log.warning("dropped %d probe(s) over the staleness limit S=%d at version %d (missed rounds, e.g. a "
-                    "controller outage)", len(stale), self.staleness_limit, version)
-        return len(stale)
+        """Unfinished probes already past S missed rounds (e.g. a controller outage): dropped and reported."""
+        return drop_overstale(self, version)
 
     def evict(self, version: int) -> int:
         """Forget complete probes past S: the controller expires them, no batch will name them."""
-        gone = self.pool.evict_complete_past(version, self.staleness_limit)
-        self.counts["expired"] += gone
-        self._release(gone)
-        warning = None if self._expiry_warned else expiry_warning(
-            self.counts["expired"], self.counts["accepted"], probe_batch_size=self.probe_batch_size,
-            staleness_limit=self.staleness_limit)
-        if warning:
-            self._expiry_warned = True
-            log.warning("run %s: %s", self.run_id, warning)
-        return gone
+        return evict_expired(self, version)
 
     def _release(self, probes: int) -> None:
         if probes:
@@ -268,6 +255,16 @@ class ProbeClient:
     def _gating(self) -> bool:
         """A budget that limits offers and pools audits (``audit.budget: null`` only counts)."""
         return self.budget is not None and self.budget.enabled
+
+    @contextmanager
+    def _learner(self) -> Iterator[None]:
+        """Time a learner-facing call for ``decision/learner_share`` (a worker's own time is not in it)."""
+        t0 = time.perf_counter()
+        try:
+            yield
+        finally:
+            dt = time.perf_counter() - t0
+            self._spend(lambda b: b.record_learner(dt))
 
     def _spend(self, call: Callable[[DecisionBudget], T]) -> T | None:
         """``call`` on the decision budget, one thread at a time; None without one."""
@@ -312,6 +309,10 @@ class ProbeClient:
         if runner is None or self.settings is None:
             self.evict(version)
             return {}
+        with self._learner():
+            return self._audit(version, runner, wait, max_batches, flush)
+
+    def _audit(self, version: int, runner: AuditRunner, wait: bool, max_batches: int, flush: bool) -> dict[str, float]:
         m: dict[str, float] = {}
         self._collect(m, version, block=False)
         if self._gating:
@@ -384,28 +385,16 @@ class ProbeClient:
             self._skip(audit_id, len(probes))
             m["audit/skipped"] = m.get("audit/skipped", 0.0) + 1.0
             return
-        t0 = time.perf_counter()
-        batch = probe_batch(probes, self.pad_id, self.score)
-        tokens = float(batch.attention_mask.sum())  # prompt + response tokens of every probe
-        seconds = time.perf_counter() - t0
-        self._spend(lambda b: b.record_decision("scoring", tokens, seconds))
-        rows = self.budget.drift_rows(len(probes)) if self.budget is not None else len(probes)
-        t0 = time.perf_counter()
-        if self.drift is not None:  # a sample of a pooled batch: telemetry, the same curves at 1/k the cost
-            m |= self.drift(batch.input_ids[:rows], batch.attention_mask[:rows], batch.response_mask[:rows],
-                            [p.route for p in probes[:rows]])
-        if self.budget is not None and self.budget.drift:  # charged where the drift runs on another rank too
-            drift = (float(batch.attention_mask[:rows].sum()), time.perf_counter() - t0)
-            self._spend(lambda b: b.record_decision("drift", *drift))
-        job = AuditJob(audit_id, version, batch, self.settings,
-                       adam_moments=self.adam_moments() if self.adam_moments is not None else None)
+        job, tokens, drift = build_audit_job(self, audit_id, version, probes)
+        m |= drift
         self._spend(lambda b: b.record_decision("audit", tokens, probes=len(probes)))  # seconds: ``_submit``
-        self.pending.append(_Pending(audit_id, version, stale, float(batch.response_mask.sum()),
+        self.pending.append(_Pending(audit_id, version, stale, float(job.batch.response_mask.sum()),
                                      runner.submit_audit(job)))
 
     def drain(self, version: int) -> dict[str, float]:
         """Wait for every audit in flight and submit it."""
-        return self._collect({}, version, block=True)
+        with self._learner():
+            return self._collect({}, version, block=True)
 
     def _collect(self, m: dict[str, float], version: int, *, block: bool) -> dict[str, float]:
         """Submit the audits that are back, in order, into ``m`` (counts add up: several may be back at once)."""
@@ -442,27 +431,7 @@ class ProbeClient:
             log.warning("audit %d rejected: %s", p.audit_id, e)
             self.counts["rejected"] += 1
             return {"audit/rejected": 1.0}
-        self.counts["audits"] += 1
-        self.last_out = out
-        self.audit_s += res.elapsed_s
-        self._spend(lambda b: b.record_seconds("audit", res.elapsed_s))
-        self.last_cosines = dict(out.cosines or res.cosines)
-        m = {"audit/submitted": 1.0, "audit/id": float(p.audit_id), "audit/time": res.elapsed_s,
-             "audit/staleness_max": float(max(p.staleness)), "audit/staleness_mean": float(np.mean(p.staleness)),
-             "audit/probe_tokens": p.probe_tokens}
-        m |= outcome.is_metrics | lag_metrics(outcome, version)
-        m |= {f"audit/micro_cos_{c}": v for c, v in res.cosines.items()}
-        m |= {f"audit/macro_cos_{c}": v for c, v in res.macro_cosines.items()}
-        m |= res.metrics()
-        if self.schedule is not None:
-            self.schedule.record(res.cosines)
-        if out.decision is not None:
-            m["audit/next_window"] = float(out.decision.window)
-            self.decisions += 1
-            self.changes += int(out.decision.window != self.window)
-            self.window = out.decision.window  # a later audit collected in this step compares with it
-            m["window/changes_per_audit"] = self.changes / self.decisions
-        return m
+        return record_outcome(self, p, outcome, out, version)
 
     # --- shutdown -------------------------------------------------------------------------------------
 

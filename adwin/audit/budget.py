@@ -116,6 +116,7 @@ class DecisionBudget:
     steps: int = 0
     train_flops: float = 0.0
     train_seconds: float = 0.0
+    learner_seconds: float = 0.0  # the learner's own seconds in decision calls (a worker's audit not included)
     spent: dict[str, float] = field(default_factory=lambda: dict.fromkeys(KINDS, 0.0))  # FLOPs per kind
     seconds: dict[str, float] = field(default_factory=lambda: dict.fromkeys(KINDS, 0.0))
     tokens: dict[str, float] = field(default_factory=lambda: dict.fromkeys(KINDS, 0.0))
@@ -164,6 +165,11 @@ class DecisionBudget:
         if kind not in self.seconds:
             raise BudgetError(f"decision kind must be one of {KINDS}, got {kind!r}")
         self.seconds[kind] += seconds
+
+    def record_learner(self, seconds: float) -> None:
+        """Seconds the learner's thread spent in a decision call (offers, rounds it waited for, scoring, drift,
+        an audit it ran or waited for): what the decisions take off the learner's wall."""
+        self.learner_seconds += seconds
 
     def release(self, probes: int) -> None:
         """Probes that left without an audit (dropped, expired, consumed unaudited): no longer reserved."""
@@ -278,13 +284,15 @@ class DecisionBudget:
 
     def metrics(self) -> dict[str, float]:
         """``decision/flops_share`` = D / (T + D) in FLOPs, ``decision/seconds_share`` the same in measured
-        seconds, ``decision/cadence`` (steps per decision, see ``cadence``), ``decision/pool`` (probes per
+        seconds (a worker's audit seconds included), ``decision/learner_share`` the learner's own decision
+        seconds over those plus its training seconds, ``decision/cadence`` (steps per decision, see ``cadence``), ``decision/pool`` (probes per
         decision after the first), ``decision/pressure`` (see ``pressure``), and each kind's FLOPs share."""
         d, t = self.decision_flops(), self.train_flops
-        ds = sum(self.seconds.values())
+        ds, ls = sum(self.seconds.values()), self.learner_seconds
         out = {
             "decision/flops_share": d / (t + d) if t + d > 0 else 0.0,
             "decision/seconds_share": ds / (self.train_seconds + ds) if self.train_seconds + ds > 0 else 0.0,
+            "decision/learner_share": ls / (self.train_seconds + ls) if self.train_seconds + ls > 0 else 0.0,
             "decision/cadence": self.cadence(),
             "decision/pool": float(self.pool() * self.probe_batch if self.enabled else self.probe_batch),
             "decision/pressure": self.pressure(),
@@ -298,7 +306,8 @@ class DecisionBudget:
 
     def state_dict(self) -> dict[str, Any]:
         return {"steps": self.steps, "train_flops": self.train_flops, "train_seconds": self.train_seconds,
-                "spent": dict(self.spent), "seconds": dict(self.seconds), "tokens": dict(self.tokens),
+                "learner_seconds": self.learner_seconds, "spent": dict(self.spent), "seconds": dict(self.seconds),
+                "tokens": dict(self.tokens),
                 "decisions": self.decisions, "probes_audited": self.probes_audited,
                 "probes_released": self.probes_released, "in_flight": self.in_flight, "rounds": self.rounds,
                 "round_size": self.round_size, "round_left": self.round_left}
@@ -308,6 +317,7 @@ class DecisionBudget:
                      "round_size", "round_left"):
             setattr(self, name, int(state[name]))
         self.train_flops, self.train_seconds = float(state["train_flops"]), float(state["train_seconds"])
+        self.learner_seconds = float(state.get("learner_seconds", 0.0))  # absent in checkpoints written before it
         for name in ("spent", "seconds", "tokens"):
             setattr(self, name, {k: float(state[name].get(k, 0.0)) for k in KINDS})
 

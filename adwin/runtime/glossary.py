@@ -184,6 +184,9 @@ KEYS: dict[str, str] = {
                                 "drift, audit)",
     "decision/seconds_share": "measured seconds of the decision parts over those plus the learner's training "
                               "seconds (rollout, teacher, update); reported, never used to gate",
+    "decision/learner_share": "the learner's own seconds in decision calls (offers, extension rounds it ran or "
+    "waited for, the teacher's scoring of probe batches, drift, audits it ran or waited for) over those plus its "
+    "training seconds: what decisions take off the learner's wall (a worker's audit is not in it)",
     "decision/cadence": "steps per decision at the current estimates (budget off: steps per decision so far)",
     "decision/pool": "probes per decision after the first (k batches of P)",
     "decision/pressure": "how many times offering `probes.offers_per_step` every step would exceed the budget",

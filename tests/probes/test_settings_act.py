@@ -21,6 +21,7 @@ from trainer_fixtures import tiny_overrides
 
 from adwin.config import load_config
 from adwin.controller import Controller
+from adwin.probes import audit_steps
 from adwin.probes import client as client_module
 
 # field -> (another value, the context in which the field should act)
@@ -83,8 +84,8 @@ LOOPS = {
 # Ray starts once per process (the tests share one cluster): a run asking for another probes.ray_address or
 # ray_num_cpus is warned instead (tests/probes/test_ray_workers.py), so those act at start-up only
 RAY_EXECUTOR = {"probes.workers", "probes.fault_policy", "probes.max_reissues", "audit.method"}
-TIMING = ("time/", "pipeline/", "decision/seconds", "audit/time", "probe/blocked_s", "probe/sync_s",
-          "async/throughput", "audit/lag_steps",
+TIMING = ("time/", "pipeline/", "decision/seconds", "decision/learner_share", "audit/time", "probe/blocked_s",
+          "probe/sync_s", "async/throughput", "audit/lag_steps",
           "audit/in_flight", "audit/weights_version")
 
 
@@ -101,7 +102,7 @@ def _plain(value: Any) -> Any:
 def recorder(monkeypatch: pytest.MonkeyPatch) -> dict[str, list[Any]]:
     """Every probe client built and every audit job run, however deep in the loop."""
     seen: dict[str, list[Any]] = {"clients": [], "jobs": []}
-    real_init, real_job = client_module.ProbeClient.__post_init__, client_module.AuditJob
+    real_init, real_job = client_module.ProbeClient.__post_init__, audit_steps.AuditJob
 
     def init(self: Any) -> None:
         real_init(self)
@@ -113,7 +114,7 @@ def recorder(monkeypatch: pytest.MonkeyPatch) -> dict[str, list[Any]]:
         return made
 
     monkeypatch.setattr(client_module.ProbeClient, "__post_init__", init)
-    monkeypatch.setattr(client_module, "AuditJob", job)
+    monkeypatch.setattr(audit_steps, "AuditJob", job)  # the one builder of the client's jobs
     return seen
 
 

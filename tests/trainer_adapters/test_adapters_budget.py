@@ -78,7 +78,8 @@ def test_poll_audit_records_the_updates_training_compute_and_reports_decision_me
     m = hooks.poll_audit(1)
     b = hooks.client.budget
     assert b.steps == 1 and b.train_flops == FlopsModel(1000, 1000).train(2 + 5)
-    assert {"decision/flops_share", "decision/seconds_share", "decision/budget"} <= set(m)
+    assert {"decision/flops_share", "decision/seconds_share", "decision/learner_share", "decision/budget"} <= set(m)
+    assert b.learner_seconds > 0.0  # the poll ran on the learner's thread and was timed
 
 
 def test_the_generic_client_refuses_a_budget_it_cannot_count_and_gates_offers_with_one_it_can() -> None:

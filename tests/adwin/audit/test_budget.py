@@ -170,6 +170,9 @@ def test_metrics_report_both_shares_the_cadence_and_each_kind() -> None:
     t, d = FlopsModel(266_000, 266_000).train(1000.0), 6.0 * 266_000 * 100.0
     assert m["decision/flops_share"] == pytest.approx(d / (t + d))
     assert m["decision/seconds_share"] == pytest.approx(1.0 / 4.0)
+    assert m["decision/learner_share"] == 0.0  # a worker's audit: nothing on the learner's thread
+    budget.record_learner(0.5)  # e.g. the learner scored the probe batch and waited for the audit
+    assert budget.metrics()["decision/learner_share"] == pytest.approx(0.5 / 3.5)
     assert m["decision/flops_share_audit"] == pytest.approx(m["decision/flops_share"])
     assert {f"decision/flops_share_{k}" for k in KINDS} | {"decision/cadence", "decision/pool"} <= set(m)
     assert math.isfinite(m["decision/cadence"]) and m["decision/cadence"] > 0
