@@ -80,7 +80,8 @@ class AdwinCallback(TrainerCallback):
     trainer reference from transformers, and the window lives on the trainer. ``audit`` (an ``AuditConfig``)
     sets every audit knob as in the built-in trainer's ``audit`` section, ``audit.budget`` included (FLOPs
     from the student's and the teacher's parameter counts); without it, ``audit_method`` and
-    ``audit_metric`` over its defaults and no decision budget.
+    ``audit_metric`` over ``AuditConfig``'s defaults, the default decision budget included
+    (``AuditConfig(budget=None)`` audits every ready probe batch).
     """
 
     def __init__(
@@ -111,8 +112,8 @@ class AdwinCallback(TrainerCallback):
         self.threshold = threshold
         self.probe_every = probe_every
         self.probe_count = probe_count
-        # one declaration of the audit; without one, no decision budget (as the generic client without ``audit``)
-        self.audit = audit or AuditConfig(method=audit_method, metric=audit_metric, budget=None)
+        # one declaration of the audit; the callback knows both models, so the default budget can count FLOPs
+        self.audit = audit or AuditConfig(method=audit_method, metric=audit_metric)
         self.report_steps = report_steps
         self.offer_finished = offer_finished
         self.resume = resume

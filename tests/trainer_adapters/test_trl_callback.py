@@ -10,6 +10,7 @@ import torch
 from trl_fixtures import make_trainer as _trainer
 from trl_fixtures import rows as _rows
 
+from adwin.config import AuditConfig
 from adwin.controller import Controller
 from adwin.controller.schemas import PolicyIn, RunIn
 
@@ -91,7 +92,9 @@ def test_adwin_audit_decision_is_applied_to_the_next_rollouts(tmp_path: Path) ->
 
 def test_probe_cycle_leaves_grads_and_optimizer_state_untouched(tmp_path: Path) -> None:
     trainer = _trainer(tmp_path, steps=1)
-    cb = AdwinCallback(Controller(), "grads", candidates=[4, 8], probe_count=4).attach(trainer)
+    # every ready batch audited (no budget): the probe cycle below must reach an audit
+    cb = AdwinCallback(Controller(), "grads", candidates=[4, 8], probe_count=4,
+                       audit=AuditConfig(budget=None)).attach(trainer)
     trainer.train()
     model = trainer.model
     torch.manual_seed(0)
@@ -136,3 +139,13 @@ def test_apply_window_sets_the_vllm_cap_when_vllm_is_used() -> None:
     cb.apply_window(5)
     assert (fake.max_completion_length, fake.generation_config.max_new_tokens) == (5, 5)
     assert fake.generation_kwargs["max_new_tokens"] == 5 and fake.vllm_generation.max_completion_length == 5
+
+
+def test_the_callback_counts_and_gates_decisions_with_the_default_budget_and_audits_every_batch_without_one(
+        tmp_path: Path) -> None:
+    default = AdwinCallback(Controller(), "budgeted", candidates=[4, 8], probe_count=4).attach(
+        _trainer(tmp_path / "a", steps=1))
+    assert default.client.probe_client.budget.budget == AuditConfig().budget  # the documented default
+    off = AdwinCallback(Controller(), "every", candidates=[4, 8], probe_count=4,
+                        audit=AuditConfig(budget=None)).attach(_trainer(tmp_path / "b", steps=1))
+    assert not off.client.probe_client.budget.enabled

@@ -12,6 +12,7 @@ from typing import Any
 import pytest
 from trl_fixtures import MAX_LEN, make_trainer, rows
 
+from adwin.config import AuditConfig
 from adwin.controller import Controller
 from adwin.controller.api import InvalidInput, RunConflict
 from adwin.controller.remote import RemoteController
@@ -37,7 +38,8 @@ def test_a_largest_candidate_equal_to_the_horizon_still_audits(tmp_path: Path) -
 def test_a_window_at_the_full_length_keeps_auditing_every_step(tmp_path: Path) -> None:
     """Issue case 2: threshold 1.0 sends the window to the horizon; audits must go on from there."""
     trainer = make_trainer(tmp_path, steps=4)
-    cb = AdwinCallback(Controller(), "full", candidates=[4, 8], threshold=1.0, probe_count=4).attach(trainer)
+    cb = AdwinCallback(Controller(), "full", candidates=[4, 8], threshold=1.0, probe_count=4,
+                       audit=AuditConfig(budget=None)).attach(trainer)  # every step's batch audited
     trainer.train()
     assert list(cb.windows.values())[1:] == [MAX_LEN] * 3
     assert len(cb.decisions) == 4 and all(d.state == "decided" for d in cb.decisions)
