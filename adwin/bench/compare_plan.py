@@ -4,9 +4,12 @@ printed before the runs start (docs/benchmarks.md, "The five-task suite").
 
 The cost model (seconds on one idle core of the reference machine, SFT step 0.080 s) is deliberately
 simple: a run costs ``RUN_OVERHEAD_S`` (process start, model load) + steps x rollouts per step x the
-tokens a method trains per rollout x ``TOKEN_S`` x the task's per-token factor, plus one evaluation of
-``n`` problems at ``EVAL_PROBLEM_S`` per short-task problem x (long-task tokens / short-task tokens) x the
-per-token factor; a seed adds its shared start-of-run evaluation. ``--jobs`` runs share the cores.
+window a method trains x ``TOKEN_S`` x the task's per-token factor (a step generates its batch until the
+longest row stops or reaches the window, and trains on the padded batch: its cost follows the window, not
+the mean response), plus one evaluation of ``n`` problems at ``EVAL_PROBLEM_S`` per short-task problem x
+(the task's mean response / the short tasks') x the per-token factor (evaluation drops stopped rows: its
+cost follows the mean response); a seed adds its shared start-of-run evaluation. ``--jobs`` runs share
+the cores.
 """
 
 from __future__ import annotations
@@ -24,9 +27,9 @@ SUITE_TASKS = ("chain", "chain-drift", "chain-late", "chain-long", "chain-late-l
 SUITE_CONFIG = "suite"  # configs/suite.yaml
 TINY_HORIZON, TINY_CANDIDATES = 16, (4, 8, 12)  # the tiny profile's chain shape; other tasks scale it
 
-# reference figures, one idle core (docs/benchmarks.md, "make run": 65.5 s of training for 339,096 rollout
-# tokens, 11.5 s for 3 x 128 evaluation problems)
-TOKEN_S = 0.19e-3  # seconds per trained rollout token on a short task (generate, score, train, its decisions)
+# reference figures, one idle core (docs/benchmarks.md, "make run": 65.5 s of training for 40 steps of 128
+# rollouts at a window of ~100 tokens (128 -> 64), 11.5 s for 3 x 128 evaluation problems)
+TOKEN_S = 0.13e-3  # seconds per rollout x window token on a short task (generate, score, train, its decisions)
 EVAL_PROBLEM_S = 0.030  # seconds per evaluation problem on a short task (T = 1, k = 1)
 RUN_OVERHEAD_S = 5.0  # process start, model load, checkpoint
 # mean response tokens of the students (docs/task.md: ~110 on chain, 566 median / up to 2,048 on chain-long)
@@ -96,38 +99,40 @@ def task_config(base: Any, task: str, profile: str, fixed_keys: Sequence[str] = 
     return TrainConfig.model_validate(base.model_copy(update=update).model_dump(mode="json"))
 
 
-def rollout_tokens(method: Method, horizon: int, length: float, steps: int) -> float:
-    """Response tokens one rollout of ``method`` trains on, on average over ``steps``: its window cut at the
-    mean response ``length``; ADWIN adds its probes' full rollouts (P = 1/16 of the batch, extended to
-    the end and audited: counted twice)."""
+def rollout_tokens(method: Method, horizon: int, steps: int, initial: int | None = None) -> float:
+    """Window tokens one rollout of ``method`` costs, on average over ``steps`` (a batch runs to its window:
+    some row nearly always does); ADWIN stays at its ``initial`` window (None: the horizon) and adds its
+    probes' full rollouts (P = 1/16 of the batch, extended to the horizon and audited: counted twice)."""
     policy = method.overrides.get("window.policy")
     if policy == "fixed":
-        return min(method.overrides["window.window"], length)
+        return min(method.overrides["window.window"], horizon)
     if policy == "linear":
         start, step = method.overrides["window.start"], method.overrides["window.step"]
-        return sum(min(start + step * i, horizon, length) for i in range(steps)) / max(steps, 1)
+        return sum(min(start + step * i, horizon) for i in range(steps)) / max(steps, 1)
     if policy == "adwin":
-        return min(0.4 * horizon, length) + 2 * length / 16
-    return min(horizon, length)
+        return min(initial or horizon, horizon) + 2 * horizon / 16
+    return float(horizon)
 
 
 def plan(tasks: Sequence[tuple[str, Any, Sequence[Method]]], seeds: int, jobs: int) -> dict[str, Any]:
-    """Estimated seconds per task and in all, for (task, its config, its methods); wall = core-seconds / jobs
-    (each run one thread; the probe worker's thread shares the same cores)."""
+    """Estimated core-seconds per task and wall in all, for (task, its config, its methods). Tasks run one
+    after the other, the runs of a task ``jobs`` at a time (each one thread; a probe worker's thread shares
+    the same cores): a task's wall is its core-seconds / jobs, and at least its longest run."""
     per_task: dict[str, float] = {}
+    wall = 0.0
     for name, cfg, methods in tasks:
-        r = regime(get_task(name))
-        length = min(MEAN_RESPONSE[r] * cfg.rollout.max_response_len / get_task(name).horizon,
-                     cfg.rollout.max_response_len)
-        per_token = TOKEN_S * TOKEN_FACTOR[r]
+        task = get_task(name)
+        r = regime(task)
+        horizon = cfg.rollout.max_response_len
+        length = min(MEAN_RESPONSE[r] * horizon / task.horizon, horizon)
         batch = cfg.rollout.prompts_per_step * cfg.rollout.samples_per_prompt
-        evaluation = cfg.eval.n_problems * cfg.eval.k * EVAL_PROBLEM_S * length / MEAN_RESPONSE["short"] \
-            * TOKEN_FACTOR[r]
-        runs = sum(RUN_OVERHEAD_S + evaluation + cfg.steps * batch * per_token
-                   * rollout_tokens(m, cfg.rollout.max_response_len, length, cfg.steps) for m in methods)
-        per_task[name] = seeds * (runs + evaluation + RUN_OVERHEAD_S)
-    total = sum(per_task.values())
-    return {"core_s": per_task, "total_core_s": total, "wall_s": total / max(jobs, 1), "jobs": jobs,
+        evaluation = (cfg.eval.n_problems * cfg.eval.k * EVAL_PROBLEM_S * length / MEAN_RESPONSE["short"]
+                      * TOKEN_FACTOR[r]) + RUN_OVERHEAD_S
+        runs = [evaluation + cfg.steps * batch * TOKEN_S * TOKEN_FACTOR[r]
+                * rollout_tokens(m, horizon, cfg.steps, cfg.window.initial) for m in methods]
+        per_task[name] = seeds * (sum(runs) + evaluation)
+        wall += max(per_task[name] / max(jobs, 1), max(runs, default=0.0))
+    return {"core_s": per_task, "total_core_s": sum(per_task.values()), "wall_s": wall, "jobs": jobs,
             "runs": seeds * sum(len(m) for _, _, m in tasks), "seeds": seeds, "tasks": len(tasks)}
 
 
