@@ -14,6 +14,10 @@ one per core; the results do not depend on it, only the wall times do). The buil
 problems are the same for every run. Output: a table, ``<out>/<date>[-quick|-tiny]/results.json``,
 ``accuracy_vs_tokens.png``, ``windows.png`` and ``index.html``.
 
+Each task's runs get the task's own horizon and candidate ladder (``adwin.bench.compare_plan.task_config``), and
+a planned-cost line is printed before the first run. ``--suite`` is the five-task suite proportioned like the
+paper (``configs/suite.yaml``, per-task steps and evaluation size; docs/benchmarks.md, "The five-task suite").
+
 ``--tasks chain,chain-drift,chain-late`` runs every method on every built-in task (paired: the same seeds,
 training prompts and evaluation problems across methods) into ``<out>/<date>/<task>/`` each, plus a
 cross-task ``index.html`` and ``suite.json`` with each method's regret and worst-case regret
@@ -201,7 +205,7 @@ def main(args: argparse.Namespace) -> int:
     planned = plan(shaped, len(seeds), args.jobs)
     from rich.console import Console
 
-    Console().print(plan_line(planned))  # the command's own output, like its tables: what the user started
+    Console().print(plan_line(planned, args.profile))  # the command's own output, like its tables: what the user started
     stamp = dt.datetime.now().strftime("%Y-%m-%d")
     out_dir = Path(args.out) / (stamp + ("" if mode == "default" else f"-{mode}"))
     out_dir.mkdir(parents=True, exist_ok=True)

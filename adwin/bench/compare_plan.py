@@ -136,8 +136,10 @@ def plan(tasks: Sequence[tuple[str, Any, Sequence[Method]]], seeds: int, jobs: i
             "runs": seeds * sum(len(m) for _, _, m in tasks), "seeds": seeds, "tasks": len(tasks)}
 
 
-def plan_line(p: dict[str, Any]) -> str:
+def plan_line(p: dict[str, Any], profile: str = "default") -> str:
+    head = f"planned: {p['tasks']} task(s), {p['runs']} runs ({p['seeds']} seed(s))"
+    if profile == "tiny":  # the cost model is the default profile's models; the tiny ones take seconds
+        return head + ", tiny profile: seconds"
     per = ", ".join(f"{t} {s / 60:.0f}" for t, s in p["core_s"].items())
-    return (f"planned: {p['tasks']} task(s), {p['runs']} runs ({p['seeds']} seed(s)), estimated "
-            f"{math.ceil(p['wall_s'] / 60)} min at {p['jobs']} job(s) on an idle machine "
+    return (f"{head}, estimated {math.ceil(p['wall_s'] / 60)} min at {p['jobs']} job(s) on an idle machine "
             f"(core-minutes per task: {per}; reference: SFT step 0.080 s)")
