@@ -165,7 +165,8 @@ def print_table(results: Mapping[str, Any], console: Any = None) -> None:
         console.print(lag)
     console.print("methods: " + "; ".join(f"{k} = {e.get('label', k)}" for k, e in results["methods"].items()))
     console.print(f"FLOPs (estimate): {FLOPS_FORMULA}")
-    console.print(goal_text(results["goal"]))
+    if not meta.get("suite"):  # the suite's goals are the cross-task ones (compare_suite), not this task's
+        console.print(goal_text(results["goal"]))
     console.print(f"total {meta.get('total_s', math.nan):.0f} s; machine before: {meta.get('machine_before')}, "
                   f"after: {meta.get('machine')}")
 
@@ -255,7 +256,7 @@ its start and end evaluation (identical for every method); train: the learner's 
 decision share: the learner's own seconds on probes, the teacher's scoring of probe batches, drift and audits
 (time/probe + time/audit) over the e2e wall, not a probe worker thread's.</p>
 <table><tr>{head}</tr>{body}</table>{lag_table}
-<p>{esc(goal_text(results['goal']))}</p>
+<p>{'' if meta.get('suite') else esc(goal_text(results['goal']))}</p>
 <p><b>FLOPs (estimate):</b> {esc(FLOPS_FORMULA)}. {esc(FLOPS_NOTE)}</p>
 <p>total {meta.get('total_s', 0):.0f} s · machine before: {esc(json.dumps(meta.get('machine_before')))}, after:
 {esc(json.dumps(meta.get('machine')))}</p>
