@@ -14,6 +14,10 @@ one per core; the results do not depend on it, only the wall times do). The buil
 problems are the same for every run. Output: a table, ``<out>/<date>[-quick|-tiny]/results.json``,
 ``accuracy_vs_tokens.png``, ``windows.png`` and ``index.html``.
 
+Each task's runs get the task's own horizon and candidate ladder (``adwin.bench.compare_plan.task_config``), and
+a planned-cost line is printed before the first run. ``--suite`` is the five-task suite proportioned like the
+paper (``configs/suite.yaml``, per-task steps and evaluation size; docs/benchmarks.md, "The five-task suite").
+
 ``--tasks chain,chain-drift,chain-late`` runs every method on every built-in task (paired: the same seeds,
 training prompts and evaluation problems across methods) into ``<out>/<date>/<task>/`` each, plus a
 cross-task ``index.html`` and ``suite.json`` with each method's regret and worst-case regret
@@ -60,6 +64,7 @@ from adwin.bench.compare_methods import (  # noqa: F401  (re-exported: the compa
     quick_keys,
     select_methods,
     suite_keys,
+    suite_quick_keys,
 )
 from adwin.tasks.suite import DEFAULT_TASK, TASK_NAMES, get_task
 
@@ -92,8 +97,14 @@ DEFAULT_OVERRIDES: dict[str, Any] = BATCH_OVERRIDES | {"eval.n_problems": 1024, 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--profile", choices=("default", "tiny"), default="default",
                    help="built-in task models; tiny: tiny models and budget (smoke test, < 60 s)")
-    p.add_argument("--tasks", default=DEFAULT_TASK,
-                   help=f"comma-separated built-in tasks ({', '.join(TASK_NAMES)}); default {DEFAULT_TASK}")
+    p.add_argument("--tasks", default=None,
+                   help=f"comma-separated built-in tasks ({', '.join(TASK_NAMES)}); default {DEFAULT_TASK}; each "
+                        "task's runs get its own horizon and candidate ladder")
+    p.add_argument("--suite", action="store_true",
+                   help="the five-task suite proportioned like the paper: configs/suite.yaml (128 rollouts per "
+                        "step, P = 8, the default probe backend and audit budget), the goal's methods, steps and "
+                        "evaluation problems per task (adwin.bench.compare_plan.SIZING); --quick: its smoke run; "
+                        "--tasks: a subset of the five")
     p.add_argument("--quick", action="store_true", help="smoke run: one seed, fewer steps, six methods")
     p.add_argument("--methods", help="comma-separated method keys or families (full, linear, fixed, fixed-64, adwin, "
                                      "adwin-0.7, surprise, iw-opd; opt-in: asyncopd-is, asyncopd-oapl, e.g. "
@@ -136,10 +147,14 @@ def parse_seeds(spec: str | None, default: int) -> list[int]:
 def base_overrides(args: argparse.Namespace, mode: str, steps: int) -> dict[str, Any]:
     from adwin.config import parse_set
 
-    ov: dict[str, Any] = dict({"tiny": TINY_OVERRIDES, "quick": QUICK_OVERRIDES, "default": DEFAULT_OVERRIDES}[mode])
-    # inline probe rounds keep every method's run a pure function of its seed, so the methods differ only
-    # by what they are; `--set probes.backend=thread` measures the asynchronous variant instead
-    ov["probes.backend"] = "inline"
+    if getattr(args, "suite", False):
+        # the suite keeps its preset's batch, probe backend and budget; the tiny profile shrinks them
+        ov: dict[str, Any] = dict(TINY_OVERRIDES) if mode == "tiny" else {}
+    else:
+        ov = dict({"tiny": TINY_OVERRIDES, "quick": QUICK_OVERRIDES, "default": DEFAULT_OVERRIDES}[mode])
+        # inline probe rounds keep every method's run a pure function of its seed, so the methods differ only
+        # by what they are; `--set probes.backend=thread` measures the asynchronous variant instead
+        ov["probes.backend"] = "inline"
     ov |= parse_set(args.set)
     ov |= {"steps": steps, "eval.every": 0, "controller.serve": False, "logging.progress": False, "logging.stdout": False,
            "logging.wandb": "off"}
@@ -147,48 +162,80 @@ def base_overrides(args: argparse.Namespace, mode: str, steps: int) -> dict[str,
 
 
 def main(args: argparse.Namespace) -> int:
-    from adwin.config import load_config, resolve_config
+    from adwin.bench.compare_plan import (
+        SIZING,
+        SUITE_CONFIG,
+        SUITE_TASKS,
+        plan,
+        plan_line,
+        regime,
+        task_config,
+    )
+    from adwin.config import load_config, parse_set, resolve_config
+    from adwin.tasks.suite import get_task
 
     mode = "tiny" if args.profile == "tiny" else "quick" if args.quick else "default"
     if args.jobs is None:
         args.jobs = 1 if mode == "tiny" else 2
     if args.jobs < 1:
         raise ValueError("--jobs must be >= 1")
-    tasks = parse_tasks(args.tasks)
-    steps = args.steps or STEPS[mode]
+    tasks = parse_tasks(args.tasks) if args.tasks else list(SUITE_TASKS) if args.suite else [DEFAULT_TASK]
     seeds = parse_seeds(args.seeds, SEEDS[mode])
-    config_path = resolve_config(args.config).path
-    base = load_config(config_path, base_overrides(args, mode, steps))
-    methods = all_methods(base.rollout.max_response_len, list(base.window.candidates),
-                          samples_per_step=base.rollout.prompts_per_step * base.rollout.samples_per_prompt,
-                          window_policy=base.window.policy)
-    default_keys = (quick_keys(base.window.candidates) if mode != "default"
-                    else suite_keys(base.window.candidates) if len(tasks) > 1 else None)
-    chosen = select_methods(args.methods, methods, default_keys)
+    config_path = resolve_config(args.config or (SUITE_CONFIG if args.suite else None)).path
+    base = load_config(config_path, base_overrides(args, mode, args.steps or STEPS[mode]))
+    user_keys = list(parse_set(args.set))
+    # each task's run config: its horizon, ladder and (in the suite) its steps and evaluation size
+    shaped: list[tuple[str, Any, list[Method]]] = []
+    for task in tasks:
+        size = SIZING[mode][regime(get_task(task))] if args.suite else None
+        cfg = task_config(base, task, args.profile, user_keys, size.eval_problems if size else None)
+        if size and not args.steps:
+            cfg = cfg.model_copy(update={"steps": size.steps})
+        methods = all_methods(cfg.rollout.max_response_len, list(cfg.window.candidates),
+                              samples_per_step=cfg.rollout.prompts_per_step * cfg.rollout.samples_per_prompt,
+                              window_policy=cfg.window.policy)
+        cands = list(cfg.window.candidates)
+        default_keys = ((suite_quick_keys(cands) if args.suite else quick_keys(cands)) if mode != "default"
+                        else suite_keys(cands) if len(tasks) > 1 else None)
+        try:
+            chosen = select_methods(args.methods, methods, default_keys)
+        except ValueError as e:
+            raise ValueError(f"task {task}: {e}") from e
+        shaped.append((task, cfg, chosen))
+    planned = plan(shaped, len(seeds), args.jobs)
+    from rich.console import Console
+
+    Console().print(plan_line(planned, args.profile))  # the command's own output, like its tables: what the user started
     stamp = dt.datetime.now().strftime("%Y-%m-%d")
     out_dir = Path(args.out) / (stamp + ("" if mode == "default" else f"-{mode}"))
     out_dir.mkdir(parents=True, exist_ok=True)
     meta = {
         "date": dt.datetime.now().isoformat(timespec="seconds"),
         "command": command_line(),
-        "mode": mode, "smoke": mode != "default", "profile": args.profile, "steps": steps, "seeds": seeds,
-        "methods": [m.key for m in chosen], "tasks": tasks, "base_config": str(config_path), "overrides": base_overrides(args, mode, steps),
+        "mode": mode, "smoke": mode != "default", "profile": args.profile, "steps": base.steps, "seeds": seeds,
+        "tasks": tasks, "suite": bool(args.suite), "base_config": str(config_path),
+        "overrides": base_overrides(args, mode, base.steps), "plan": planned,
         "assets_seed": args.assets_seed, "jobs": args.jobs, "machine_before": machine_info(),
     }
-    from adwin.bench.compare_report import finish, finish_suite
+    from adwin.bench.compare_report import finish
+    from adwin.bench.compare_suite import finish_suite
 
     per_task: dict[str, dict[str, Any]] = {}
-    for task in tasks:
+    for task, task_base, chosen in shaped:
         # one task keeps the single-task layout; several get a folder each and a cross-task page
         task_dir = out_dir if len(tasks) == 1 else out_dir / task
         task_dir.mkdir(parents=True, exist_ok=True)
-        task_base = base.model_copy(update={"data": base.data.model_copy(update={"builtin_task": task})})
         started = time.perf_counter()
         runs = run_all(task_base, chosen, seeds, args, task_dir)
-        task_meta = meta | {"task": task, "machine": machine_info(), "total_s": time.perf_counter() - started}
+        task_meta = meta | {"task": task, "steps": task_base.steps, "methods": [m.key for m in chosen],
+                            "horizon": task_base.rollout.max_response_len,
+                            "candidates": list(task_base.window.candidates),
+                            "eval_problems": task_base.eval.n_problems, "machine": machine_info(),
+                            "total_s": time.perf_counter() - started}
         per_task[task] = finish(task_meta, chosen, runs, task_dir, plots=not args.no_plots)
     if len(tasks) > 1:
-        finish_suite(meta | {"machine": machine_info()}, chosen, per_task, out_dir)
+        finish_suite(meta | {"machine": machine_info()}, {t: m for t, _, m in shaped}, per_task, out_dir,
+                     plots=not args.no_plots)
     return 0
 
 
@@ -319,9 +366,9 @@ def run_one(base: Any, method: Method, seed: int, profile: str, assets_seed: int
     """One training run through ``adwin.loop.trainer.train`` (or ``train_asyncopd`` for ``scheduler: asyncopd``)
     with an embedded controller; its measured row. ``initial_eval``: the seed's shared start-of-run evaluation (:func:`initial_eval_job`); None evaluates."""
     from adwin.bench.compare_stats import measure_run
-    from adwin.probes.settings import param_count
     from adwin.controller import Controller
     from adwin.loop.trainer import train
+    from adwin.probes.settings import param_count
 
     if initial_eval is not None and (bad := [k for k in method.overrides if k.startswith(SHARED_EVAL_KEYS)]):
         raise ValueError(f"{method.key}: overrides {bad}, which the shared start-of-run evaluation depends on")

@@ -19,6 +19,12 @@ class Method:
     overrides: dict[str, Any] = field(default_factory=dict)
     adaptive: bool = False  # its window changes during the run (plotted over steps)
     opt_in: bool = False  # run only when named in --methods
+    rung: int | None = None  # a fixed window's place in its task's ladder, 1 = the shortest
+
+    def suite_names(self) -> list[str]:
+        """Its names across tasks: a fixed window is also ``fixed-rung<k>`` (the same rung of every
+        task's ladder), so windows of different tasks' ladders compare in one regret row."""
+        return [self.key] if self.rung is None else [f"fixed-rung{self.rung}", self.key]
 
 
 def fast_opd_schedule(max_len: int) -> int:
@@ -55,7 +61,8 @@ def all_methods(max_len: int, candidates: list[int], samples_per_step: int = 16,
     s = fast_opd_schedule(max_len)
     out = [Method("full", "OPD (full rollout)", policy_overrides("full")),
            Method("linear", f"Fast OPD (linear {s}/+{s})", policy_overrides("linear", start=s, step=s), adaptive=True)]
-    out += [Method(f"fixed-{c}", f"Prefix OPD-{c}", policy_overrides("fixed", window=c)) for c in candidates]
+    out += [Method(f"fixed-{c}", f"Prefix OPD-{c}", policy_overrides("fixed", window=c), rung=i + 1)
+            for i, c in enumerate(candidates)]
     out += [Method(f"adwin-{t}", f"ADWIN (tau={t})", policy_overrides("adwin", threshold=t), adaptive=True)
             for t in THRESHOLDS]
     out += [Method("surprise", "teacher-surprise horizon", policy_overrides("surprise"), adaptive=True),
@@ -75,6 +82,11 @@ def suite_keys(candidates: list[int]) -> list[str]:
     return ["full", "linear", *(f"fixed-{c}" for c in candidates), "adwin-0.7"]
 
 
+def suite_quick_keys(candidates: list[int]) -> list[str]:
+    """The goal's methods in a smoke run across tasks: one fixed window, the middle rung."""
+    return ["full", "linear", f"fixed-{candidates[len(candidates) // 2]}", "adwin-0.7"]
+
+
 def select_methods(spec: str | None, methods: list[Method], default_keys: list[str] | None) -> list[Method]:
     """``--methods``: comma-separated keys; a family name (``fixed``, ``adwin``) selects all its members."""
     by_key = {m.key: m for m in methods}
@@ -84,12 +96,15 @@ def select_methods(spec: str | None, methods: list[Method], default_keys: list[s
         keys = []
         for name in (x.strip() for x in spec.split(",") if x.strip()):
             family = [k for k in by_key if k.startswith(f"{name}-")]
+            rung = [m.key for m in methods if name in m.suite_names() and name != m.key]
             if name in by_key:
                 keys.append(name)
+            elif rung:
+                keys += rung  # fixed-rung<k>: the task's k-th candidate
             elif family:
                 keys += family
             else:
-                raise ValueError(f"--methods: unknown method {name!r}; known: {', '.join(by_key)} (or fixed, adwin, "
+                raise ValueError(f"--methods: unknown method {name!r}; known: {', '.join(by_key)} (or fixed, fixed-rung<k>, adwin, "
                                  "asyncopd-is, asyncopd-oapl)")
     if "full" not in keys:
         keys.insert(0, "full")  # every ratio is to full-rollout OPD

@@ -10,7 +10,7 @@ from pathlib import Path
 from typing import Any
 
 from adwin.bench.compare_stats import FLOPS_FORMULA, FLOPS_NOTE, aggregate, goal_check
-from adwin.bench.compare_tasks import REFERENCE, paired_stats, regrets, samples_needed, suite_goal
+from adwin.bench.compare_tasks import paired_stats
 
 SMOKE_BANNER = "SMOKE RUN ({mode}): one seed, few steps, reduced budget. Not a result; do not quote these numbers."
 
@@ -92,10 +92,12 @@ COLUMNS: list[tuple[str, Any]] = [
     ("× full tokens", lambda k, e: _ratio(e, "rollout_tokens")),
     ("FLOPs", lambda k, e: _eng(e["metrics"]["flops"]["mean"])),
     ("× full FLOPs", lambda k, e: _ratio(e, "flops")),
-    ("wall s", lambda k, e: _ms(e, "wall_s", "{:.1f}")),
-    ("× full wall", lambda k, e: _ratio(e, "train_wall_s")),
-    ("audit time share", lambda k, e: _ms(e, "audit_overhead_frac", "{:.2f}")),
-    ("audit FLOPs share", lambda k, e: _ms(e, "probe_flops_frac", "{:.2f}")),
+    ("e2e wall s", lambda k, e: _ms(e, "train_wall_s", "{:.1f}")),
+    ("× full e2e wall", lambda k, e: _ratio(e, "train_wall_s")),
+    ("train s", lambda k, e: _ms(e, "learner_train_s", "{:.1f}")),
+    ("× full train", lambda k, e: _ratio(e, "learner_train_s")),
+    ("decision share of wall (learner)", lambda k, e: _ms(e, "audit_overhead_frac", "{:.3f}")),
+    ("decision FLOPs share", lambda k, e: _ms(e, "probe_flops_frac", "{:.2f}")),
     ("mean W", lambda k, e: _ms(e, "mean_window", "{:.0f}")),
     ("acc / 1M tok", lambda k, e: _ms(e, "accuracy_per_mtoken", "{:.2f}")),
 ]
@@ -163,7 +165,8 @@ def print_table(results: Mapping[str, Any], console: Any = None) -> None:
         console.print(lag)
     console.print("methods: " + "; ".join(f"{k} = {e.get('label', k)}" for k, e in results["methods"].items()))
     console.print(f"FLOPs (estimate): {FLOPS_FORMULA}")
-    console.print(goal_text(results["goal"]))
+    if not meta.get("suite"):  # the suite's goals are the cross-task ones (compare_suite), not this task's
+        console.print(goal_text(results["goal"]))
     console.print(f"total {meta.get('total_s', math.nan):.0f} s; machine before: {meta.get('machine_before')}, "
                   f"after: {meta.get('machine')}")
 
@@ -248,9 +251,12 @@ td,th{{border:1px solid #ccc;padding:4px 8px;text-align:right}} td:first-child{{
 <h1>adwin bench compare</h1>{banner}
 <p>{esc(meta['date'])} · {meta['steps']} steps × seeds {esc(str(meta['seeds']))} · profile {esc(meta['profile'])}
 · command: <code>{esc(str(meta.get('command')))}</code></p>
-<p>Mean ± std over seeds; × columns are ratios of means to full-rollout OPD (wall: without evaluation).</p>
+<p>Mean ± std over seeds; × columns are ratios of means to full-rollout OPD. e2e wall: the run's whole wall but
+its start and end evaluation (identical for every method); train: the learner's rollout + teacher + train phases;
+decision share: the learner's own seconds on probes, the teacher's scoring of probe batches, drift and audits
+(time/probe + time/audit) over the e2e wall, not a probe worker thread's.</p>
 <table><tr>{head}</tr>{body}</table>{lag_table}
-<p>{esc(goal_text(results['goal']))}</p>
+<p>{'' if meta.get('suite') else esc(goal_text(results['goal']))}</p>
 <p><b>FLOPs (estimate):</b> {esc(FLOPS_FORMULA)}. {esc(FLOPS_NOTE)}</p>
 <p>total {meta.get('total_s', 0):.0f} s · machine before: {esc(json.dumps(meta.get('machine_before')))}, after:
 {esc(json.dumps(meta.get('machine')))}</p>
@@ -309,53 +315,3 @@ def plot_audit_curves(runs: Sequence[Mapping[str, Any]], path: Path, meta: Mappi
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)
-
-
-def finish_suite(meta: dict[str, Any], methods: Sequence[Any], per_task: Mapping[str, Mapping[str, Any]],
-                 out_dir: Path) -> dict[str, Any]:
-    """The cross-task page: each method's regret per task and worst-case regret, its rollout tokens relative
-    to full-rollout OPD averaged over tasks, and issue 15's goal as measured; links to every task's page."""
-    keys = [m.key for m in methods]
-    accuracy = {t: {k: r["methods"][k]["metrics"]["accuracy_final"]["mean"] for k in keys if k in r["methods"]}
-                for t, r in per_task.items()}
-    regret = regrets(accuracy)
-    token_ratio = {k: sum(r["methods"][k]["ratio_to_full"]["rollout_tokens"] for r in per_task.values()) / len(per_task)
-                   for k in keys if all(k in r["methods"] for r in per_task.values())}
-    halfwidths = {t: max((e["paired"]["diff_to_full"]["halfwidth"] for e in r["methods"].values()
-                          if "diff_to_full" in e.get("paired", {})), default=math.nan) for t, r in per_task.items()}
-    suite = {"meta": meta | {"samples_needed_for_0.03": samples_needed(0.03)}, "regret": regret,
-             "token_ratio_mean": token_ratio, "max_paired_halfwidth": halfwidths,
-             "goal": suite_goal(regret, token_ratio)}
-    (out_dir / "suite.json").write_text(json.dumps(clean(suite), indent=2))
-    tasks, esc = list(per_task), html.escape
-    head = "<th>method</th>" + "".join(f"<th>regret {esc(t)}</th>" for t in tasks) + \
-        "<th>worst-case regret</th><th>× full rollout tokens (mean over tasks)</th>"
-    rows = []
-    for k in keys:
-        if k not in regret:
-            continue
-        cells = "".join(f"<td>{regret[k]['per_task'].get(t, math.nan):.3f}</td>" for t in tasks)
-        rows.append(f"<tr><td>{esc(k)}</td>{cells}<td>{regret[k]['worst']:.3f}</td>"
-                    f"<td>{token_ratio.get(k, math.nan):.2f}</td></tr>")
-    banner = f"<p class='smoke'>{esc(SMOKE_BANNER.format(mode=meta['mode']))}</p>" if meta.get("smoke") else ""
-    sections = "".join(
-        f"<h2>{esc(t)}</h2><p><a href='{esc(t)}/index.html'>full table</a> · largest paired CI half-width "
-        f"{halfwidths[t]:.3f}</p><img src='{esc(t)}/accuracy_vs_tokens.png' alt='accuracy'>"
-        f"<img src='{esc(t)}/windows.png' alt='windows'><img src='{esc(t)}/audits.png' alt='audits'>" for t in tasks)
-    goal = suite["goal"]
-    goal_line = ("goal not evaluated: " + str(goal.get("why"))) if not goal.get("evaluated") else (
-        f"ADWIN-0.7 worst-case regret {goal['adwin_worst_regret']:.3f} vs fixed/linear "
-        f"{', '.join(f'{k} {v:.3f}' for k, v in goal['rival_worst_regret'].items())}; rollout tokens "
-        f"{goal['adwin_token_ratio']:.2f}× full → goal {'MET' if goal['met'] else 'NOT MET'} (as measured)")
-    page = f"""<!doctype html>
-<html><head><meta charset="utf-8"><title>adwin bench compare across tasks {esc(meta['date'])}</title>
-<style>body{{font-family:sans-serif;max-width:1200px;margin:2em auto}} table{{border-collapse:collapse}}
-td,th{{border:1px solid #ccc;padding:4px 8px;text-align:right}} td:first-child{{text-align:left}}
-.smoke{{color:#b00;font-weight:bold;font-size:1.2em}} img{{max-width:32%}}</style></head><body>
-<h1>adwin bench compare across tasks</h1>{banner}
-<p>{esc(meta['date'])} · command: <code>{esc(str(meta.get('command')))}</code></p>
-<p>Regret: the task's best mean accuracy minus the method's ({esc(REFERENCE)} is the token reference).</p>
-<table><tr>{head}</tr>{''.join(rows)}</table><p>{esc(goal_line)}</p>{sections}</body></html>
-"""
-    (out_dir / "index.html").write_text(page)
-    return suite

@@ -19,9 +19,15 @@ METRICS: dict[str, str] = {
     "rollout_tokens": "rollout tokens (sync + probe)",
     "flops": "training FLOPs (est.)",
     "wall_s": "wall time s",
-    "train_wall_s": "wall time without eval s",
-    "audit_overhead_s": "probe + audit time s",
-    "audit_overhead_frac": "probe + audit share of train wall",
+    # end-to-end: the run's whole wall but its start and end evaluation (the same for every method)
+    "train_wall_s": "end-to-end wall without evaluation s",
+    "learner_train_s": "train wall s (the learner's rollout + teacher + train phases)",
+    "audit_overhead_s": "learner-side decision time s (probe + audit phases)",
+    # the learner's own seconds on offers, inline probe rounds, the teacher's scoring of probe batches, drift
+    # and audits (time/probe + time/audit), not a probe worker thread's: what the decisions cost the run's clock
+    "audit_overhead_frac": "learner-side decision share of the end-to-end wall",
+    "decision_flops_share": "decisions' share of FLOPs (decision/flops_share)",
+    "decision_seconds_share": "decisions' seconds wherever run / (those + training's) (decision/seconds_share)",
     "probe_flops_frac": "probe + audit share of FLOPs",
     "mean_window": "mean window",
     "accuracy_per_mtoken": "accuracy per 1M rollout tokens",
@@ -42,11 +48,17 @@ LAG_KEYS: tuple[tuple[str, str, str], ...] = (
     ("is_ratio_max", "loss/is_ratio_max", "max"), ("logprob_gap_mean", "rollout/logprob_gap_mean", "mean"),
 )
 RATIO_METRICS = ("accuracy_final", "teacher_kl_final", "sync_tokens", "rollout_tokens", "flops", "wall_s",
-                 "train_wall_s")
+                 "train_wall_s", "learner_train_s")
 
 
 def _sum(history: Sequence[Mapping[str, Any]], key: str) -> float:
     return float(sum(float(h[key]) for h in history if key in h and h[key] is not None))
+
+
+def _last(history: Sequence[Mapping[str, Any]], key: str) -> float:
+    """A cumulative metric's last logged value; NaN when never logged (a run without decisions)."""
+    vals = [float(h[key]) for h in history if h.get(key) is not None]
+    return vals[-1] if vals else math.nan
 
 
 def estimate_flops(history: Sequence[Mapping[str, Any]], n_student: int, n_teacher: int,
@@ -102,6 +114,9 @@ def measure_run(history: Sequence[Mapping[str, Any]], initial: Mapping[str, floa
         "wall_s": wall,
         "eval_s": eval_s,
         "train_wall_s": wall - eval_s,
+        "learner_train_s": sum(_sum(history, f"time/{p}") for p in ("rollout", "teacher", "train")),
+        "decision_flops_share": _last(history, "decision/flops_share"),
+        "decision_seconds_share": _last(history, "decision/seconds_share"),
         "audit_overhead_s": overhead,
         "audit_overhead_frac": overhead / (wall - eval_s) if wall - eval_s > 0 else math.nan,
         "audits": int(sum(h.get("audit/submitted", 0.0) for h in history)),

@@ -1,0 +1,130 @@
+"""The cross-task outputs of ``adwin bench compare`` over several tasks: regret per task and worst case under
+each method's cross-task names (fixed windows by ladder rung and by value), wall, FLOPs and token ratios to
+full averaged over tasks, the largest learner-side decision share, the suite's goals (computed), ``suite.json``,
+``index.html`` and a regret-vs-wall plot."""
+
+from __future__ import annotations
+
+import html
+import json
+import math
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+from adwin.bench.compare_report import SMOKE_BANNER, _plt, clean
+from adwin.bench.compare_tasks import LONG_TASK, REFERENCE, goal_lines, regrets, samples_needed, suite_goals
+
+RATIOS = {"train_wall_s": "e2e wall", "flops": "FLOPs", "rollout_tokens": "rollout tokens"}
+
+
+def cross_task(methods: Mapping[str, Sequence[Any]], per_task: Mapping[str, Mapping[str, Any]]) -> dict[str, Any]:
+    """Per cross-task name (``Method.suite_names``): accuracy per task, and each ratio to full per task."""
+    accuracy: dict[str, dict[str, float]] = {}
+    ratios: dict[str, dict[str, dict[str, float]]] = {m: {} for m in RATIOS}
+    for task, chosen in methods.items():
+        results = per_task[task]["methods"]
+        for m in chosen:
+            if m.key not in results:
+                continue
+            for name in m.suite_names():
+                accuracy.setdefault(task, {})[name] = results[m.key]["metrics"]["accuracy_final"]["mean"]
+                for metric in RATIOS:
+                    ratios[metric].setdefault(name, {})[task] = results[m.key]["ratio_to_full"][metric]
+    return {"accuracy": accuracy, "ratios": ratios}
+
+
+def mean_over_tasks(by_task: Mapping[str, float], tasks: Sequence[str]) -> float:
+    """The mean over ``tasks`` (NaN unless the name ran on every task with a finite value)."""
+    vals = [by_task.get(t, math.nan) for t in tasks]
+    vals = [v if v is not None else math.nan for v in vals]
+    return sum(vals) / len(vals) if vals and all(math.isfinite(v) for v in vals) else math.nan
+
+
+def max_decision_share(per_task: Mapping[str, Mapping[str, Any]]) -> float:
+    vals = [float(r["audit_overhead_frac"]) for res in per_task.values() for r in res["runs"]
+            if r.get("audit_overhead_frac") is not None and math.isfinite(float(r["audit_overhead_frac"]))]
+    return max(vals, default=math.nan)
+
+
+def finish_suite(meta: dict[str, Any], methods: Mapping[str, Sequence[Any]],
+                 per_task: Mapping[str, Mapping[str, Any]], out_dir: Path, plots: bool = True) -> dict[str, Any]:
+    tasks = list(per_task)
+    cross = cross_task(methods, per_task)
+    regret = regrets(cross["accuracy"])
+    means = {metric: {k: mean_over_tasks(v, tasks) for k, v in by_name.items()}
+             for metric, by_name in cross["ratios"].items()}
+    halfwidths = {t: max((e["paired"]["diff_to_full"]["halfwidth"] for e in r["methods"].values()
+                          if "diff_to_full" in e.get("paired", {})), default=math.nan) for t, r in per_task.items()}
+    share = max_decision_share(per_task)
+    goals = suite_goals(regret, tasks, means["train_wall_s"], share,
+                        per_task[LONG_TASK]["methods"] if LONG_TASK in per_task else None)
+    suite = {"meta": meta | {"samples_needed_for_0.03": samples_needed(0.03)}, "regret": regret,
+             "ratio_mean": means, "token_ratio_mean": means["rollout_tokens"], "max_paired_halfwidth": halfwidths,
+             "max_decision_share": share, "goals": goals, "goal_lines": goal_lines(goals)}
+    (out_dir / "suite.json").write_text(json.dumps(clean(suite), indent=2))
+    from rich.console import Console
+
+    console = Console(width=200)
+    for line in suite["goal_lines"]:
+        console.print(line, markup=False)
+    if plots:
+        plot_regret_vs_wall(regret, means["train_wall_s"], out_dir / "regret_vs_wall.png", meta)
+    write_suite_html(suite, tasks, out_dir / "index.html")
+    return suite
+
+
+def _f(x: Any, fmt: str = "{:.3f}") -> str:
+    return "—" if x is None or not math.isfinite(x) else fmt.format(x)
+
+
+def write_suite_html(suite: Mapping[str, Any], tasks: Sequence[str], path: Path) -> None:
+    meta, regret, means, esc = suite["meta"], suite["regret"], suite["ratio_mean"], html.escape
+    head = ("<th>method</th>" + "".join(f"<th>regret {esc(t)}</th>" for t in tasks) + "<th>worst-case regret</th>"
+            + "".join(f"<th>× full {esc(label)} (mean over tasks)</th>" for label in RATIOS.values()))
+    rows = []
+    for k, entry in regret.items():
+        cells = "".join(f"<td>{_f(entry['per_task'].get(t))}</td>" for t in tasks)
+        ratio_cells = "".join(f"<td>{_f(means[m].get(k), '{:.2f}')}</td>" for m in RATIOS)
+        rows.append(f"<tr><td>{esc(k)}</td>{cells}<td>{_f(entry['worst'])}</td>{ratio_cells}</tr>")
+    banner = f"<p class='smoke'>{esc(SMOKE_BANNER.format(mode=meta['mode']))}</p>" if meta.get("smoke") else ""
+    sections = "".join(
+        f"<h2>{esc(t)}</h2><p><a href='{esc(t)}/index.html'>full table</a> · largest paired CI half-width "
+        f"{_f(suite['max_paired_halfwidth'][t])}</p><img src='{esc(t)}/accuracy_vs_tokens.png' alt='accuracy'>"
+        f"<img src='{esc(t)}/windows.png' alt='windows'><img src='{esc(t)}/audits.png' alt='audits'>" for t in tasks)
+    goals = "".join(f"<li>{esc(line)}</li>" for line in suite["goal_lines"])
+    page = f"""<!doctype html>
+<html><head><meta charset="utf-8"><title>adwin bench compare across tasks {esc(meta['date'])}</title>
+<style>body{{font-family:sans-serif;max-width:1200px;margin:2em auto}} table{{border-collapse:collapse}}
+td,th{{border:1px solid #ccc;padding:4px 8px;text-align:right}} td:first-child{{text-align:left}}
+.smoke{{color:#b00;font-weight:bold;font-size:1.2em}} img{{max-width:32%}}</style></head><body>
+<h1>adwin bench compare across tasks</h1>{banner}
+<p>{esc(meta['date'])} · command: <code>{esc(str(meta.get('command')))}</code></p>
+<p>Regret: the task's best mean accuracy minus the method's. <code>fixed-rung&lt;k&gt;</code>: the k-th window of
+each task's own ladder; a fixed window by value has a regret on the tasks whose ladder holds it. Ratios are to
+{esc(REFERENCE)}; e2e wall excludes the start and end evaluation (the same for every method).</p>
+<table><tr>{head}</tr>{''.join(rows)}</table><h2>Goals (computed from the numbers above)</h2><ul>{goals}</ul>
+<img src="regret_vs_wall.png" alt="regret vs wall">{sections}</body></html>
+"""
+    path.write_text(page)
+
+
+def plot_regret_vs_wall(regret: Mapping[str, Mapping[str, Any]], wall: Mapping[str, float], path: Path,
+                        meta: Mapping[str, Any]) -> None:
+    """One point per cross-task name: worst-case regret against e2e wall over full's (mean over tasks)."""
+    plt = _plt()
+    fig, ax = plt.subplots(figsize=(7, 5))
+    for k, entry in regret.items():
+        x, y = wall.get(k, math.nan), entry["worst"]
+        if not (math.isfinite(x) and math.isfinite(y)):
+            continue
+        ax.plot(x, y, "*" if k.startswith("adwin") else "o", markersize=11 if k.startswith("adwin") else 6)
+        ax.annotate(k, (x, y), textcoords="offset points", xytext=(5, 4), fontsize=8)
+    ax.set_xlabel("e2e wall / full's, mean over tasks")
+    ax.set_ylabel("worst-case regret over tasks")
+    title = "worst-case regret vs wall"
+    ax.set_title(f"SMOKE RUN — {title}" if meta.get("smoke") else title, fontsize=10)
+    ax.grid(True, alpha=0.3)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)

@@ -1,0 +1,187 @@
+"""The five-task suite of ``adwin bench compare``: per-task shapes, the preset, the goals computed from
+results (met and not met), the planned cost, and the tiny-profile smoke run of all five tasks."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from adwin.bench import compare
+from adwin.bench.compare_methods import all_methods, select_methods
+from adwin.bench.compare_plan import (
+    SIZING,
+    SUITE_CONFIG,
+    SUITE_TASKS,
+    plan,
+    plan_line,
+    regime,
+    scaled_initial,
+    task_config,
+)
+from adwin.bench.compare_suite import cross_task, mean_over_tasks
+from adwin.bench.compare_tasks import goal_lines, regrets, suite_goals
+from adwin.cli import main
+from adwin.config import load_config, resolve_config
+from adwin.tasks.suite import get_task
+
+
+def _suite_base(mode: str = "default") -> Any:
+    args = argparse.Namespace(set=[], suite=True)
+    return load_config(resolve_config(SUITE_CONFIG).path, compare.base_overrides(args, mode, 20))
+
+
+def test_the_suite_preset_is_proportioned_like_the_paper() -> None:
+    base = _suite_base()
+    batch = base.rollout.prompts_per_step * base.rollout.samples_per_prompt
+    assert batch == 128 and base.probes.batch_size * 16 == batch  # P = 1/16 of the training batch
+    assert base.probes.offers_per_step * base.probes.staleness_limit >= base.probes.batch_size  # P can fill
+    assert base.probes.max_active >= base.probes.batch_size
+    defaults = load_config(None, {})
+    assert base.audit.budget == defaults.audit.budget == type(base.audit)().budget  # the budget at its default
+    assert base.probes.backend == type(base.probes)().backend  # the default probe backend, not compare's inline
+    assert "adwin bench compare --suite" in resolve_config(SUITE_CONFIG).path.read_text().splitlines()[0]
+
+
+@pytest.mark.parametrize("task", SUITE_TASKS)
+def test_each_task_runs_at_its_own_horizon_and_ladder(task: str) -> None:
+    t = get_task(task)
+    cfg = task_config(_suite_base(), task, "default", eval_problems=SIZING["default"][regime(t)].eval_problems)
+    assert cfg.data.builtin_task == task and cfg.rollout.max_response_len == t.horizon
+    assert list(cfg.window.candidates) == list(t.candidates)
+    assert cfg.window.initial in t.candidates and cfg.window.initial <= 0.4 * t.horizon  # 128/320 of the horizon
+    fixed = [m for m in all_methods(t.horizon, list(t.candidates)) if m.rung is not None]
+    assert [m.overrides["window.window"] for m in fixed] == list(t.candidates)
+    assert [m.suite_names()[0] for m in fixed] == [f"fixed-rung{k}" for k in range(1, len(t.candidates) + 1)]
+
+
+def test_a_user_set_shape_wins_over_the_tasks() -> None:
+    cfg = task_config(_suite_base(), "chain-long", "default", fixed_keys=["window.candidates"])
+    assert cfg.rollout.max_response_len == 2048  # the task's horizon
+    assert list(cfg.window.candidates) == [32, 64, 128, 192, 256] and cfg.window.initial == 128  # the --set ladder
+
+
+def test_initial_window_keeps_its_share_of_the_horizon() -> None:
+    assert scaled_initial(128, 320, 2048, [64, 128, 256, 512, 1024]) == 512
+    assert scaled_initial(128, 320, 320, [32, 64, 128, 192, 256]) == 128
+    assert scaled_initial(8, 320, 320, [32, 64]) == 32  # none below: the shortest
+    assert scaled_initial(None, 320, 2048, [64]) is None
+
+
+def test_rung_names_select_each_tasks_own_window() -> None:
+    short, long = all_methods(320, [32, 64, 128, 192, 256]), all_methods(2048, [64, 128, 256, 512, 1024])
+    assert [m.key for m in select_methods("fixed-rung2", short, None)] == ["full", "fixed-64"]
+    assert [m.key for m in select_methods("fixed-rung2", long, None)] == ["full", "fixed-128"]
+
+
+def _entry(acc: float, wall: float, flops: float, diff: tuple[float, float] | None = None) -> dict[str, Any]:
+    e: dict[str, Any] = {"metrics": {"accuracy_final": {"mean": acc}},
+                         "ratio_to_full": {"train_wall_s": wall, "flops": flops, "rollout_tokens": flops}}
+    if diff is not None:
+        e["paired"] = {"diff_to_full": {"mean": sum(diff) / 2, "lo": diff[0], "hi": diff[1], "halfwidth": 0.01}}
+    return e
+
+
+def _results(adwin_acc: float, adwin_wall: float, long_diff: tuple[float, float]) -> tuple[dict, dict]:
+    """Five tasks, full / linear / two fixed rungs / ADWIN; ADWIN's accuracy and wall given."""
+    from adwin.bench.compare_methods import Method
+
+    per_task, methods = {}, {}
+    for task in SUITE_TASKS:
+        cands = list(get_task(task).candidates)[:2]
+        chosen = [m for m in all_methods(get_task(task).horizon, cands) if m.key in
+                  ("full", "linear", f"fixed-{cands[0]}", f"fixed-{cands[1]}", "adwin-0.7")]
+        assert all(isinstance(m, Method) for m in chosen)
+        res = {"full": _entry(0.50, 1.0, 1.0), "linear": _entry(0.45, 0.7, 0.7),
+               f"fixed-{cands[0]}": _entry(0.40, 0.2, 0.3), f"fixed-{cands[1]}": _entry(0.47, 0.4, 0.5),
+               "adwin-0.7": _entry(adwin_acc, adwin_wall, adwin_wall, long_diff)}
+        per_task[task] = {"methods": res, "runs": [{"audit_overhead_frac": 0.05}]}
+        methods[task] = chosen
+    return methods, per_task
+
+
+def _goals(methods: dict, per_task: dict, share: float = 0.05) -> dict[str, Any]:
+    cross = cross_task(methods, per_task)
+    regret = regrets(cross["accuracy"])
+    wall = {k: mean_over_tasks(v, list(per_task)) for k, v in cross["ratios"]["train_wall_s"].items()}
+    return suite_goals(regret, list(per_task), wall, share, per_task["chain-long"]["methods"])
+
+
+def test_goals_are_met_when_the_numbers_meet_them() -> None:
+    goals = _goals(*_results(adwin_acc=0.49, adwin_wall=0.35, long_diff=(-0.03, 0.01)))
+    assert goals["decision_share"]["met"] and goals["chain_long"]["met"] and goals["regret"]["met"] and goals["met"]
+    # fixed windows compare by rung across tasks (the ladders differ), and by value where every task has it
+    assert {"fixed-rung1", "fixed-rung2", "linear", "fixed-64"} <= set(goals["regret"]["rival_worst_regret"])
+    assert "fixed-32" not in goals["regret"]["rival_worst_regret"]  # not on the long tasks' ladder
+    assert goals["regret"]["adwin_worst_regret"] == pytest.approx(0.01)
+    assert all(line.endswith(" MET") and "NOT" not in line for line in goal_lines(goals))
+
+
+@pytest.mark.parametrize(("acc", "wall", "diff", "share", "failed"), [
+    (0.49, 0.35, (-0.05, -0.01), 0.05, "chain_long"),  # resolved below full on chain-long
+    (0.49, 0.45, (-0.03, 0.01), 0.05, "chain_long"),  # 0.45x the wall: above 0.4x
+    (0.46, 0.35, (-0.03, 0.01), 0.05, "regret"),  # worst-case regret 0.04 > fixed-rung2's 0.03
+    (0.49, 0.35, (-0.03, 0.01), 0.11, "decision_share"),  # one run spent 11 % on decisions
+])
+def test_goals_are_not_met_when_one_number_misses(acc: float, wall: float, diff: tuple[float, float], share: float,
+                                                  failed: str) -> None:
+    goals = _goals(*_results(acc, wall, diff), share=share)
+    assert not goals[failed]["met"] and not goals["met"]
+    assert [line.endswith("NOT MET") for line in goal_lines(goals)] == \
+        [k == failed for k in ("decision_share", "chain_long", "regret")]
+
+
+def test_regret_goal_needs_the_wall_too() -> None:
+    methods, per_task = _results(0.49, 0.35, (-0.03, 0.01))
+    for res in per_task.values():
+        res["methods"]["adwin-0.7"]["ratio_to_full"]["train_wall_s"] = 0.65
+    goals = _goals(methods, per_task)
+    assert goals["regret"]["lowest"] and not goals["regret"]["wall_ok"] and not goals["regret"]["met"]
+
+
+def test_planned_cost_grows_with_steps_seeds_and_problems_and_names_the_runs() -> None:
+    base = _suite_base()
+    shaped = []
+    for task in ("chain", "chain-long"):
+        cfg = task_config(base, task, "default", eval_problems=64).model_copy(update={"steps": 4})
+        shaped.append((task, cfg, select_methods("full,fixed-rung1", all_methods(
+            cfg.rollout.max_response_len, list(cfg.window.candidates)), None)))
+    one = plan(shaped, seeds=1, jobs=2)
+    assert plan(shaped, seeds=2, jobs=2)["total_core_s"] == pytest.approx(2 * one["total_core_s"])
+    assert plan(shaped, seeds=1, jobs=1)["wall_s"] == pytest.approx(one["total_core_s"])  # one run at a time
+    assert one["total_core_s"] / 2 <= one["wall_s"] < one["total_core_s"]  # two at a time, bounded by the longest
+    longer = [(t, c.model_copy(update={"steps": 8}), m) for t, c, m in shaped]
+    assert plan(longer, seeds=1, jobs=2)["wall_s"] > one["wall_s"]
+    assert one["core_s"]["chain-long"] > one["core_s"]["chain"]  # long rollouts cost more
+    assert one["runs"] == 4 and "4 runs" in plan_line(one) and "min" in plan_line(one)
+
+
+def test_tiny_suite_runs_the_five_tasks_with_their_shapes(tmp_path: Path, monkeypatch, capsys) -> None:
+    monkeypatch.setenv("ADWIN_HOME", str(tmp_path / "home"))
+    t0 = time.perf_counter()
+    rc = main(["bench", "compare", "--suite", "--profile", "tiny", "--out", str(tmp_path / "out"), "--no-plots"])
+    assert rc == 0
+    assert time.perf_counter() - t0 < 120, "the tiny suite must stay a smoke test"
+    out = capsys.readouterr().out
+    assert out.index("planned: 5 task(s), 20 runs") < out.index("decision share: max over runs")
+    (folder,) = (tmp_path / "out").iterdir()
+    suite = json.loads((folder / "suite.json").read_text())
+    assert set(suite["regret"]["full"]["per_task"]) == set(SUITE_TASKS)
+    assert set(suite["goals"]) == {"decision_share", "chain_long", "regret", "met"}
+    assert suite["goals"]["chain_long"]["evaluated"] and suite["goals"]["regret"]["evaluated"]
+    horizons = {}
+    for task in SUITE_TASKS:
+        res = json.loads((folder / task / "results.json").read_text())
+        horizons[task] = res["meta"]["horizon"]
+        assert {r["task"] for r in res["runs"]} == {task}
+        assert res["meta"]["methods"] == ["full", "linear", f"fixed-{res['meta']['candidates'][1]}", "adwin-0.7"]
+        for r in res["runs"]:
+            assert r["train_wall_s"] <= r["wall_s"] and r["learner_train_s"] <= r["train_wall_s"]
+            assert 0.0 <= r["audit_overhead_frac"] <= 1.0
+    assert horizons["chain"] < horizons["chain-long"] == horizons["chain-late-long"]
+    assert not math.isnan(suite["max_decision_share"])
