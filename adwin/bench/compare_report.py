@@ -47,7 +47,23 @@ def finish(meta: dict[str, Any], methods: Sequence[Any], runs: list[dict[str, An
         plot_windows(runs, adaptive, labels, out_dir / "windows.png", meta)
         plot_audit_curves(runs, out_dir / "audits.png", meta)
         write_html(results, out_dir / "index.html")
+    write_markdown(results, out_dir / "results.md")
     return results
+
+
+def markdown_table(header: Sequence[str], rows: Sequence[Sequence[str]]) -> str:
+    """A GitHub table, for pasting a result into docs as it was printed."""
+    lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+    return "\n".join(lines + ["| " + " | ".join(r) + " |" for r in rows]) + "\n"
+
+
+def write_markdown(results: Mapping[str, Any], path: Path) -> None:
+    """``results.md``: the printed table as markdown, with the command and the machine."""
+    meta = results["meta"]
+    banner = f"**{SMOKE_BANNER.format(mode=meta['mode'])}**\n\n" if meta.get("smoke") else ""
+    head = (f"{banner}`{meta.get('command')}` — task {meta.get('task', 'chain')}, {meta['steps']} steps x seeds "
+            f"{meta['seeds']}, {meta.get('total_s', math.nan):.0f} s; machine after: {meta.get('machine')}\n\n")
+    path.write_text(head + markdown_table([name for name, _ in COLUMNS], table_rows(results)))
 
 
 def _ms(entry: Mapping[str, Any], metric: str, fmt: str = "{:.3f}") -> str:

@@ -12,7 +12,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from adwin.bench.compare_report import SMOKE_BANNER, _plt, clean
+from adwin.bench.compare_report import SMOKE_BANNER, _plt, clean, markdown_table
 from adwin.bench.compare_tasks import LONG_TASK, REFERENCE, goal_lines, regrets, samples_needed, suite_goals
 
 RATIOS = {"train_wall_s": "e2e wall", "flops": "FLOPs", "rollout_tokens": "rollout tokens"}
@@ -71,7 +71,26 @@ def finish_suite(meta: dict[str, Any], methods: Mapping[str, Sequence[Any]],
     if plots:
         plot_regret_vs_wall(regret, means["train_wall_s"], out_dir / "regret_vs_wall.png", meta)
     write_suite_html(suite, tasks, out_dir / "index.html")
+    write_suite_markdown(suite, tasks, out_dir / "suite.md")
     return suite
+
+
+def suite_rows(suite: Mapping[str, Any], tasks: Sequence[str]) -> tuple[list[str], list[list[str]]]:
+    """The cross-task table: regret per task, worst case, and each ratio to full averaged over tasks."""
+    header = ["method", *(f"regret {t}" for t in tasks), "worst-case regret",
+              *(f"x full {label} (mean over tasks)" for label in RATIOS.values())]
+    rows = [[k, *(_f(e["per_task"].get(t)) for t in tasks), _f(e["worst"]),
+             *(_f(suite["ratio_mean"][m].get(k), "{:.2f}") for m in RATIOS)] for k, e in suite["regret"].items()]
+    return header, rows
+
+
+def write_suite_markdown(suite: Mapping[str, Any], tasks: Sequence[str], path: Path) -> None:
+    """``suite.md``: the cross-task table and the goal lines, as markdown."""
+    meta = suite["meta"]
+    banner = f"**{SMOKE_BANNER.format(mode=meta['mode'])}**\n\n" if meta.get("smoke") else ""
+    goals = "".join(f"- {line}\n" for line in suite["goal_lines"])
+    path.write_text(f"{banner}`{meta.get('command')}`\n\n" + markdown_table(*suite_rows(suite, tasks))
+                    + "\n" + goals)
 
 
 def _f(x: Any, fmt: str = "{:.3f}") -> str:

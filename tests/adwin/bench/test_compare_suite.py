@@ -185,3 +185,8 @@ def test_tiny_suite_runs_the_five_tasks_with_their_shapes(tmp_path: Path, monkey
             assert 0.0 <= r["audit_overhead_frac"] <= 1.0
     assert horizons["chain"] < horizons["chain-long"] == horizons["chain-late-long"]
     assert not math.isnan(suite["max_decision_share"])
+    # the same tables as markdown, for docs: one row per method, the goal lines under the cross-task table
+    md = (folder / "suite.md").read_text()
+    assert "| method | regret chain |" in md and all(line in md for line in suite["goal_lines"])
+    rows = [x for x in (folder / "chain-long" / "results.md").read_text().splitlines() if x.startswith("| ")]
+    assert len(rows) == 1 + 4 and rows[1].startswith("| full |")
