@@ -24,6 +24,8 @@ def summarize(history: Sequence[Mapping[str, Any]], initial: Mapping[str, float]
     staleness = [h["probe/staleness_max"] for h in history if "probe/staleness_max" in h]
     consumed = [h["audit/staleness_max"] for h in history if "audit/staleness_max" in h]
     time_split = {p: float(sum(h.get(f"time/{p}", 0.0) for h in history)) for p in PHASES}
+    wall = float(history[-1].get("time/wall", 0.0)) if history else 0.0
+    work = wall - time_split["eval"]  # evaluation is the same for every window policy
     return {
         "steps": len(history),
         "accuracy_initial": initial.get("eval/accuracy", math.nan),
@@ -40,7 +42,11 @@ def summarize(history: Sequence[Mapping[str, Any]], initial: Mapping[str, float]
         "staleness_max": float(max(staleness, default=0.0)),  # probes being extended: bounded by S
         "audit_staleness_max": float(max(consumed, default=0.0)),  # probes when audited (may wait complete)
         "time": time_split,
-        "wall_s": float(history[-1].get("time/wall", 0.0)) if history else 0.0,
+        "wall_s": wall,
+        # the learner's own seconds on decisions (offers, inline rounds, scoring, drift, audits it ran or waited
+        # for) over the wall without evaluation: what audit.budget's goal of <= 10 % is about
+        "decision_share": (time_split["probe"] + time_split["audit"]) / work if work > 0 else math.nan,
+        "decision_flops_share": float(history[-1].get("decision/flops_share", math.nan)) if history else math.nan,
     }
 
 
@@ -83,3 +89,6 @@ def render(summary: Mapping[str, Any], console: Any = None) -> None:
         f"({s['window_changes']} changes, {s['audits']} audits, {s['audits_changing_window']} changed the window); "
         f"max probe staleness {s['staleness_max']:.0f} in flight, {s['audit_staleness_max']:.0f} when audited"
     )
+    if s["audits"] or s["time"]["probe"] or s["time"]["audit"]:
+        console.print(f"decisions: {_fmt(s['decision_share'])} of the wall without evaluation on the learner "
+                      f"(probe + audit), {_fmt(s['decision_flops_share'])} of the FLOPs")

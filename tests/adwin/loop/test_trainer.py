@@ -140,12 +140,15 @@ def test_summary_counts_audits_that_changed_the_window() -> None:
         # two audits came back in one step: the step reports both in the count, the last one's id and decision
         {"window/current": 256.0, "audit/submitted": 2.0, "audit/id": 3.0, "audit/next_window": 64.0,
          "probe/staleness_max": 3.0},
-        {"window/current": 64.0, "time/rollout": 2.0, "time/wall": 9.0},
+        {"window/current": 64.0, "time/rollout": 2.0, "time/probe": 0.25, "time/audit": 0.25, "time/eval": 4.0,
+         "time/wall": 9.0, "decision/flops_share": 0.08},
     ]
     s = summarize(hist, {"eval/accuracy": 0.1}, {"eval/accuracy": 0.3}, {"sync_tokens": 5.0})
     assert (s["audits"], s["audits_changing_window"], s["window_changes"]) == (3, 1, 1)
     assert s["staleness_max"] == 3.0 and s["time"]["rollout"] == 2.0 and s["wall_s"] == 9.0
     assert s["accuracy_final"] > s["accuracy_initial"]
+    # the learner's decision seconds over the wall without evaluation (the same for every policy)
+    assert s["decision_share"] == 0.5 / (9.0 - 4.0) and s["decision_flops_share"] == 0.08
 
 
 def test_tiny_assets_load_as_hf_checkpoints(tmp_path: Path) -> None:
