@@ -80,3 +80,8 @@ def test_the_rollout_backend_is_refused_where_it_cannot_ride(tmp_path: Path) -> 
     cfg = load_config(None, tiny_overrides(tmp_path, **{"probes.backend": "rollout"}))
     with pytest.raises(ValueError, match="probes.backend"):
         check_data_parallel(cfg, 2)
+    with pytest.raises(ValueError, match="probes.backend"):  # the thread worker's replica is not the vLLM engine
+        load_config(None, tiny_overrides(tmp_path, **{"probes.backend": "thread", "rollout.backend": "vllm"}))
+    # riding is what the vLLM engine is for: its probe requests go into the rollout call
+    assert load_config(None, tiny_overrides(tmp_path, **{"probes.backend": "rollout",
+                                                         "rollout.backend": "vllm"})).probes.backend == "rollout"
