@@ -2,6 +2,8 @@
 
 * ``inline``: rounds run in the trainer's thread on the trainer's model (every round blocks the step).
 * ``thread``: ``workers`` background threads, each with its own replica (a deep copy of the student).
+* ``rollout``: rounds ride the trainer's next rollout call (``adwin.probes.riding.RidingWorker``, built by the
+  caller around its sampler and passed as ``rider``); forced rounds and audits run in the trainer's thread.
 * ``ray``: ``workers`` Ray actors, each with its own replica shipped through the object store; weights
   are ``ray.put`` once per version. ``ray_address`` joins a cluster, else a local one with
   ``ray_num_cpus`` CPUs starts.
@@ -19,32 +21,38 @@ from adwin.audit.job import AuditJob, AuditOutcome, run_audit_job
 from adwin.probes.async_executor import AsyncProbeExecutor, FaultPolicy
 from adwin.probes.extender import ModelExtender, snapshot_weights
 from adwin.probes.pool import Extender, ProbePool
+from adwin.probes.riding import RidingWorker
 from adwin.probes.workers import InlineWorker, ProbeWorker, ThreadWorker
 
-BACKENDS: tuple[str, ...] = ("inline", "thread", "ray")
+BACKENDS: tuple[str, ...] = ("inline", "thread", "ray", "rollout")
 
 
 def build_executor(backend: str, pool: ProbePool, model: torch.nn.Module, *, eos: set[int], pad_id: int,
                    temperature: float = 1.0, top_p: float = 1.0, extend: Extender | None = None, workers: int = 1,
                    ray_address: str | None = None, ray_num_cpus: int = 2, fault_policy: FaultPolicy = "reissue",
-                   max_reissues: int = 2, optimizer: torch.optim.Optimizer | None = None) -> AsyncProbeExecutor:
+                   max_reissues: int = 2, optimizer: torch.optim.Optimizer | None = None,
+                   rider: RidingWorker | None = None) -> AsyncProbeExecutor:
     """An executor whose workers sample like ``ModelExtender(model, eos, pad_id, temperature, top_p)``
     and audit (``adwin.audit.job.run_audit_job``) on the same replica.
 
     ``extend`` overrides the inline backend's extender (the trainer's own sampler); ``model`` is the
     trainer's student, the source of every replica and weights snapshot; ``optimizer`` is the trainer's,
-    which inline audits read directly (``metric="adam"``).
+    which inline audits read directly (``metric="adam"``); ``rider``: the ``rollout`` backend's one worker.
     """
     if backend not in BACKENDS:
         raise ValueError(f"probe backend must be one of {BACKENDS}, got {backend!r}")
     kw: dict[str, Any] = {"workers": workers, "fault_policy": fault_policy, "max_reissues": max_reissues}
+
+    def audit_inline(job: AuditJob) -> AuditOutcome:
+        return run_audit_job(model, job, optimizer)
+
     if backend == "inline":
         inline = extend or ModelExtender(model, eos, pad_id, temperature, top_p)
-
-        def audit_inline(job: AuditJob) -> AuditOutcome:
-            return run_audit_job(model, job, optimizer)
-
         return AsyncProbeExecutor(pool, lambda: InlineWorker(inline, audit_inline), **{**kw, "workers": 1})
+    if backend == "rollout":
+        if rider is None:
+            raise ValueError("probe backend 'rollout' rides a sampler's rollout calls: pass its RidingWorker as rider")
+        return AsyncProbeExecutor(pool, lambda: rider, **{**kw, "workers": 1})  # alive() always: never respawned
     if backend == "thread":
         return AsyncProbeExecutor(pool, _thread_spawner(model, eos, pad_id, temperature, top_p),
                                   snapshot=lambda: snapshot_weights(model, _param_device(model)), **kw)

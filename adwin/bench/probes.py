@@ -1,14 +1,16 @@
-"""Wall time of probe workers (``adwin bench probes``): the same short run four ways.
+"""Wall time of probe workers (``adwin bench probes``): the same short run five ways.
 
-(a) ADWIN with inline probes and audits, (b) ADWIN with a thread worker, (c) ADWIN with a Ray actor (workers
-also compute the audits), then (d) a fixed window, no probes, at the mean window of the first ADWIN run
-measured (rounded): the run ADWIN's extra work is compared with. Each run starts from the same checkpoints,
+(a) ADWIN with inline probes and audits, (b) ADWIN with probe rounds riding the next step's rollout call
+(``rollout``: audits inline), (c) ADWIN with a thread worker, (d) ADWIN with a Ray actor (workers also compute
+the audits), then (e) a fixed window, no probes, at the mean window of the first ADWIN run measured (rounded):
+the run ADWIN's extra work is compared with. Each run starts from the same checkpoints,
 seed and prompts; its wall time excludes evaluation (equal for all). Reported: wall time as a ratio to
 (d), the learner-side share of probe and audit time (``time/probe`` + ``time/audit`` over the wall: what
 the learner itself spends on probes, offers, teacher scoring of probe batches and waits), the time the
 step spent blocked on probes (``probe/blocked_s``: inline rounds, forced completions), probe tokens,
-audits, the mean window and window changes per audit. Ray's cluster start-up is timed apart (once per
-process), not in (c).
+audits, the mean window and window changes per audit; for ``rollout`` also the probe rows the rollout calls
+carried and the wall of those calls (``probe/rider_rows``, ``probe/rider_s``: the learner pays for the probe rows
+inside ``time/rollout``, not ``time/probe``). Ray's cluster start-up is timed apart (once per process), not in (d).
 
 The runs share the machine with everything else on it; on 2 cores a worker competes with the trainer
 for the same cores, so the ratios say more about a larger machine's lower bound than its speed.
@@ -26,7 +28,7 @@ from typing import Any
 
 log = logging.getLogger(__name__)
 
-VARIANTS = ("inline", "thread", "ray", "fixed")
+VARIANTS = ("inline", "rollout", "thread", "ray", "fixed")
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -76,7 +78,9 @@ def run_variant(args: argparse.Namespace, variant: str, out: Path, fixed_window:
             "probe_tokens": total("probe/tokens"), "audits": audits, "sync_tokens": total("rollout/sync_tokens"),
             "lost": total("probe/lost"), "mean_window": sum(windows) / len(windows),
             "changes_per_audit": changes / audits if audits else 0.0,
-            "lag_max": max((float(r.get("audit/lag_steps", 0.0)) for r in h), default=0.0)}
+            "lag_max": max((float(r.get("audit/lag_steps", 0.0)) for r in h), default=0.0),
+            "rollout_s": total("time/rollout"), "rider_rows": total("probe/rider_rows"),
+            "rider_s": total("probe/rider_s")}
 
 
 def main(args: argparse.Namespace) -> int:
@@ -112,13 +116,14 @@ def main(args: argparse.Namespace) -> int:
     for r in results.values():
         r["ratio"] = r["wall_s"] / base if base > 0 else float("nan")
     table = Table(title=f"adwin bench probes: profile {args.profile}, {args.steps} steps")
-    cols = ("variant", "wall s", "x fixed", "learner probe+audit", "blocked s", "probe s", "audit s", "probe tokens",
-            "audits", "mean W", "changes/audit", "max lag")
+    cols = ("variant", "wall s", "x fixed", "learner probe+audit", "blocked s", "probe s", "audit s", "rollout s",
+            "rider rows", "probe tokens", "audits", "mean W", "changes/audit", "max lag")
     for col in cols:
         table.add_column(col, justify="right")
     for v, r in results.items():
         table.add_row(v, f"{r['wall_s']:.2f}", f"{r['ratio']:.2f}", f"{100 * r['learner_share']:.1f} %",
-                      f"{r['blocked_s']:.2f}", f"{r['probe_s']:.2f}", f"{r['audit_s']:.2f}", f"{r['probe_tokens']:.0f}",
+                      f"{r['blocked_s']:.2f}", f"{r['probe_s']:.2f}", f"{r['audit_s']:.2f}", f"{r['rollout_s']:.2f}",
+                      f"{r['rider_rows']:.0f}", f"{r['probe_tokens']:.0f}",
                       f"{r['audits']:.0f}", f"{r['mean_window']:.1f}", f"{r['changes_per_audit']:.2f}",
                       f"{r['lag_max']:.0f}")
     Console(width=200).print(table)  # wide: a bench table read in logs must not wrap

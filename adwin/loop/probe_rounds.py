@@ -32,13 +32,21 @@ class RoundExtender:
     version: Callable[[], int] = lambda: 0  # the weights version the round runs under
 
     def __call__(self, contexts: list[list[int]], budgets: list[int]) -> Extension:
+        return self.run(contexts, budgets, self.version())
+
+    def row_seeds(self, contexts: list[list[int]], version: int) -> list[int] | None:
+        """Each context's noise seed in a round at ``version`` (None: HF's batch RNG); the ``rollout`` backend
+        seeds the probe rows it adds to a rollout call with these too."""
+        if self.seed is None:
+            return None
+        return [row_seed(self.seed, "probe", version, k) for k in context_keys(contexts)]
+
+    def run(self, contexts: list[list[int]], budgets: list[int], version: int) -> Extension:
+        """One round at weights ``version``: this rank's share, then every rank's extensions in rank order."""
         mine = self.dist.shard(len(contexts))
-        seeds = None
-        if self.seed is not None:
-            v = self.version()
-            seeds = [row_seed(self.seed, "probe", v, k) for k in context_keys(contexts)][mine]
+        seeds = self.row_seeds(contexts, version)
         g = self.generate(contexts[mine], budgets[mine], temperature=self.temperature, top_p=self.top_p,
-                          with_logprobs=True, row_seeds=seeds)
+                          with_logprobs=True, row_seeds=None if seeds is None else seeds[mine])
         local = (g.response_ids, g.logprobs or [[] for _ in g.response_ids], g.finished)
         parts = self.dist.all_gather_object(local)
         return Extension(*([x for part in parts for x in part[i]] for i in range(3)))

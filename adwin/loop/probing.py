@@ -6,8 +6,9 @@ ledger that probe lengths feed, and the step metrics. The trainer calls four thi
 ``offer`` this step's rollouts, ``advance`` the probe rounds, ``audit`` a batch that is ready, and
 ``account`` the step's tokens.
 
-Audits run where the probes run (docs/decisions.md, "Audits off the learner"): with ``inline`` workers the
-audit is computed in the step, on the trainer's weights; with ``thread`` and ``ray`` workers the learner only
+Audits run where the probes run (docs/decisions.md, "Audits off the learner"): with ``inline`` workers (and
+``rollout``, whose rounds ride the next step's rollout call) the audit is computed in the step, on the trainer's
+weights; with ``thread`` and ``ray`` workers the learner only
 scores the batch with the teacher and hands an ``AuditJob`` to a worker. The result is submitted at the first
 step after it is back (``audit/lag_steps``); the learner never waits for it, except at a checkpoint or at the
 end of the run (``drain``).
@@ -21,7 +22,7 @@ import numpy as np
 import torch
 
 from adwin.audit.budget import DecisionBudget
-from adwin.audit.job import adam_snapshot
+from adwin.audit.job import adam_snapshot, run_audit_job
 from adwin.audit.schedule import AuditSchedule
 from adwin.config import TrainConfig
 from adwin.controller.api import ControllerAPI
@@ -33,6 +34,7 @@ from adwin.loop.sampler import Batch, Sampler
 from adwin.probes.client import ProbeClient
 from adwin.probes.executors import build_executor
 from adwin.probes.pool import Probe, ProbePool
+from adwin.probes.riding import RidingWorker
 from adwin.probes.settings import configure_audits
 from adwin.sampling.rollout import eos_ids, pad_id_of
 
@@ -43,6 +45,7 @@ class ProbeSide:
 
     client: ProbeClient
     ledger: TokenLedger
+    rider: RidingWorker | None = None  # probes.backend: rollout: its rows in the step's rollout call
 
     def __post_init__(self) -> None:
         self.client.on_completed = lambda p: self.ledger.add_completed(len(p.response_ids))  # a truncated sample's full length
@@ -88,6 +91,7 @@ class ProbeSide:
         expired = self.client.evict(version)  # the controller expires them too
         stale = stats.staleness
         m = {"probe/dropped_stale": float(stats.dropped_stale)} if stats.dropped_stale else {}
+        m |= self.rider.metrics() if self.rider is not None else {}
         return m | {
             "probe/active": float(stats.active), "probe/forced": float(stats.forced),
             "probe/completed": float(stats.completed), "probe/tokens": float(stats.tokens), "probe/pool": float(len(self.pool)),
@@ -140,14 +144,18 @@ def open_probe_side(cfg: TrainConfig, controller: ControllerAPI, run_id: str, pa
     # inline probes continue on the rollout engine; the thread/Ray workers extend on their own replicas
     extend = RoundExtender(gen.generate, r.temperature, r.top_p, dist,
                            cfg.seed if r.seeding == "per_sample" else None, lambda: client.executor.version)
+    if p.backend == "rollout":  # rounds ride the next training rollout call, on the rollout engine
+        side.rider = gen.rider = RidingWorker(extend, lambda job: run_audit_job(parts.student, job, optimizer),
+                                              lambda: gen.version)
     client.executor = build_executor(p.backend, client.pool, parts.student, eos=gen.eos, pad_id=gen.pad,
                                      temperature=r.temperature, top_p=r.top_p, extend=extend, workers=p.workers,
                                      ray_address=p.ray_address, ray_num_cpus=p.ray_num_cpus,
-                                     fault_policy=p.fault_policy, max_reissues=p.max_reissues, optimizer=optimizer)
+                                     fault_policy=p.fault_policy, max_reissues=p.max_reissues, optimizer=optimizer,
+                                     rider=side.rider)
     configure_audits(client, cfg, parts.teachers, pad_id=pad_id_of(parts.tokenizer, eos_ids(parts.student, parts.tokenizer)),
                      student=parts.student, drift=dist.is_main)  # drift/*: rank 0's (it alone logs)
     if dist.world > 1:
         client.settings.extra["combine"] = dist
-    if cfg.audit.metric == "adam" and p.backend != "inline":
+    if cfg.audit.metric == "adam" and p.backend not in ("inline", "rollout"):  # those read the optimizer itself
         client.adam_moments = lambda: adam_snapshot(optimizer, parts.student)
     return side

@@ -1,11 +1,13 @@
 """A step's rollouts (``Batch``) and the one student sampler that makes them (``Sampler``): rollouts,
 evaluation and inline probe extension (``adwin.loop.probe_rounds.RoundExtender`` over ``Sampler.generate``)
-all go through it, on the engine ``rollout.backend`` names."""
+all go through it, on the engine ``rollout.backend`` names. With ``probes.backend: rollout`` a parked probe
+round rides the next training rollout call (``Rider``, ``adwin.probes.riding``)."""
 
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass
-from typing import Literal
+from typing import Literal, Protocol
 
 from adwin.config import TrainConfig
 from adwin.loop.engine import HFEngine, RolloutEngine, VLLMEngine
@@ -31,6 +33,18 @@ class Batch:
     behavior_logprobs: list[list[float]] | None = None
 
 
+class Rider(Protocol):
+    """Probe rows that ride a training rollout call (``adwin.probes.riding.RidingWorker``)."""
+
+    def board(self) -> tuple[list[list[int]], list[int], list[int] | None] | None:
+        """Contexts, token budgets and row seeds (None: batch RNG) to add to this call; None: nothing to add."""
+        ...
+
+    def land(self, g: Generation, rows: int, seconds: float) -> None:
+        """The boarded rows' part of the call's result (``rows``: the call's rows in all; ``seconds``: its wall)."""
+        ...
+
+
 class Sampler:
     """Student sampling for rollouts, evaluation and probe extension: all of it through one ``RolloutEngine``
     (``adwin.loop.engine``; ``rollout.backend`` picks it), kept on the trainer's weights by ``sync_weights``."""
@@ -46,6 +60,7 @@ class Sampler:
         # an engine with its own copy of the weights is synced before its first use: the student may have
         # changed since the engine loaded its checkpoint (--resume loads the checkpoint's weights after this)
         self._synced = isinstance(self.engine, HFEngine)
+        self.rider: Rider | None = None  # probes.backend: rollout (``adwin.loop.probing.open_probe_side``)
 
     def sync_weights(self, version: int) -> None:
         """After each optimizer step: the engine samples probes, evaluations and the next rollouts from
@@ -68,14 +83,35 @@ class Sampler:
 
         ``evaluation`` samples with ``eval.temperature``/``eval.top_p`` and records no behavior logprobs.
         ``seeds``: one per row (``rollout.seeding: per_sample``, ``adwin.loop.sharding``), else HF's batch RNG.
+        A training call also carries the probe rows a ``rider`` boards (their own budgets and seeds).
         """
         rep = [p for p in prompts for _ in range(n)]
         ctx = encode_prompts(self.parts.tokenizer, [p.prompt for p in rep], self.cfg.data.max_prompt_len)
         s = self.cfg.eval if evaluation else self.cfg.rollout
         record = self.cfg.loss.weights_by_behavior and not evaluation
-        g = self.generate(ctx, [window] * len(ctx), temperature=s.temperature, top_p=s.top_p, with_logprobs=record,
-                          row_seeds=seeds)
+        ride = self.rider.board() if self.rider is not None and not evaluation else None
+        if ride is None:
+            g = self.generate(ctx, [window] * len(ctx), temperature=s.temperature, top_p=s.top_p,
+                              with_logprobs=record, row_seeds=seeds)
+        else:
+            g = self._ride(ctx, window, ride, s.temperature, s.top_p, record, seeds)
         return Batch(rep, ctx, g.response_ids, g.finished, layout(ctx, g.response_ids, self.pad), g.logprobs)
+
+    def _ride(self, ctx: list[list[int]], window: int, ride: tuple[list[list[int]], list[int], list[int] | None],
+              temperature: float, top_p: float, record: bool, seeds: list[int] | None) -> Generation:
+        """One engine call over the rollout rows then the boarded probe rows; the probe part lands on the rider."""
+        assert self.rider is not None
+        contexts, budgets, probe_seeds = ride
+        if (seeds is None) != (probe_seeds is None):
+            raise ValueError("rollout rows and riding probe rows must both be seeded per sample or both not")
+        k = len(ctx)
+        t0 = time.perf_counter()
+        g = self.generate(ctx + contexts, [window] * k + budgets, temperature=temperature, top_p=top_p,
+                          with_logprobs=True, row_seeds=None if seeds is None else seeds + probe_seeds)  # type: ignore[operator]
+        seconds = time.perf_counter() - t0
+        lp = g.logprobs or [[] for _ in g.response_ids]
+        self.rider.land(Generation(g.response_ids[k:], g.finished[k:], lp[k:]), k + len(contexts), seconds)
+        return Generation(g.response_ids[:k], g.finished[:k], lp[:k] if record else None)
 
 
 def open_engine(backend: Backend, cfg: TrainConfig, parts: Parts, eos: set[int], pad_id: int) -> RolloutEngine:

@@ -1,4 +1,4 @@
-"""``adwin bench probes --profile tiny``: the four variants run side by side and the table adds up."""
+"""``adwin bench probes --profile tiny``: the five variants run side by side and the table adds up."""
 
 from __future__ import annotations
 
@@ -19,10 +19,12 @@ def test_bench_probes_runs_every_variant_on_the_tiny_profile(tiny_home: Path, ra
                "--set", "window.candidates=[8,16]", "--set", "probes.batch_size=2", "--out", str(tmp_path / "runs")])
     assert rc == 0
     res = json.loads(out.read_text())["results"]
-    assert list(res) == ["inline", "thread", "ray", "fixed"]  # ADWIN first: fixed runs at their mean window
+    assert list(res) == ["inline", "rollout", "thread", "ray", "fixed"]  # ADWIN first: fixed at their mean window
     assert res["fixed"]["ratio"] == 1.0 and res["fixed"]["probe_tokens"] == 0 and res["fixed"]["blocked_s"] == 0
     assert res["inline"]["probe_tokens"] > 0 and res["inline"]["audits"] >= 1
     assert res["inline"]["blocked_s"] > 0  # inline rounds run in the step: all of it is blocking time
+    assert res["rollout"]["rider_rows"] > 0 and res["rollout"]["audits"] >= 1  # rounds rode the rollout calls
+    assert all(res[v]["rider_rows"] == 0 for v in res if v != "rollout")
     assert all(r["wall_s"] > 0 and r["lost"] == 0 for r in res.values())
     assert all(0 <= r["learner_share"] < 1 and r["lag_max"] <= 2 for r in res.values())  # lag bounded by S=2
     rows = [json.loads(x) for x in (tmp_path / "runs" / "bench-fixed" / "metrics.jsonl").read_text().splitlines()]

@@ -4,8 +4,8 @@ For each scheduler x probe backend and each field of ``window``, ``probes`` and 
 field at another value (in the context where it should matter, e.g. ``probes.is_low`` under an IS method) must
 either be refused by ``load_config`` naming the field, or differ from the same run at the default in what the
 run did: the run spec the controller registered, the audit jobs the probe client ran (their settings), the probe
-client's and its executor's configuration, and, where the run is a pure function of its seed (inline probes),
-every logged metric but the timings. A setting a loop silently ignores fails here: this is the test that would
+client's and its executor's configuration, and, where the run is a pure function of its seed (inline and rollout
+probes), every logged metric but the timings. A setting a loop silently ignores fails here: this is the test that would
 have caught AsyncOPD audits that never saw ``audit.ci_level``.
 """
 
@@ -76,6 +76,7 @@ LOOPS = {
     "sync-inline": {"probes.backend": "inline"},
     "sync-thread": {"probes.backend": "thread"},
     "sync-ray": {"probes.backend": "ray"},
+    "sync-rollout": {"probes.backend": "rollout"},
     # fresh full-length probes finish late in a pipeline: enough updates and staleness for an audit to happen
     # (the default decision budget lets a tiny run of fresh probes audit too rarely to compare)
     "asyncopd": {"scheduler": "asyncopd", "loss.name": "reverse_kl_mc", "steps": 6, "probes.staleness_limit": 4,
@@ -85,7 +86,7 @@ LOOPS = {
 # ray_num_cpus is warned instead (tests/probes/test_ray_workers.py), so those act at start-up only
 RAY_EXECUTOR = {"probes.workers", "probes.fault_policy", "probes.max_reissues", "audit.method"}
 TIMING = ("time/", "pipeline/", "decision/seconds", "decision/learner_share", "audit/time", "probe/blocked_s",
-          "probe/sync_s", "async/throughput", "audit/lag_steps",
+          "probe/sync_s", "probe/rider_s", "async/throughput", "audit/lag_steps",
           "audit/in_flight", "audit/weights_version")
 
 
@@ -148,7 +149,7 @@ def _run(overrides: dict[str, Any], tmp: Path, seen: dict[str, list[Any]]) -> di
     spec = {k: v for k, v in ctl.get_run(run_id).spec.items() if k not in ("config", "run_id")}
     out = {"spec": _plain(spec), "jobs": sorted(map(json.dumps, seen["jobs"]),
            key=str), "clients": [_client_state(c) for c in seen["clients"]]}
-    if cfg.scheduler == "sync" and cfg.probes.backend == "inline":  # a pure function of the seed
+    if cfg.scheduler == "sync" and cfg.probes.backend in ("inline", "rollout"):  # a pure function of the seed
         out["history"] = [_plain({k: v for k, v in row.items() if not k.startswith(TIMING)}) for row in history]
     return out
 
