@@ -180,7 +180,9 @@ TASKS: dict[str, BuiltinTask] = {
         _write_late,
         late_answer,
         verify_late_solution,
-        student_step_scale=4 / 3,
+        # the student late in the run, when its chain lines are good (warm start: step 300 of 600, the chain
+        # lines' argmax error ~5 %), so the closing line is what it lacks
+        student_step_scale=3.0,
     ),
 }
 TASK_NAMES: tuple[str, ...] = tuple(TASKS)
