@@ -79,6 +79,8 @@ def profile_fingerprint(profile: str, task: str = DEFAULT_TASK) -> str:
 
     builtin = get_task(task)
     spec = asdict(builtin.profile(profile))
+    if spec["warm"] is None:  # a profile without a warm start keeps the fingerprint it had before the field
+        del spec["warm"]
     fields = [
         chain.ROUTES,
         chain.UNITS,
