@@ -79,6 +79,8 @@ def profile_fingerprint(profile: str, task: str = DEFAULT_TASK) -> str:
 
     builtin = get_task(task)
     spec = asdict(builtin.profile(profile))
+    if spec["warm"] is None:  # a profile without a warm start keeps the fingerprint it had before the field
+        del spec["warm"]
     fields = [
         chain.ROUTES,
         chain.UNITS,
@@ -116,6 +118,23 @@ def is_prepared(root: Path, profile: str | None = None, task: str = DEFAULT_TASK
         return False
 
 
+def warm_source(home: str | Path | None, profile: str, seed: int, task: str) -> Path | None:
+    """The prepared teacher a task's prepare starts from (its profile's warm start), when that is cached at its
+    current version with the same model (the position limit aside); None: the prepare runs from scratch."""
+    from dataclasses import replace
+
+    spec = get_task(task).profile(profile)
+    if spec.warm is None:
+        return None
+    source = spec.warm.source
+    root = assets_root(home, profile, seed, source)
+    if not is_prepared(root, profile, source):
+        return None
+    if replace(get_task(source).profile(profile).model, max_positions=spec.model.max_positions) != spec.model:
+        return None
+    return root / "teacher"
+
+
 def ensure_prepared(
     home: str | Path | None = None, profile: str = "default", seed: int = 0, force: bool = False,
     threads: int | None = None,
@@ -123,7 +142,7 @@ def ensure_prepared(
 ) -> BuiltinAssets:
     """The prepared assets of ``profile``; prepares them first when missing (or when ``force``), on
     ``threads`` intra-op threads (default ``profiles.PREPARE_THREADS``, whatever the caller set: the weights
-    depend on it).
+    depend on it), from :func:`warm_source` when the profile has a warm start and its source is cached.
 
     Preparation writes into a temporary sibling folder and renames it into place, so an interrupted
     run never leaves a half-written cache and two concurrent callers both end with a complete one.
@@ -137,7 +156,8 @@ def ensure_prepared(
     root.parent.mkdir(parents=True, exist_ok=True)
     staging = Path(tempfile.mkdtemp(prefix=f".{root.name}-", dir=root.parent))
     try:
-        meta = build_assets(staging, profile=profile, seed=seed, threads=threads or PREPARE_THREADS, task=task)
+        meta = build_assets(staging, profile=profile, seed=seed, threads=threads or PREPARE_THREADS, task=task,
+                            warm_from=warm_source(home, profile, seed, task))
         meta |= {"root": str(root), "fingerprint": profile_fingerprint(profile, task)}
         # meta.json last: a folder without it is incomplete (is_prepared), and it is complete before the rename
         (staging / META_FILE).write_text(json.dumps(meta, indent=2, sort_keys=True) + "\n")

@@ -16,7 +16,7 @@ import torch
 
 from adwin.tasks.chain import ANSWER_PREFIX, ROUTES
 from adwin.tasks.phases import PHASES, phase_accuracy
-from adwin.tasks.profiles import PREPARE_THREADS, TARGETS
+from adwin.tasks.profiles import PREPARE_THREADS, TARGETS, SFTSchedule
 from adwin.tasks.sft import evaluate_accuracy, train_sft
 from adwin.tasks.suite import DEFAULT_TASK, BuiltinTask, get_task
 from adwin.tasks.tokenizer import save_tokenizer
@@ -48,8 +48,25 @@ def reference_length_stats(
     }
 
 
+def sft_recipe(builtin: BuiltinTask, profile: str, warm_from: Path | None) -> tuple[SFTSchedule, int]:
+    """The SFT schedule and student snapshot step of a prepare: the profile's warm-start recipe when it starts
+    from a prepared teacher (``warm_from``), else the profile's own."""
+    spec = builtin.profile(profile)
+    schedule, step = (spec.schedule, spec.student_step) if warm_from is None or spec.warm is None else (
+        spec.warm.schedule, spec.warm.student_step)
+    return schedule, builtin.student_step(step, schedule.steps)
+
+
+def load_warm_start(model: torch.nn.Module, source: Path) -> None:
+    """Copies a prepared model's weights into ``model``, a model of the same family (its position limit may
+    differ: RoPE keeps no table of positions, so the weights are the same shapes)."""
+    from transformers import AutoModelForCausalLM
+
+    model.load_state_dict(AutoModelForCausalLM.from_pretrained(str(source)).state_dict())
+
+
 def build_assets(root: Path, profile: str = "default", seed: int = 0, threads: int = PREPARE_THREADS,
-                 task: str = DEFAULT_TASK) -> dict[str, Any]:
+                 task: str = DEFAULT_TASK, warm_from: Path | None = None) -> dict[str, Any]:
     """Writes tokenizer/, student/ and teacher/ into ``root``; returns the meta (``assets`` writes it, so this
     module needs nothing from ``assets`` and the two do not import each other).
 
@@ -61,15 +78,15 @@ def build_assets(root: Path, profile: str = "default", seed: int = 0, threads: i
     previous = torch.get_num_threads()
     torch.set_num_threads(threads)
     try:
-        return _build(root, profile, seed, task)
+        return _build(root, profile, seed, task, warm_from)
     finally:
         torch.set_num_threads(previous)
 
 
-def _build(root: Path, profile: str, seed: int, task: str) -> dict[str, Any]:
+def _build(root: Path, profile: str, seed: int, task: str, warm_from: Path | None) -> dict[str, Any]:
     builtin = get_task(task)
     spec = builtin.profile(profile)
-    student_step = builtin.student_step(spec.student_step, spec.schedule.steps)
+    schedule, student_step = sft_recipe(builtin, profile, warm_from)
     start = time.perf_counter()
     load_start = _load()
     timings: dict[str, float] = {}
@@ -77,13 +94,16 @@ def _build(root: Path, profile: str, seed: int, task: str) -> dict[str, Any]:
     t = time.perf_counter()
     tokenizer = save_tokenizer(root / "tokenizer", spec.model.max_positions)
     model = spec.model.build(len(tokenizer), tokenizer, seed=seed)
+    if warm_from is not None:
+        load_warm_start(model, warm_from)
     n_params = sum(p.numel() for p in model.parameters())
     logger.info(
-        "profile %s: %d-parameter Llama, %d SFT steps (student at %d)",
+        "profile %s: %d-parameter Llama, %d SFT steps (student at %d) from %s",
         profile,
         n_params,
-        spec.schedule.steps,
+        schedule.steps,
         student_step,
+        warm_from or "scratch",
     )
     timings["setup"] = time.perf_counter() - t
 
@@ -106,7 +126,7 @@ def _build(root: Path, profile: str, seed: int, task: str) -> dict[str, Any]:
 
     t = time.perf_counter()
     optimizer, losses_a = train_sft(
-        model, tokenizer, spec.schedule, seed=seed, stop_step=student_step, progress_desc="sft (student)",
+        model, tokenizer, schedule, seed=seed, stop_step=student_step, progress_desc="sft (student)",
         task=builtin, student_phase=True,
     )
     timings["sft_student"] = time.perf_counter() - t
@@ -117,7 +137,7 @@ def _build(root: Path, profile: str, seed: int, task: str) -> dict[str, Any]:
     _, losses_b = train_sft(
         model,
         tokenizer,
-        spec.schedule,
+        schedule,
         seed=seed,
         start_step=student_step,
         optimizer=optimizer,
@@ -173,7 +193,8 @@ def _build(root: Path, profile: str, seed: int, task: str) -> dict[str, Any]:
         },
         "model": {"architecture": "LlamaForCausalLM", "parameters": n_params, **asdict(spec.model)},
         "sft": {
-            **asdict(spec.schedule),
+            **asdict(schedule),
+            "warm_from": str(warm_from) if warm_from is not None else None,
             "student_step": student_step,
             "loss_first": losses[0] if losses else None,
             "loss_at_student": losses_a[-1] if losses_a else None,

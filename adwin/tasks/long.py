@@ -2,9 +2,10 @@
 
 ``chain-long`` is :mod:`adwin.tasks.chain` at length and ``chain-late-long`` is :mod:`adwin.tasks.late`
 at length (registered in :mod:`adwin.tasks.suite`). The rule, the operators and the closing line are
-theirs; what changes is the counter, three digits wide, so that a chain may run to 145 lines::
+theirs; what changes is the counter, three digits wide, so that a chain may run to 145 lines, and ``n``
+in the prompt, zero-padded to the same three digits::
 
-    prompt:   muladd x=4 a=3 b=5 n=40\\n
+    prompt:   muladd x=4 a=3 b=5 n=040\\n
     response: 040:4*3=2+5=7\\n039:7*3=1+5=6\\n ... 001:...=q\\nans=q
 
 Every line is 14 characters (= tokens); a task problem has 36-145 lines, so a ``chain-long`` response
@@ -12,6 +13,9 @@ has 14 n + 6 tokens with its EOS (510-2,036) and a ``chain-late-long`` one 10 mo
 
 Why this shape:
 
+* ``n`` is written with three digits whatever its value, so every long prompt has the same length and
+  the first line's counter is a copy from a fixed position, as in ``chain`` (with ``n=40`` beside
+  ``n=138`` the copy moved by one character and the first line was wrong for three-digit ``n``);
 * the skill stays strictly local: every field of a line is a copy or a table look-up of the line
   just above it (the counter a decrement of the one above), and the stop after ``001`` is local, so
   nothing needs an absolute position and what a model learns on short chains holds on long ones;
@@ -42,6 +46,9 @@ LONG_CANDIDATES: tuple[int, ...] = (64, 128, 256, 512, 1024)  # the paper's ladd
 # SFT curriculum: chains of MIN_STEPS..SFT_SHORT_MAX lines are drawn SFT_SHORT_SHARE of the time
 SFT_SHORT_MAX = LONG_MIN_STEPS - 1
 SFT_SHORT_SHARE = 0.85
+# SFT batches grouped by length over a whole training segment (adwin.tasks.sft.make_batches): with 85 % short
+# chains, grouping within 8 batches still padded short chains to task length (11,234 tokens per padded batch)
+SFT_GROUP_ALL = True
 
 
 @dataclass(frozen=True)
@@ -52,6 +59,10 @@ class LongProblem(Problem):
     COUNTER_DIGITS: ClassVar[int] = 3
     MIN_N: ClassVar[int] = MIN_STEPS
     MAX_N: ClassVar[int] = LONG_MAX_STEPS
+
+    @property
+    def prompt(self) -> str:
+        return f"{self.route} x={self.x} a={self.a} b={self.b} n={self.counter_text(self.n)}\n"
 
 
 def _draw(rng: random.Random, route: str, n: int) -> LongProblem:
@@ -72,7 +83,6 @@ def _stream(tag: str, seed: int, split: str, draw_n: Callable[[random.Random], i
                 break
 
 
-
 def iter_long_problems(seed: int, split: str = "train") -> Iterator[Problem]:
     """The task problems of ``split``: 36-145 lines, uniform; deterministic in (seed, split), and every
     prefix is the same whatever length is read."""
@@ -91,5 +101,5 @@ def iter_sft_problems(seed: int, split: str = "train") -> Iterator[Problem]:
 
 
 # what shapes the long tasks' data beyond the chain's constants (adwin.tasks.assets.profile_fingerprint)
-FORMAT_FIELDS: tuple[object, ...] = (LongProblem.COUNTER_DIGITS, LONG_MIN_STEPS, LONG_MAX_STEPS, SFT_SHORT_MAX,
-                                     SFT_SHORT_SHARE)
+FORMAT_FIELDS: tuple[object, ...] = ("prompt-n-zero-padded", LongProblem.COUNTER_DIGITS, LONG_MIN_STEPS, LONG_MAX_STEPS,
+                                     SFT_SHORT_MAX, SFT_SHORT_SHARE, SFT_GROUP_ALL)

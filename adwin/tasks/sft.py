@@ -76,13 +76,16 @@ def make_batches(
     noise_line_rate: float = 0.0,
     task: BuiltinTask | None = None,
     student_phase: bool = False,
+    group_batches: int | None = 8,
 ) -> list[tuple[torch.Tensor, torch.Tensor, torch.Tensor]]:
     """(input_ids, attention_mask, labels) batches, each (B, T). Examples are grouped by length within
-    chunks of 8 batches so that padding wastes little compute, then the batch order is shuffled."""
+    chunks of ``group_batches`` batches (None: all of them, so a batch holds chains of one length class
+    and a step costs about its own tokens) so that padding wastes little compute, then the batch order
+    is shuffled. Every example lands in exactly one batch."""
     noise_rng = random.Random(f"adwin-noise:{seed}")
     encoded = encode_examples(tokenizer, problems, noise_rng, noise_line_rate, task, student_phase)
     rng = random.Random(seed)
-    chunk = batch_size * 8
+    chunk = max(1, len(encoded)) if group_batches is None else batch_size * group_batches
     batches = []
     for start in range(0, len(encoded), chunk):
         group = sorted(encoded[start : start + chunk], key=lambda e: len(e[0]))
@@ -135,7 +138,7 @@ def train_sft(
     line_rate = schedule.noise_line_rate if task.noise_line_rate is None else task.noise_line_rate
     batches = make_batches(
         tokenizer, problems, schedule.batch_size, seed=seed + start_step, noise_line_rate=line_rate, task=task,
-        student_phase=student_phase,
+        student_phase=student_phase, group_batches=None if task.sft_group_all else 8,
     )
     if optimizer is None:
         optimizer = torch.optim.AdamW(

@@ -1,7 +1,8 @@
 """The SFT run of `adwin prepare --task NAME` (default profile, seed 0: the same batches, optimizer and
 snapshot as adwin/tasks/build.py) with the teacher-forced phase skill measured at more steps on the way,
 and the prepare's own measurements (greedy and T = 1 accuracy, phase skill) at the student snapshot and at
-the end. Training is untouched by the checks (no dropout, the batches are drawn beforehand), so the
+the end. Like the prepare, the run starts from the warm-start source's cached teacher when there is one
+(`adwin prepare --task chain` first), else from scratch. Training is untouched by the checks (no dropout, the batches are drawn beforehand), so the
 student and teacher are the prepare's. One line of JSON per measurement (docs/task.md, the long tasks).
 
     python docs/scripts/prepare_curve.py --task chain-long --checks 60,120,240,300,360,420,480,540
@@ -18,6 +19,8 @@ from typing import Any
 
 import torch
 
+from adwin.tasks.assets import warm_source
+from adwin.tasks.build import load_warm_start, sft_recipe
 from adwin.tasks.phases import phase_accuracy
 from adwin.tasks.profiles import PREPARE_THREADS
 from adwin.tasks.sft import evaluate_accuracy, train_sft
@@ -35,7 +38,10 @@ def main() -> None:
     task, tok, seed = get_task(a.task), build_tokenizer(), 0
     spec = task.profile("default")
     model = spec.model.build(len(tok), tok, seed=seed)
-    student = task.student_step(spec.student_step, spec.schedule.steps)
+    warm_from = warm_source(None, "default", seed, a.task)
+    if warm_from is not None:
+        load_warm_start(model, warm_from)
+    schedule, student = sft_recipe(task, "default", warm_from)
     eval_set = task.problems(spec.eval_problems, seed=seed + 1, split="eval")
     checks = {int(x) for x in a.checks.split(",") if x}
     step_seconds: list[float] = []
@@ -72,16 +78,17 @@ def main() -> None:
         last[0] = time.perf_counter()
         model.train()
 
+    log({"warm_from": str(warm_from) if warm_from else None, "steps": schedule.steps, "student_step": student})
     t0 = time.perf_counter()
-    optimizer, _ = train_sft(model, tok, spec.schedule, seed=seed, stop_step=student, task=task, student_phase=True,
+    optimizer, _ = train_sft(model, tok, schedule, seed=seed, stop_step=student, task=task, student_phase=True,
                              on_step=on_step, progress_desc="sft (student)")
     log({"sft_student_s": time.perf_counter() - t0})
     measure("student", student)
     t0 = time.perf_counter()
-    train_sft(model, tok, spec.schedule, seed=seed, start_step=student, optimizer=optimizer, task=task, on_step=on_step,
+    train_sft(model, tok, schedule, seed=seed, start_step=student, optimizer=optimizer, task=task, on_step=on_step,
               progress_desc="sft (teacher)")
     log({"sft_teacher_s": time.perf_counter() - t0})
-    measure("teacher", spec.schedule.steps)
+    measure("teacher", schedule.steps)
 
 
 if __name__ == "__main__":

@@ -177,3 +177,99 @@ def test_long_preset_carries_the_tasks_horizon_and_ladder_and_fits_their_models(
     assert cfg.probes.batch_size * 16 == batch  # P = 1/16 of a training batch, as in the paper
     for profile in ("default", "tiny"):
         check_context(cfg.data.max_prompt_len, cfg.rollout.max_response_len, task.profile(profile).model.max_positions)
+
+
+def test_long_prompts_write_n_with_three_digits_so_every_prompt_has_one_length() -> None:
+    from adwin.tasks.chain import parse_prompt
+
+    task = get_task("chain-long")
+    problems = [*task.problems(200, seed=0, split="eval"), *task.sft_problems(200, seed=0)]
+    assert min(p.n for p in problems) < 10 and max(p.n for p in problems) >= 100  # one, two and three digits
+    for p in problems:
+        assert p.prompt.endswith(f" n={p.n:03d}\n")
+        assert p.prompt[p.prompt.index("n=") + 2:-1] == task.solution(p)[:3]  # the first counter copies n verbatim
+        assert parse_prompt(p.prompt, LongProblem) == p
+    assert len({len(p.prompt) for p in problems}) == 1
+
+
+def test_length_grouping_over_the_segment_keeps_every_sample_once_and_pads_less() -> None:
+    from adwin.tasks.sft import encode_examples, make_batches
+
+    task, tok = get_task("chain-long"), build_tokenizer()
+    assert task.sft_group_all
+    problems = task.sft_problems(16 * 24, seed=3)
+    whole = make_batches(tok, problems, 16, seed=3, noise_line_rate=0.05, task=task, group_batches=None)
+    chunked = make_batches(tok, problems, 16, seed=3, noise_line_rate=0.05, task=task, group_batches=8)
+    want = sorted((tuple(ids), tuple(labels)) for ids, labels in
+                  encode_examples(tok, problems, random.Random("adwin-noise:3"), 0.05, task))
+    for batches in (whole, chunked):
+        rows = []
+        for input_ids, mask, labels in batches:
+            for r in range(input_ids.shape[0]):
+                n = int(mask[r].sum())
+                rows.append((tuple(input_ids[r, :n].tolist()), tuple(labels[r, :n].tolist())))
+        assert sorted(rows) == want
+    padded = [sum(b[0].numel() for b in batches) for batches in (whole, chunked)]
+    real = sum(len(ids) for ids, _ in want)
+    assert real <= padded[0] < padded[1]
+
+
+@pytest.fixture(scope="module")
+def chain_tiny_home(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    home = tmp_path_factory.mktemp("warm_home")
+    assets.ensure_prepared(home=home, profile="tiny", task="chain", threads=1)
+    return home
+
+
+def test_warm_start_loads_the_cached_chain_teacher_and_falls_back_to_scratch(chain_tiny_home: Path,
+                                                                            tmp_path: Path) -> None:
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    from adwin.tasks.build import load_warm_start, sft_recipe
+
+    task = get_task("chain-long")
+    spec = task.profile("tiny")
+    assert spec.warm is not None and spec.warm.source == "chain"
+    source = assets.warm_source(chain_tiny_home, "tiny", 0, "chain-long")
+    assert source == assets.assets_root(chain_tiny_home, "tiny", 0, "chain") / "teacher"
+    assert assets.warm_source(tmp_path, "tiny", 0, "chain-long") is None  # nothing cached: from scratch
+    assert assets.warm_source(chain_tiny_home, "tiny", 1, "chain-long") is None  # another seed's cache is not it
+    assert sft_recipe(task, "tiny", source) == (spec.warm.schedule, task.student_step(spec.warm.student_step,
+                                                                                      spec.warm.schedule.steps))
+    assert sft_recipe(task, "tiny", None) == (spec.schedule, task.student_step(spec.student_step, spec.schedule.steps))
+
+    tok = build_tokenizer()
+    model = spec.model.build(len(tok), tok, seed=0)
+    load_warm_start(model, source)
+    teacher = AutoModelForCausalLM.from_pretrained(str(source)).state_dict()
+    assert all(torch.equal(v, teacher[k]) for k, v in model.state_dict().items())
+
+    warm = assets.ensure_prepared(home=chain_tiny_home, profile="tiny", task="chain-long", threads=1)
+    cold = assets.ensure_prepared(home=tmp_path, profile="tiny", task="chain-long", threads=1)
+    assert warm.meta["sft"]["warm_from"] == str(source) and cold.meta["sft"]["warm_from"] is None
+    assert warm.meta["sft"]["steps"] == spec.warm.schedule.steps and cold.meta["sft"]["steps"] == spec.schedule.steps
+
+
+def test_warm_start_is_refused_when_the_source_model_differs(chain_tiny_home: Path,
+                                                             monkeypatch: pytest.MonkeyPatch) -> None:
+    from adwin.tasks import profiles
+
+    spec = profiles.LONG_PROFILE_SPECS["tiny"]
+    wider = dataclasses.replace(spec, model=dataclasses.replace(spec.model, hidden_size=spec.model.hidden_size * 2))
+    monkeypatch.setitem(profiles.LONG_PROFILE_SPECS, "tiny", wider)
+    assert assets.warm_source(chain_tiny_home, "tiny", 0, "chain-long") is None
+
+
+@pytest.mark.parametrize("name", LONG_TASKS)
+def test_cache_fingerprint_changes_with_the_warm_start_recipe(name: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    from adwin.tasks import profiles
+
+    before = assets.profile_fingerprint("default", name)
+    spec = profiles.LONG_PROFILE_SPECS["default"]
+    assert spec.warm is not None
+    longer = dataclasses.replace(spec.warm, schedule=dataclasses.replace(spec.warm.schedule,
+                                                                         steps=spec.warm.schedule.steps + 1))
+    monkeypatch.setitem(profiles.LONG_PROFILE_SPECS, "default", dataclasses.replace(spec, warm=longer))
+    assert assets.profile_fingerprint("default", name) != before
+    assert "prompt-n-zero-padded" in get_task(name).fingerprint_fields
