@@ -79,7 +79,7 @@ LOOPS = {
     "sync-rollout": {"probes.backend": "rollout"},
     # fresh full-length probes finish late in a pipeline: enough updates and staleness for an audit to happen
     # (the default decision budget lets a tiny run of fresh probes audit too rarely to compare)
-    "asyncopd": {"scheduler": "asyncopd", "loss.name": "reverse_kl_mc", "steps": 6, "probes.staleness_limit": 4,
+    "asyncopd": {"scheduler": "asyncopd", "loss.name": "reverse_kl_mc", "steps": 8, "probes.staleness_limit": 6,
                  "audit.budget": None},
 }
 # Ray starts once per process (the tests share one cluster): a run asking for another probes.ray_address or
