@@ -80,15 +80,16 @@ TINY_OVERRIDES: dict[str, Any] = {  # a budget the test suite can afford (< 60 s
 
 
 # 16 rollouts per step (8 prompts x 2), not configs/default.yaml's 128: a dozen methods x seeds x tasks must fit
-# the suite's budget (docs/benchmarks.md, "The three-task suite"); the probe batch stays P = 8
+# the budget of a many-method compare (the suite proper has its own preset, configs/suite.yaml); P stays 8
 BATCH_OVERRIDES: dict[str, Any] = {"rollout.prompts_per_step": 8, "rollout.samples_per_prompt": 2,
                                    "probes.offers_per_step": 4}
 QUICK_OVERRIDES: dict[str, Any] = BATCH_OVERRIDES | {"eval.n_problems": 64}  # smoke run: half the problems
 # the full suite: 1,024 problems x k=1 x 2 seeds = 2,048 samples per method, about what the worst case asks
 # for a paired 95 % half-width <= 0.03 (compare_tasks.samples_needed(0.03) = 2,135; the measured half-widths are
 # reported). Affordable within the hour on 2 cores since evaluation drops stopped rows from its batches
-# (eval.compact, ~2x cheaper; docs/benchmarks.md, "The three-task suite"). At equal cost more problems beat
-# more samples per problem: samples of one problem are correlated, distinct problems are not
+# (eval.compact, ~2x cheaper; docs/decisions.md, "Evaluation drops stopped rows from its batches (`eval.compact`)").
+# At equal cost more problems beat more samples per problem: samples of one problem are correlated, distinct
+# problems are not
 DEFAULT_OVERRIDES: dict[str, Any] = BATCH_OVERRIDES | {"eval.n_problems": 1024, "eval.k": 1}
 
 

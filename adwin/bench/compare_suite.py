@@ -133,12 +133,15 @@ def plot_regret_vs_wall(regret: Mapping[str, Mapping[str, Any]], wall: Mapping[s
     """One point per cross-task name: worst-case regret against e2e wall over full's (mean over tasks)."""
     plt = _plt()
     fig, ax = plt.subplots(figsize=(7, 5))
+    points: dict[tuple[float, float], list[str]] = {}  # a rung and a value naming the same runs share a point
     for k, entry in regret.items():
         x, y = wall.get(k, math.nan), entry["worst"]
-        if not (math.isfinite(x) and math.isfinite(y)):
-            continue
-        ax.plot(x, y, "*" if k.startswith("adwin") else "o", markersize=11 if k.startswith("adwin") else 6)
-        ax.annotate(k, (x, y), textcoords="offset points", xytext=(5, 4), fontsize=8)
+        if math.isfinite(x) and math.isfinite(y):
+            points.setdefault((x, y), []).append(k)
+    for (x, y), names in points.items():
+        adaptive = any(k.startswith("adwin") for k in names)
+        ax.plot(x, y, "*" if adaptive else "o", markersize=11 if adaptive else 6)
+        ax.annotate(" = ".join(names), (x, y), textcoords="offset points", xytext=(5, 4), fontsize=8)
     ax.set_xlabel("e2e wall / full's, mean over tasks")
     ax.set_ylabel("worst-case regret over tasks")
     title = "worst-case regret vs wall"

@@ -6,7 +6,8 @@ score averaged over seeds, with a 95 % percentile-bootstrap CI over problems; it
 full-rollout OPD is the mean over problems of (its score - full's score), bootstrapped the same way
 (resampling problems keeps the pairing).
 
-Sizing the evaluation (docs/benchmarks.md, "The three-task suite" and "The five-task suite"): with per-sample outcomes of variance
+Sizing the evaluation (docs/benchmarks.md, "The five-task suite (`adwin bench compare --suite`)"): with per-sample
+outcomes of variance
 at most 1/4 and two methods sampled independently on each problem, the paired difference of one problem
 averaged over ``k`` samples and ``S`` seeds has variance at most ``2 / (4 k S)``; problem-level variance
 cancels in the pairing. The CI half-width 1.96 * sqrt(1 / (2 k S n)) is <= h when
