@@ -19,13 +19,20 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from concurrent.futures import Future
-from typing import Any
+from typing import Any, Protocol
 
 from adwin.audit.job import AuditJob, AuditOutcome
-from adwin.loop.probe_rounds import RoundExtender
 from adwin.probes.pool import Extension
 from adwin.probes.workers import RoundJob, run_now
 from adwin.sampling.rollout import Generation
+
+
+class RoundRunner(Protocol):
+    """What the worker needs of the inline extender (``adwin.loop.probe_rounds.RoundExtender``, a layer above)."""
+
+    def run(self, contexts: list[list[int]], budgets: list[int], version: int) -> Extension: ...
+
+    def row_seeds(self, contexts: list[list[int]], version: int) -> list[int] | None: ...
 
 
 class StaleRound(RuntimeError):
@@ -59,7 +66,7 @@ class RidingWorker:
 
     synchronous = False
 
-    def __init__(self, extend: RoundExtender, audit: Callable[[AuditJob], AuditOutcome],
+    def __init__(self, extend: RoundRunner, audit: Callable[[AuditJob], AuditOutcome],
                  weights_version: Callable[[], int]) -> None:
         self.extend, self.audit, self.weights_version = extend, audit, weights_version
         self._parked: tuple[RoundJob, ParkedRound] | None = None

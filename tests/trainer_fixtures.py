@@ -16,6 +16,13 @@ from adwin.tasks.tokenizer import build_tokenizer
 VOCAB = 64  # >= the built-in character tokenizer's size; ids 0/1/2 are pad/bos/eos as in make_tiny_llama
 
 
+# metric keys that measure time (they differ between two runs of the same seed); a run compared for
+# reproducibility drops them
+TIMING_KEYS = ("time/", "pipeline/", "decision/seconds", "decision/learner_share", "audit/time", "probe/blocked_s",
+               "probe/sync_s", "probe/rider_s", "async/throughput", "audit/lag_steps", "audit/in_flight",
+               "audit/weights_version")
+
+
 def save_tiny(path: Path, seed: int, vocab_size: int = VOCAB, with_tokenizer: bool = True) -> Path:
     model = make_tiny_llama(vocab_size=vocab_size, seed=seed)
     model.generation_config.eos_token_id = 2

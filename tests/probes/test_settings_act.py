@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from trainer_fixtures import tiny_overrides
+from trainer_fixtures import TIMING_KEYS, tiny_overrides
 
 from adwin.config import load_config
 from adwin.controller import Controller
@@ -85,9 +85,7 @@ LOOPS = {
 # Ray starts once per process (the tests share one cluster): a run asking for another probes.ray_address or
 # ray_num_cpus is warned instead (tests/probes/test_ray_workers.py), so those act at start-up only
 RAY_EXECUTOR = {"probes.workers", "probes.fault_policy", "probes.max_reissues", "audit.method"}
-TIMING = ("time/", "pipeline/", "decision/seconds", "decision/learner_share", "audit/time", "probe/blocked_s",
-          "probe/sync_s", "probe/rider_s", "async/throughput", "audit/lag_steps",
-          "audit/in_flight", "audit/weights_version")
+TIMING = TIMING_KEYS
 
 
 def _plain(value: Any) -> Any:

@@ -8,7 +8,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from trainer_fixtures import tiny_overrides
+from trainer_fixtures import TIMING_KEYS, tiny_overrides
 
 from adwin.config import load_config
 from adwin.controller import Controller
@@ -17,9 +17,6 @@ from adwin.loop.trainer import train
 from adwin.probes import riding
 from adwin.runtime.resume import open_resumed_controller
 
-TIMING = ("time/", "decision/seconds", "audit/time", "probe/blocked_s", "probe/sync_s", "probe/rider_s",
-          "audit/lag_steps", "audit/in_flight")
-
 
 def _run(tmp: Path, name: str, **extra: Any) -> list[dict[str, Any]]:
     cfg = load_config(None, tiny_overrides(tmp, **{"probes.backend": "rollout", "name": name, "steps": 5, **extra}))
@@ -27,7 +24,7 @@ def _run(tmp: Path, name: str, **extra: Any) -> list[dict[str, Any]]:
 
 
 def _plain(history: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    return [{k: v for k, v in row.items() if not k.startswith(TIMING) and v == v} for row in history]
+    return [{k: v for k, v in row.items() if not k.startswith(TIMING_KEYS) and v == v} for row in history]
 
 
 @pytest.mark.parametrize("seeding", ["per_sample", "batch"])
