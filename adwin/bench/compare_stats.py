@@ -9,6 +9,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from adwin.audit.budget import FLOPS_FORMULA, FLOPS_NOTE, FlopsModel  # noqa: F401  (FLOPS_*: re-exported)
+from adwin.runtime.summary import last_logged, learner_decisions
 
 # Per-method metrics aggregated over seeds (name -> label); ratios to full are taken of the means.
 METRICS: dict[str, str] = {
@@ -55,12 +56,6 @@ def _sum(history: Sequence[Mapping[str, Any]], key: str) -> float:
     return float(sum(float(h[key]) for h in history if key in h and h[key] is not None))
 
 
-def _last(history: Sequence[Mapping[str, Any]], key: str) -> float:
-    """A cumulative metric's last logged value; NaN when never logged (a run without decisions)."""
-    vals = [float(h[key]) for h in history if h.get(key) is not None]
-    return vals[-1] if vals else math.nan
-
-
 def estimate_flops(history: Sequence[Mapping[str, Any]], n_student: int, n_teacher: int,
                    probe_batch: int, samples_per_step: int) -> dict[str, float]:
     """``FLOPS_FORMULA`` from a run's step metrics. Probe prompts are not logged: each audited probe is
@@ -97,7 +92,7 @@ def measure_run(history: Sequence[Mapping[str, Any]], initial: Mapping[str, floa
     # the AsyncOPD runs evaluate once before their clock starts (time/eval_initial): counted like the sync trainer's
     wall = float(history[-1].get("time/wall", math.nan)) + _sum(history, "time/eval_initial") if history else math.nan
     eval_s = _sum(history, "time/eval") + _sum(history, "time/eval_initial")
-    overhead = _sum(history, "time/probe") + _sum(history, "time/audit")
+    overhead, overhead_frac = learner_decisions(history)
     lag = lag_statistics(history)
     sync, probe = float(totals.get("sync_tokens", 0.0)), float(totals.get("probe_tokens", 0.0))
     rollout = sync + probe + lag["discarded_tokens"]  # discarded tokens were generated too, then never trained on
@@ -115,10 +110,10 @@ def measure_run(history: Sequence[Mapping[str, Any]], initial: Mapping[str, floa
         "eval_s": eval_s,
         "train_wall_s": wall - eval_s,
         "learner_train_s": sum(_sum(history, f"time/{p}") for p in ("rollout", "teacher", "train")),
-        "decision_flops_share": _last(history, "decision/flops_share"),
-        "decision_seconds_share": _last(history, "decision/seconds_share"),
+        "decision_flops_share": last_logged(history, "decision/flops_share"),
+        "decision_seconds_share": last_logged(history, "decision/seconds_share"),
         "audit_overhead_s": overhead,
-        "audit_overhead_frac": overhead / (wall - eval_s) if wall - eval_s > 0 else math.nan,
+        "audit_overhead_frac": overhead_frac,
         "audits": int(sum(h.get("audit/submitted", 0.0) for h in history)),
         "mean_window": statistics.fmean(windows) if windows else math.nan,
         "windows": windows,

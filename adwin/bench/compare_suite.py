@@ -78,7 +78,7 @@ def finish_suite(meta: dict[str, Any], methods: Mapping[str, Sequence[Any]],
 def suite_rows(suite: Mapping[str, Any], tasks: Sequence[str]) -> tuple[list[str], list[list[str]]]:
     """The cross-task table: regret per task, worst case, and each ratio to full averaged over tasks."""
     header = ["method", *(f"regret {t}" for t in tasks), "worst-case regret",
-              *(f"x full {label} (mean over tasks)" for label in RATIOS.values())]
+              *(f"× full {label} (mean over tasks)" for label in RATIOS.values())]
     rows = [[k, *(_f(e["per_task"].get(t)) for t in tasks), _f(e["worst"]),
              *(_f(suite["ratio_mean"][m].get(k), "{:.2f}") for m in RATIOS)] for k, e in suite["regret"].items()]
     return header, rows
@@ -98,14 +98,10 @@ def _f(x: Any, fmt: str = "{:.3f}") -> str:
 
 
 def write_suite_html(suite: Mapping[str, Any], tasks: Sequence[str], path: Path) -> None:
-    meta, regret, means, esc = suite["meta"], suite["regret"], suite["ratio_mean"], html.escape
-    head = ("<th>method</th>" + "".join(f"<th>regret {esc(t)}</th>" for t in tasks) + "<th>worst-case regret</th>"
-            + "".join(f"<th>× full {esc(label)} (mean over tasks)</th>" for label in RATIOS.values()))
-    rows = []
-    for k, entry in regret.items():
-        cells = "".join(f"<td>{_f(entry['per_task'].get(t))}</td>" for t in tasks)
-        ratio_cells = "".join(f"<td>{_f(means[m].get(k), '{:.2f}')}</td>" for m in RATIOS)
-        rows.append(f"<tr><td>{esc(k)}</td>{cells}<td>{_f(entry['worst'])}</td>{ratio_cells}</tr>")
+    meta, esc = suite["meta"], html.escape
+    header, table = suite_rows(suite, tasks)
+    head = "".join(f"<th>{esc(h)}</th>" for h in header)
+    rows = ["<tr>" + "".join(f"<td>{esc(c)}</td>" for c in row) + "</tr>" for row in table]
     banner = f"<p class='smoke'>{esc(SMOKE_BANNER.format(mode=meta['mode']))}</p>" if meta.get("smoke") else ""
     sections = "".join(
         f"<h2>{esc(t)}</h2><p><a href='{esc(t)}/index.html'>full table</a> · largest paired CI half-width "

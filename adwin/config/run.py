@@ -15,6 +15,7 @@ from adwin.config.base import _Strict
 from adwin.config.loss import LossConfig
 from adwin.config.sections import (
     DEFAULT_VLLM_GPU_MEMORY,
+    IN_STEP_BACKENDS,
     MAX_VLLM_GPU_MEMORY,
     AsyncOPDSection,
     AuditConfig,
@@ -138,7 +139,7 @@ def _per_sample_scope(cfg: TrainConfig) -> None:
     if cfg.scheduler != "sync" or cfg.rollout.backend != "hf":
         raise ValueError("rollout.seeding: per_sample seeds HF generate in the sync scheduler; set scheduler: sync "
                          "and rollout.backend: hf, or rollout.seeding: batch")
-    if cfg.probing and cfg.probes.backend not in ("inline", "rollout"):
+    if cfg.probing and cfg.probes.backend not in IN_STEP_BACKENDS:
         raise ValueError(f"rollout.seeding: per_sample seeds probe rounds on the inline and rollout backends only "
                          f"(probe workers sample with their replica's RNG); set probes.backend: inline or rollout, "
                          f"got {cfg.probes.backend!r}")
@@ -217,8 +218,7 @@ def check_engines(cfg: TrainConfig) -> None:
             raise ValueError(f"model.teacher_backend: 'vllm' scores the realized tokens only (prompt logprobs); "
                              f"loss.name={cfg.loss.name!r} needs the teacher's full logits: set "
                              "model.teacher_backend: hf or loss.name: reverse_kl_pg")
-    if r.backend == "vllm" and cfg.scheduler == "sync" and cfg.probing and cfg.probes.backend not in ("inline",
-                                                                                                     "rollout"):
+    if r.backend == "vllm" and cfg.scheduler == "sync" and cfg.probing and cfg.probes.backend not in IN_STEP_BACKENDS:
         raise ValueError(f"probes.backend: {cfg.probes.backend!r} extends probes on transformers replicas of the "
                          "student, not on the vLLM engine of rollout.backend: vllm; set probes.backend: inline "
                          "(probes extended by the rollout engine after each step), rollout (probe requests in the "
@@ -264,7 +264,7 @@ def check_read_settings(cfg: TrainConfig) -> None:
                 raise ValueError(f"probes.{field}: read only by probes.backend: ray (got {getattr(p, field)!r} "
                                  f"with probes.backend {p.backend!r}); drop it or set probes.backend: ray "
                                  "(--probe-backend ray)")
-    if p.backend in ("inline", "rollout") and p.workers != defaults.workers:
+    if p.backend in IN_STEP_BACKENDS and p.workers != defaults.workers:
         raise ValueError(f"probes.workers: the {p.backend} backend extends probes in the training step itself, no "
                          f"workers (got probes.workers={p.workers}); drop it or set probes.backend: thread or ray")
     if cfg.rollout.backend == "vllm" and not cfg.eval.compact:

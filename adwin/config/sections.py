@@ -130,6 +130,10 @@ class WindowSection(_Strict, PolicyKnobs):
         return opts | ({"confidence": 1.0} if self.confidence else {})
 
 
+# probe backends whose rounds and audits run in the learner's own step, on the trainer's weights and optimizer
+IN_STEP_BACKENDS: tuple[str, ...] = ("inline", "rollout")
+
+
 class ProbeConfig(_Strict):
     batch_size: int = Field(8, ge=1, le=65_536, description="P: completed probes per audit")
     staleness_limit: int = Field(5, ge=1, le=10_000, description="S: optimizer steps before forced completion")

@@ -25,6 +25,7 @@ from adwin.audit.budget import DecisionBudget
 from adwin.audit.job import adam_snapshot, run_audit_job
 from adwin.audit.schedule import AuditSchedule
 from adwin.config import TrainConfig
+from adwin.config.sections import IN_STEP_BACKENDS
 from adwin.controller.api import ControllerAPI
 from adwin.loop.accounting import TokenLedger
 from adwin.loop.distributed import LocalDist
@@ -156,6 +157,6 @@ def open_probe_side(cfg: TrainConfig, controller: ControllerAPI, run_id: str, pa
                      student=parts.student, drift=dist.is_main)  # drift/*: rank 0's (it alone logs)
     if dist.world > 1:
         client.settings.extra["combine"] = dist
-    if cfg.audit.metric == "adam" and p.backend not in ("inline", "rollout"):  # those read the optimizer itself
+    if cfg.audit.metric == "adam" and p.backend not in IN_STEP_BACKENDS:  # those read the optimizer itself
         client.adam_moments = lambda: adam_snapshot(optimizer, parts.student)
     return side

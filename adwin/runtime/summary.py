@@ -10,6 +10,24 @@ from typing import Any
 PHASES = ("rollout", "teacher", "train", "probe", "audit", "eval")
 
 
+def last_logged(history: Sequence[Mapping[str, Any]], key: str) -> float:
+    """A cumulative metric's last logged value; NaN when never logged (a run without decisions)."""
+    vals = [float(h[key]) for h in history if h.get(key) is not None]
+    return vals[-1] if vals else math.nan
+
+
+def learner_decisions(history: Sequence[Mapping[str, Any]]) -> tuple[float, float]:
+    """The learner's own seconds on decisions (``time/probe`` + ``time/audit``: offers, inline rounds, forced
+    completions it waited for, the teacher's scoring of probe batches, drift, audits it ran or waited for) and
+    their share of the run's wall without evaluation (the same for every window policy): what
+    ``audit.budget``'s aim of <= 10 % is about. A probe worker's own seconds are not in it."""
+    spent = sum(float(h.get(k) or 0.0) for h in history for k in ("time/probe", "time/audit"))
+    # the AsyncOPD runs evaluate once before their clock starts (time/eval_initial): outside both terms
+    wall = float(history[-1].get("time/wall", math.nan)) if history else math.nan
+    work = wall - sum(float(h.get("time/eval") or 0.0) for h in history)
+    return spent, spent / work if work > 0 else math.nan
+
+
 def summarize(history: Sequence[Mapping[str, Any]], initial: Mapping[str, float], final: Mapping[str, float],
               totals: Mapping[str, float]) -> dict[str, Any]:
     """Plain-dict summary (what ``summary.json`` holds and the table shows)."""
@@ -24,8 +42,6 @@ def summarize(history: Sequence[Mapping[str, Any]], initial: Mapping[str, float]
     staleness = [h["probe/staleness_max"] for h in history if "probe/staleness_max" in h]
     consumed = [h["audit/staleness_max"] for h in history if "audit/staleness_max" in h]
     time_split = {p: float(sum(h.get(f"time/{p}", 0.0) for h in history)) for p in PHASES}
-    wall = float(history[-1].get("time/wall", 0.0)) if history else 0.0
-    work = wall - time_split["eval"]  # evaluation is the same for every window policy
     return {
         "steps": len(history),
         "accuracy_initial": initial.get("eval/accuracy", math.nan),
@@ -42,11 +58,9 @@ def summarize(history: Sequence[Mapping[str, Any]], initial: Mapping[str, float]
         "staleness_max": float(max(staleness, default=0.0)),  # probes being extended: bounded by S
         "audit_staleness_max": float(max(consumed, default=0.0)),  # probes when audited (may wait complete)
         "time": time_split,
-        "wall_s": wall,
-        # the learner's own seconds on decisions (offers, inline rounds, scoring, drift, audits it ran or waited
-        # for) over the wall without evaluation: what audit.budget's goal of <= 10 % is about
-        "decision_share": (time_split["probe"] + time_split["audit"]) / work if work > 0 else math.nan,
-        "decision_flops_share": float(history[-1].get("decision/flops_share", math.nan)) if history else math.nan,
+        "wall_s": float(history[-1].get("time/wall", 0.0)) if history else 0.0,
+        "decision_share": learner_decisions(history)[1],
+        "decision_flops_share": last_logged(history, "decision/flops_share"),
     }
 
 
