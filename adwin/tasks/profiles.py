@@ -121,7 +121,6 @@ PROFILE_SPECS: dict[str, Profile] = {
         eval_problems=4,
         enforce_targets=False,
         eval_max_new_tokens=16,
-        warm=WarmStart("chain", SFTSchedule(steps=3, batch_size=4, lr=1e-3, warmup=1), student_step=1),
     ),
 }
 

@@ -273,3 +273,11 @@ def test_cache_fingerprint_changes_with_the_warm_start_recipe(name: str, monkeyp
     monkeypatch.setitem(profiles.LONG_PROFILE_SPECS, "default", dataclasses.replace(spec, warm=longer))
     assert assets.profile_fingerprint("default", name) != before
     assert "prompt-n-zero-padded" in get_task(name).fingerprint_fields
+
+
+@pytest.mark.parametrize("name", [t for t in suite.TASK_NAMES if t not in LONG_TASKS])
+@pytest.mark.parametrize("profile", ["default", "tiny"])
+def test_only_the_long_tasks_warm_start(name: str, profile: str) -> None:
+    """The short tasks train from scratch: a warm start from chain would hand chain-drift and chain-late a
+    teacher they must not inherit, and chain itself a copy of its own cache."""
+    assert get_task(name).profile(profile).warm is None
