@@ -107,8 +107,10 @@ def rollout_tokens(method: Method, horizon: int, steps: int, initial: int | None
     if policy == "fixed":
         return min(method.overrides["window.window"], horizon)
     if policy == "linear":
-        start, step = method.overrides["window.start"], method.overrides["window.step"]
-        return sum(min(start + step * i, horizon) for i in range(steps)) / max(steps, 1)
+        from adwin.policies.schedules import LinearWindow
+
+        linear = LinearWindow(method.overrides["window.start"], method.overrides["window.step"], horizon)
+        return sum(linear.window(i) for i in range(steps)) / max(steps, 1)
     if policy == "adwin":
         return min(initial or horizon, horizon) + 2 * horizon / 16
     return float(horizon)
