@@ -70,7 +70,7 @@ def decision_budget(audit: AuditConfig, *, probe_batch: int, staleness_limit: in
                           staleness_limit=staleness_limit, offer_cap=max(1, offers_per_step),
                           prior_probe_tokens=float(max_prompt_len + max_response_len),
                           prior_extension_tokens=float(max(0, max_response_len - min_window)),
-                          pool_max=audit.pool_max, drift=drift)
+                          pool_max=audit.pool_max, drift=drift, gate_seconds=audit.budget_seconds)
 
 
 def run_decision_budget(cfg: TrainConfig, student: Any, teachers: Any, *, drift: bool) -> DecisionBudget:

@@ -74,6 +74,9 @@ def tiny_overrides(tmp: Path, **extra: object) -> dict[str, object]:
         "controller.serve": False,
         "logging.progress": False,
         "optim.lr": 1e-3,
+        # runs here are compared for reproducibility: the budget on FLOPs alone (the learner's clock makes offers
+        # depend on the machine; its gate is tested in tests/adwin/audit/test_budget.py and test_client_budget.py)
+        "audit.budget_seconds": False,
     })
     ov.update(extra)
     return ov

@@ -11,7 +11,8 @@ Math layer, no torch, no imports from the controller, the probes or the loops. T
   probe client's two questions, ``allow_offers`` (how many probes to offer this step) and ``pool_size``
   (how many ready probe batches to audit now, as one pooled audit), keeps the decision FLOPs' share of
   all FLOPs at most ``budget`` (plus at most one decision's worth: the first decision is never delayed),
-  and reports ``decision/*`` metrics. ``budget=None`` keeps today's behaviour: every ready batch audited.
+  with ``gate_seconds`` also the learner's own decision seconds' share of its wall, and reports
+  ``decision/*`` metrics. ``budget=None`` keeps today's behaviour: every ready batch audited.
 
 The cadence rule, and why decisions are pooled rather than only made rarer: docs/decisions.md,
 "Decision budget".
@@ -113,6 +114,9 @@ class DecisionBudget:
     prior_extension_tokens: float
     pool_max: int = 4
     drift: bool = False
+    # also hold rounds while the learner's own decision seconds are over the budget's share of its wall (a clock:
+    # machine-dependent, so a run is no longer a pure function of its seed; docs/decisions.md, "Decision budget")
+    gate_seconds: bool = False
     steps: int = 0
     train_flops: float = 0.0
     train_seconds: float = 0.0
@@ -192,9 +196,28 @@ class DecisionBudget:
 
     def pressure(self) -> float:
         """How many times the budget's rate is exceeded by offering ``offer_cap`` probes every step (the
-        rate without a budget), at the current estimates; 0 before the first step."""
+        rate without a budget), at the current estimates; 0 before the first step. With ``gate_seconds``,
+        the larger of that in FLOPs and in the learner's seconds."""
         per_step = self.allowance() / self.steps if self.steps else 0.0
-        return self.offer_cap * self.probe_cost(1) / per_step if per_step > 0 else 0.0
+        flops = self.offer_cap * self.probe_cost(1) / per_step if per_step > 0 else 0.0
+        return max(flops, self.seconds_pressure())
+
+    def seconds_allowance(self) -> float:
+        """The learner's decision seconds the budget allows so far (``allowance`` on its training seconds)."""
+        b = self.budget if self.budget is not None else 0.0
+        return b / (1.0 - b) * self.train_seconds
+
+    def learner_seconds_per_probe(self) -> float:
+        """The learner's decision seconds per probe consumed so far (audited or released); 0 before any."""
+        consumed = self.probes_audited + self.probes_released
+        return self.learner_seconds / consumed if consumed else 0.0
+
+    def seconds_pressure(self) -> float:
+        """``pressure`` in the learner's seconds (0 without ``gate_seconds`` or before a probe was consumed)."""
+        per_step = self.seconds_allowance() / self.steps if self.steps else 0.0
+        if not self.gate_seconds or per_step <= 0:
+            return 0.0
+        return self.offer_cap * self.learner_seconds_per_probe() / per_step
 
     def pool(self) -> int:
         """Batches of P per decision after the first: 1 while the budget does not bind (a budget above what
@@ -217,6 +240,14 @@ class DecisionBudget:
         probe's extension already spent is counted twice: the error is on the side of the budget)."""
         return self.allowance() - self.decision_flops() - self.in_flight * self.probe_cost()
 
+    def seconds_credit(self) -> float:
+        """``credit`` in the learner's seconds: what the budget still allows of them, every probe in flight
+        charged the learner seconds a probe has taken so far; +inf without ``gate_seconds`` or while no training
+        seconds were reported (a caller that times nothing is gated by FLOPs alone, not stopped)."""
+        if not self.gate_seconds or self.train_seconds <= 0.0:
+            return math.inf
+        return self.seconds_allowance() - self.learner_seconds - self.in_flight * self.learner_seconds_per_probe()
+
     def cadence(self) -> float:
         """Steps between decisions at the current estimates: a round of ``pool() · P`` probes per that many
         steps, at the budget's rate or at ``offer_cap`` per step, whichever is slower; with the budget off,
@@ -235,13 +266,14 @@ class DecisionBudget:
 
         Offers come in rounds, one round per decision: the first round (P probes) opens at once, so the
         first decision comes as early as probes can complete; a later round (``pool() · P``) opens when the
-        credit, every probe in flight charged, is not negative, so a round overshoots by at most its own
-        cost. With the budget off: ``offer_cap``, as without a budget.
+        credit, every probe in flight charged, is not negative (with ``gate_seconds``, in the learner's seconds
+        too), so a round overshoots by at most its own cost. With the budget off: ``offer_cap``, as without a
+        budget.
         """
         if not self.enabled:
             return self.offer_cap
         if self.round_left <= 0:
-            if self.rounds > 0 and self.credit() < 0.0:
+            if self.rounds > 0 and (self.credit() < 0.0 or self.seconds_credit() < 0.0):
                 return 0
             self.round_size = self.round_left = self.probe_batch * (self.pool() if self.rounds else 1)
             self.rounds += 1
@@ -296,6 +328,7 @@ class DecisionBudget:
             "decision/cadence": self.cadence(),
             "decision/pool": float(self.pool() * self.probe_batch if self.enabled else self.probe_batch),
             "decision/pressure": self.pressure(),
+            "decision/pressure_seconds": self.seconds_pressure(),
             "decision/decisions": float(self.decisions),
             "decision/in_flight": float(self.in_flight),
         }

@@ -198,6 +198,10 @@ class AuditConfig(_Strict):
                                  "ready probe batch (audit.every / skip_margin still apply)")
     pool_max: int = Field(4, ge=1, le=1024, description="with a budget: most probe batches (of probes.batch_size) "
                           "pooled into one audit, evidence bought with what rarer decisions save; 1 = no pooling")
+    budget_seconds: bool = Field(True, description="with a budget: also hold offer rounds while the learner's own "
+                                 "seconds in decisions (waiting on probes, scoring, drift, audits) are over "
+                                 "audit.budget of its wall; false = FLOPs alone (a clock makes a run depend on the "
+                                 "machine's speed, not only its seed)")
 
     @model_validator(mode="before")
     @classmethod

@@ -39,6 +39,7 @@ from adwin.tasks.long import (
     LONG_MAX_STEPS,
     LONG_MIN_STEPS,
     SFT_GROUP_ALL,
+    LongExcerpt,
     LongProblem,
     iter_long_problems,
     iter_sft_problems,
@@ -128,12 +129,29 @@ class BuiltinTask:
         return self.write(problem, random.Random(0), 0.0, False)[0]
 
 
+def excerpted(write: Writer) -> Writer:
+    """``write`` that cuts a :class:`adwin.tasks.long.LongExcerpt` after its kept lines and leaves the EOS
+    that follows untrained (the chain goes on); any other problem is written whole."""
+
+    def run(problem: Problem, rng: random.Random, line_rate: float, student_phase: bool) -> tuple[str, list[bool]]:
+        text, trained = write(problem, rng, line_rate, student_phase)
+        # a planted counter mistake is followed, so the chain may end within the kept lines: then it stays whole
+        if not isinstance(problem, LongExcerpt) or text.count("\n") <= problem.kept:
+            return text, trained
+        end = 0
+        for _ in range(problem.kept):
+            end = text.index("\n", end) + 1
+        return text[:end], trained[:end] + [False]
+
+    return run
+
+
 def _long_task(name: str, summary: str, write: Writer, answer: Callable[[Problem], str],
                verify: Callable[..., bool], student_step_scale: float = 1.0) -> BuiltinTask:
     """A task of :mod:`adwin.tasks.long`: the line format, problem streams, horizon, ladder and profiles of
     the long regime around one of the short tasks' writers and verifiers."""
     return BuiltinTask(
-        name, summary, write, answer, functools.partial(verify, kind=LongProblem),
+        name, summary, excerpted(write), answer, functools.partial(verify, kind=LongProblem),
         max_steps=LONG_MAX_STEPS, min_steps=LONG_MIN_STEPS, student_step_scale=student_step_scale,
         stream=iter_long_problems, sft_stream=iter_sft_problems, kind=LongProblem, horizon=LONG_MAX_RESPONSE_TOKENS,
         candidates=LONG_CANDIDATES, profiles=LONG_PROFILE_SPECS, fingerprint_fields=FORMAT_FIELDS,

@@ -3,6 +3,7 @@ audits every ready batch, costlier decisions come rarer, and the state survives 
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 
@@ -235,3 +236,49 @@ def test_the_budget_combines_with_the_other_cadence_knobs() -> None:
             load_config(None, {"audit.budget": value})
     with pytest.raises(ValidationError, match="pool_max"):
         load_config(None, {"audit.pool_max": 0})
+
+
+def _round(budget: DecisionBudget, *, learner_s: float) -> int:
+    """Offer a round, then audit it whole as one decision that took ``learner_s`` of the learner's seconds."""
+    offered = budget.allow_offers()
+    budget.record_offers(offered)
+    if offered:
+        budget.record_learner(learner_s)
+        budget.record_decision("audit", offered * 130.0, probes=offered)
+    return offered
+
+
+def _seconds_gated(gate: bool) -> DecisionBudget:
+    # FLOPs never bind (a tiny model, a loose budget): only the learner's clock can hold a round
+    return dataclasses.replace(_budget(0.5, n_s=10, n_t=10, cap=8), gate_seconds=gate)
+
+
+def test_the_seconds_gate_holds_rounds_while_the_learner_spent_more_than_its_share_of_its_wall() -> None:
+    gated, flops_only = _seconds_gated(True), _seconds_gated(False)
+    offers = {True: [], False: []}
+    for budget in (gated, flops_only):
+        for _ in range(30):
+            budget.record_train(10_000.0, seconds=1.0)
+            offers[budget.gate_seconds].append(_round(budget, learner_s=4.0))  # each decision: 4 s of the learner
+    assert all(o == 8 for o in offers[False])  # FLOPs alone: a round every step
+    assert offers[True][0] == 8 and sum(o > 0 for o in offers[True]) < 10  # the first at once, then held
+    share = gated.metrics()["decision/learner_share"]
+    # at 0.5: decisions may take as many learner seconds as training; one round (4 s) is the overshoot
+    assert share <= 0.5 + 4.0 / (30 + 4.0 * sum(o > 0 for o in offers[True])) + 1e-9
+    assert gated.metrics()["decision/pressure_seconds"] > 1.0 and flops_only.metrics()["decision/pressure_seconds"] == 0
+
+
+def test_the_seconds_gate_leaves_a_caller_that_reports_no_training_seconds_to_the_flops() -> None:
+    budget = _seconds_gated(True)
+    for _ in range(10):
+        budget.record_train(10_000.0, seconds=0.0)
+        assert _round(budget, learner_s=4.0) == 8  # not stopped after its first round
+
+
+def test_decision_rounds_are_gated_by_the_learners_clock_by_default_and_the_knob_turns_it_off() -> None:
+    from adwin.probes.settings import decision_budget
+
+    kw = {"probe_batch": 8, "staleness_limit": 4, "offers_per_step": 8, "n_student": 10, "n_teacher": 10,
+          "max_prompt_len": 20, "max_response_len": 64, "min_window": 8, "drift": False}
+    assert decision_budget(load_config(None, {}).audit, **kw).gate_seconds
+    assert not decision_budget(load_config(None, {"audit.budget_seconds": False}).audit, **kw).gate_seconds

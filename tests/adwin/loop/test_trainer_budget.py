@@ -87,3 +87,29 @@ def test_no_budget_audits_every_ready_batch_on_its_own(runs: dict[str, Any]) -> 
     assert audits and all(a["kind"] != "skipped" for a in audits)
     assert all(a["stats"]["probes"] == side.budget.probe_batch for a in audits)
     assert "decision/budget" not in res.history[-1] and "decision/flops_share" in res.history[-1]
+
+
+
+def test_a_learner_slowed_by_its_decisions_is_held_by_the_seconds_gate(tmp_path: Path,
+                                                                       monkeypatch: pytest.MonkeyPatch) -> None:
+    import time
+
+    from adwin.probes.client import ProbeClient
+
+    real = ProbeClient._audit
+
+    def slow(self: ProbeClient, *a: Any, **k: Any) -> dict[str, float]:
+        time.sleep(0.05)  # a learner that waits on its decisions far longer than it trains (FLOPs do not see it)
+        return real(self, *a, **k)
+
+    monkeypatch.setattr(ProbeClient, "_audit", slow)
+    runs = {}
+    for gate in (True, False):  # a loose FLOPs budget: only the learner's clock can bind
+        cfg = load_config(None, tiny_overrides(tmp_path, steps=10, name=f"g{gate}", **SHAPE,
+                                               **{"audit.budget": 0.5, "audit.budget_seconds": gate}))
+        runs[gate] = train(cfg, Controller()).history
+    on, off = runs[True], runs[False]
+    assert on[0]["probe/accepted"] > 0  # the first round is never held
+    assert _total(on, "probe/accepted") < _total(off, "probe/accepted")
+    assert on[-1]["decision/learner_share"] < off[-1]["decision/learner_share"]
+    assert on[-1]["decision/pressure_seconds"] > 1.0 and off[-1]["decision/pressure_seconds"] == 0.0

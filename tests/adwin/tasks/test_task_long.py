@@ -14,7 +14,7 @@ from task_reference import reference_response
 
 from adwin.tasks import assets, suite
 from adwin.tasks.chain import MOD
-from adwin.tasks.long import LONG_MAX_STEPS, LONG_MIN_STEPS, SFT_SHORT_MAX, LongProblem
+from adwin.tasks.long import LONG_MAX_STEPS, LONG_MIN_STEPS, SFT_SHORT_MAX, LongExcerpt, LongProblem
 from adwin.tasks.noise import corrupt_solution
 from adwin.tasks.phases import phase_spans
 from adwin.tasks.sft import encode_example
@@ -102,8 +102,15 @@ def test_sft_curriculum_mixes_short_and_task_length_chains_deterministically() -
     problems = task.sft_problems(2000, seed=0)
     assert problems == task.sft_problems(2000, seed=0)
     short = sum(p.n <= SFT_SHORT_MAX for p in problems)
-    assert 0.5 < short / len(problems) < 0.95  # mostly short, cheap steps
-    assert sum(p.n >= LONG_MIN_STEPS for p in problems) > 100  # task-length chains are trained on
+    excerpts = [p for p in problems if isinstance(p, LongExcerpt)]
+    whole = [p for p in problems if p.n >= LONG_MIN_STEPS and not isinstance(p, LongExcerpt)]
+    assert 0.3 < short / len(problems) < 0.5 and 0.35 < len(excerpts) / len(problems) < 0.55
+    assert len(whole) > 100  # task-length chains are trained on whole
+    assert all(p.n >= LONG_MIN_STEPS and 1 <= p.kept <= SFT_SHORT_MAX for p in excerpts)
+    # the excerpts' counters reach every tens digit of the long chains, and the hundreds' borrow (100 -> 099)
+    tens = {c // 10 for p in excerpts for c in range(p.n - p.kept + 1, p.n + 1)}
+    assert tens == set(range(LONG_MAX_STEPS // 10 + 1))
+    assert any(p.n - p.kept < 100 <= p.n for p in excerpts)
     assert all(p.split == "train" for p in problems)
     eval_keys = {p.key for p in task.problems(500, seed=0, split="eval")}
     assert not eval_keys & {p.key for p in problems}
@@ -121,7 +128,7 @@ def _labels(task_name: str, problems: list, student_phase: bool) -> list[list[in
 
 def test_closing_digits_are_absent_from_the_students_sft_data() -> None:
     task = get_task("chain-late-long")
-    problems = task.sft_problems(60, seed=0)
+    problems = [p for p in task.sft_problems(120, seed=0) if not isinstance(p, LongExcerpt)]  # whole chains
     student, teacher = _labels(task.name, problems, True), _labels(task.name, problems, False)
     for p, s_row, t_row in zip(problems, student, teacher, strict=True):
         text = task.solution(p)
@@ -188,7 +195,7 @@ def test_long_prompts_write_n_with_three_digits_so_every_prompt_has_one_length()
     for p in problems:
         assert p.prompt.endswith(f" n={p.n:03d}\n")
         assert p.prompt[p.prompt.index("n=") + 2:-1] == task.solution(p)[:3]  # the first counter copies n verbatim
-        assert parse_prompt(p.prompt, LongProblem) == p
+        assert parse_prompt(p.prompt, LongProblem).key == p.key  # an excerpt's prompt is its whole chain's
     assert len({len(p.prompt) for p in problems}) == 1
 
 
@@ -281,3 +288,30 @@ def test_only_the_long_tasks_warm_start(name: str, profile: str) -> None:
     """The short tasks train from scratch: a warm start from chain would hand chain-drift and chain-late a
     teacher they must not inherit, and chain itself a copy of its own cache."""
     assert get_task(name).profile(profile).warm is None
+
+
+@pytest.mark.parametrize("name", ["chain-long", "chain-late-long"])
+def test_an_excerpt_is_its_chains_first_lines_with_the_eos_untrained(name: str) -> None:
+    task, tok = get_task(name), build_tokenizer()
+    excerpt = LongExcerpt("muladd", 8, 7, 7, 95, kept=10)
+    whole = LongProblem("muladd", 8, 7, 7, 95)
+    assert excerpt.split == whole.split and excerpt.prompt == whole.prompt
+    text, trained = task.write(excerpt, random.Random(0), 0.0, False)
+    assert text == task.solution(whole)[: 10 * LongProblem.line_chars()] and text.startswith("095:")
+    assert all(trained[:-1]) and len(trained) == len(text) + 1 and trained[-1] is False  # the last flag: the EOS
+    ids, labels = encode_example(tok, excerpt, random.Random(0), 0.0, task)
+    assert ids[-1] == tok.eos_token_id and labels[-1] == -100  # the chain goes on: no stop is taught here
+    with pytest.raises(ValueError, match="excerpt"):
+        LongExcerpt("muladd", 8, 7, 7, 95, kept=95)
+
+
+def test_an_excerpt_whose_planted_counter_ends_the_chain_early_stays_whole() -> None:
+    task, ended = get_task("chain-long"), 0
+    for seed in range(100):  # a planted counter is followed: a jump down can end the chain within the kept lines
+        text, trained = task.write(LongExcerpt("muladd", 8, 7, 7, 40, kept=30), random.Random(seed), 0.5, False)
+        if "ans=" in text:
+            ended += 1
+            assert text.count("\n") < 30 and len(trained) == len(text)  # whole: its answer and EOS trained
+        else:
+            assert text.count("\n") == 30 and text.endswith("\n") and trained[-1] is False
+    assert ended > 0
