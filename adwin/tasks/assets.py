@@ -23,6 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from adwin.tasks.chain import ROUTES
+from adwin.tasks.profiles import ModelSpec
 from adwin.tasks.suite import DEFAULT_TASK, get_task
 
 logger = logging.getLogger(__name__)
@@ -81,6 +82,8 @@ def profile_fingerprint(profile: str, task: str = DEFAULT_TASK) -> str:
     spec = asdict(builtin.profile(profile))
     if spec["warm"] is None:  # a profile without a warm start keeps the fingerprint it had before the field
         del spec["warm"]
+    elif spec["warm"]["teacher_source"] is None:  # nor one without a teacher of its own
+        del spec["warm"]["teacher_source"], spec["warm"]["teacher_schedule"]
     fields = [
         chain.ROUTES,
         chain.UNITS,
@@ -121,16 +124,26 @@ def is_prepared(root: Path, profile: str | None = None, task: str = DEFAULT_TASK
 def warm_source(home: str | Path | None, profile: str, seed: int, task: str) -> Path | None:
     """The prepared teacher a task's prepare starts from (its profile's warm start), when that is cached at its
     current version with the same model (the position limit aside); None: the prepare runs from scratch."""
+    spec = get_task(task).profile(profile)
+    return None if spec.warm is None else _cached_teacher(home, profile, seed, spec.warm.source, spec.model)
+
+
+def teacher_warm_source(home: str | Path | None, profile: str, seed: int, task: str) -> Path | None:
+    """The prepared teacher a task's *teacher* starts from in a run of its own (``WarmStart.teacher_source``), when
+    cached as :func:`warm_source` requires; None: the teacher continues the student's run."""
+    spec = get_task(task).profile(profile)
+    if spec.warm is None or spec.warm.teacher_source is None:
+        return None
+    return _cached_teacher(home, profile, seed, spec.warm.teacher_source, spec.model)
+
+
+def _cached_teacher(home: str | Path | None, profile: str, seed: int, source: str, model: ModelSpec) -> Path | None:
     from dataclasses import replace
 
-    spec = get_task(task).profile(profile)
-    if spec.warm is None:
-        return None
-    source = spec.warm.source
     root = assets_root(home, profile, seed, source)
     if not is_prepared(root, profile, source):
         return None
-    if replace(get_task(source).profile(profile).model, max_positions=spec.model.max_positions) != spec.model:
+    if replace(get_task(source).profile(profile).model, max_positions=model.max_positions) != model:
         return None
     return root / "teacher"
 
@@ -156,8 +169,11 @@ def ensure_prepared(
     root.parent.mkdir(parents=True, exist_ok=True)
     staging = Path(tempfile.mkdtemp(prefix=f".{root.name}-", dir=root.parent))
     try:
+        warm_from = warm_source(home, profile, seed, task)
+        # a teacher of its own only beside the warm student: the scratch fallback is one run
+        teacher_from = teacher_warm_source(home, profile, seed, task) if warm_from is not None else None
         meta = build_assets(staging, profile=profile, seed=seed, threads=threads or PREPARE_THREADS, task=task,
-                            warm_from=warm_source(home, profile, seed, task))
+                            warm_from=warm_from, teacher_from=teacher_from)
         meta |= {"root": str(root), "fingerprint": profile_fingerprint(profile, task)}
         # meta.json last: a folder without it is incomplete (is_prepared), and it is complete before the rename
         (staging / META_FILE).write_text(json.dumps(meta, indent=2, sort_keys=True) + "\n")

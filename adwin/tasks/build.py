@@ -66,7 +66,8 @@ def load_warm_start(model: torch.nn.Module, source: Path) -> None:
 
 
 def build_assets(root: Path, profile: str = "default", seed: int = 0, threads: int = PREPARE_THREADS,
-                 task: str = DEFAULT_TASK, warm_from: Path | None = None) -> dict[str, Any]:
+                 task: str = DEFAULT_TASK, warm_from: Path | None = None,
+                 teacher_from: Path | None = None) -> dict[str, Any]:
     """Writes tokenizer/, student/ and teacher/ into ``root``; returns the meta (``assets`` writes it, so this
     module needs nothing from ``assets`` and the two do not import each other).
 
@@ -78,12 +79,13 @@ def build_assets(root: Path, profile: str = "default", seed: int = 0, threads: i
     previous = torch.get_num_threads()
     torch.set_num_threads(threads)
     try:
-        return _build(root, profile, seed, task, warm_from)
+        return _build(root, profile, seed, task, warm_from, teacher_from)
     finally:
         torch.set_num_threads(previous)
 
 
-def _build(root: Path, profile: str, seed: int, task: str, warm_from: Path | None) -> dict[str, Any]:
+def _build(root: Path, profile: str, seed: int, task: str, warm_from: Path | None,
+           teacher_from: Path | None = None) -> dict[str, Any]:
     builtin = get_task(task)
     spec = builtin.profile(profile)
     schedule, student_step = sft_recipe(builtin, profile, warm_from)
@@ -134,16 +136,15 @@ def _build(root: Path, profile: str, seed: int, task: str, warm_from: Path | Non
     student_eval = measure("student")
 
     t = time.perf_counter()
-    _, losses_b = train_sft(
-        model,
-        tokenizer,
-        schedule,
-        seed=seed,
-        start_step=student_step,
-        optimizer=optimizer,
-        progress_desc="sft (teacher)",
-        task=builtin,
-    )
+    teacher_schedule = spec.warm.teacher_schedule if spec.warm is not None and teacher_from is not None else None
+    if teacher_schedule is not None:  # the teacher's own run, from another task's teacher (WarmStart.teacher_source)
+        model = spec.model.build(len(tokenizer), tokenizer, seed=seed)
+        load_warm_start(model, teacher_from)
+        _, losses_b = train_sft(model, tokenizer, teacher_schedule, seed=seed, progress_desc="sft (teacher)",
+                                task=builtin)
+    else:
+        _, losses_b = train_sft(model, tokenizer, schedule, seed=seed, start_step=student_step, optimizer=optimizer,
+                                progress_desc="sft (teacher)", task=builtin)
     timings["sft_teacher"] = time.perf_counter() - t
     model.save_pretrained(str(root / "teacher"))
     teacher_eval = measure("teacher")
@@ -195,6 +196,8 @@ def _build(root: Path, profile: str, seed: int, task: str, warm_from: Path | Non
         "sft": {
             **asdict(schedule),
             "warm_from": str(warm_from) if warm_from is not None else None,
+            "teacher_warm_from": str(teacher_from) if teacher_schedule is not None else None,
+            "teacher_steps": teacher_schedule.steps if teacher_schedule is not None else None,
             "student_step": student_step,
             "loss_first": losses[0] if losses else None,
             "loss_at_student": losses_a[-1] if losses_a else None,

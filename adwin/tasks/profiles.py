@@ -6,7 +6,7 @@ Kept free of torch imports so that cache fingerprints (see ``assets.profile_fing
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING
 
 from adwin.tasks.chain import MAX_RESPONSE_TOKENS
@@ -74,6 +74,10 @@ class WarmStart:
     source: str  # the built-in task whose prepared teacher initialises the run
     schedule: SFTSchedule
     student_step: int  # as Profile.student_step, scaled by the task's student_step_scale
+    # the teacher from another task's prepared teacher, in a run of its own (when that is cached too): the
+    # student must lack a skill the teacher needs, so they cannot share one run (chain-late-long)
+    teacher_source: str | None = None
+    teacher_schedule: SFTSchedule | None = None
 
 
 @dataclass(frozen=True)
@@ -156,5 +160,24 @@ LONG_PROFILE_SPECS: dict[str, Profile] = {
         enforce_targets=False,
         eval_max_new_tokens=16,
         warm=WarmStart("chain", SFTSchedule(steps=3, batch_size=4, lr=1e-3, warmup=1), student_step=1),
+    ),
+}
+
+# chain-late-long: two runs. The student from chain-long's prepared teacher (its chain lines hold at length), 50
+# steps that teach the closing format with masked digits, not the rule: the closing line is what it lacks. The
+# teacher from chain-late's prepared teacher (it knows the closing rule, in the two-digit format) on chain-long's
+# recipe, which carries chain's tables over to the long format (docs/task.md: learning the closing rule on top of
+# chain-long's teacher reached 28 % in 450 steps)
+LATE_LONG_PROFILE_SPECS: dict[str, Profile] = {
+    "default": replace(
+        LONG_PROFILE_SPECS["default"],
+        warm=WarmStart("chain-long", SFTSchedule(steps=60, batch_size=16, lr=3e-3, warmup=10, noise_line_rate=0.05),
+                       student_step=50, teacher_source="chain-late",
+                       teacher_schedule=LONG_PROFILE_SPECS["default"].warm.schedule),  # type: ignore[union-attr]
+    ),
+    "tiny": replace(  # the same two runs in seconds (tests)
+        LONG_PROFILE_SPECS["tiny"],
+        warm=WarmStart("chain-long", SFTSchedule(steps=3, batch_size=4, lr=1e-3, warmup=1), student_step=1,
+                       teacher_source="chain-late", teacher_schedule=SFTSchedule(steps=3, batch_size=4, lr=1e-3, warmup=1)),
     ),
 }

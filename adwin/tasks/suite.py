@@ -45,7 +45,7 @@ from adwin.tasks.long import (
     iter_sft_problems,
 )
 from adwin.tasks.noise import corrupt_solution
-from adwin.tasks.profiles import LONG_PROFILE_SPECS, PROFILE_SPECS, Profile
+from adwin.tasks.profiles import LATE_LONG_PROFILE_SPECS, LONG_PROFILE_SPECS, PROFILE_SPECS, Profile
 
 # (problem, rng, line_rate, student_phase) -> (written response without EOS, trained flag per char)
 Writer = Callable[[Problem, random.Random, float, bool], tuple[str, list[bool]]]
@@ -147,14 +147,15 @@ def excerpted(write: Writer) -> Writer:
 
 
 def _long_task(name: str, summary: str, write: Writer, answer: Callable[[Problem], str],
-               verify: Callable[..., bool], student_step_scale: float = 1.0) -> BuiltinTask:
+               verify: Callable[..., bool], student_step_scale: float = 1.0,
+               profiles: Mapping[str, Profile] = LONG_PROFILE_SPECS) -> BuiltinTask:
     """A task of :mod:`adwin.tasks.long`: the line format, problem streams, horizon, ladder and profiles of
     the long regime around one of the short tasks' writers and verifiers."""
     return BuiltinTask(
         name, summary, excerpted(write), answer, functools.partial(verify, kind=LongProblem),
         max_steps=LONG_MAX_STEPS, min_steps=LONG_MIN_STEPS, student_step_scale=student_step_scale,
         stream=iter_long_problems, sft_stream=iter_sft_problems, kind=LongProblem, horizon=LONG_MAX_RESPONSE_TOKENS,
-        candidates=LONG_CANDIDATES, profiles=LONG_PROFILE_SPECS, fingerprint_fields=FORMAT_FIELDS,
+        candidates=LONG_CANDIDATES, profiles=profiles, fingerprint_fields=FORMAT_FIELDS,
         sft_group_all=SFT_GROUP_ALL,
     )
 
@@ -198,9 +199,9 @@ TASKS: dict[str, BuiltinTask] = {
         _write_late,
         late_answer,
         verify_late_solution,
-        # the student late in the run, when its chain lines are good (warm start: step 300 of 600, the chain
-        # lines' argmax error ~5 %), so the closing line is what it lacks
-        student_step_scale=3.0,
+        # the student from chain-long's teacher, the teacher from chain-late's (LATE_LONG_PROFILE_SPECS): the
+        # student's chain lines hold at length, the closing line is what it lacks
+        profiles=LATE_LONG_PROFILE_SPECS,
     ),
 }
 TASK_NAMES: tuple[str, ...] = tuple(TASKS)

@@ -273,11 +273,13 @@ def test_cache_fingerprint_changes_with_the_warm_start_recipe(name: str, monkeyp
     from adwin.tasks import profiles
 
     before = assets.profile_fingerprint("default", name)
-    spec = profiles.LONG_PROFILE_SPECS["default"]
+    specs = get_task(name).profiles
+    assert specs is (profiles.LATE_LONG_PROFILE_SPECS if name == "chain-late-long" else profiles.LONG_PROFILE_SPECS)
+    spec = specs["default"]
     assert spec.warm is not None
     longer = dataclasses.replace(spec.warm, schedule=dataclasses.replace(spec.warm.schedule,
                                                                          steps=spec.warm.schedule.steps + 1))
-    monkeypatch.setitem(profiles.LONG_PROFILE_SPECS, "default", dataclasses.replace(spec, warm=longer))
+    monkeypatch.setitem(specs, "default", dataclasses.replace(spec, warm=longer))
     assert assets.profile_fingerprint("default", name) != before
     assert "prompt-n-zero-padded" in get_task(name).fingerprint_fields
 
@@ -315,3 +317,28 @@ def test_an_excerpt_whose_planted_counter_ends_the_chain_early_stays_whole() -> 
         else:
             assert text.count("\n") == 30 and text.endswith("\n") and trained[-1] is False
     assert ended > 0
+
+
+def test_chain_late_long_trains_its_student_from_chain_long_and_its_teacher_from_chain_late(tmp_path: Path) -> None:
+    """The student must write the chain lines at length and lack only the closing rule (chain-long's teacher never
+    saw a closing line); the teacher starts from chain-late's teacher, which knows the rule, in a run of its own."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    warm = get_task("chain-late-long").profile("default").warm
+    assert warm is not None and (warm.source, warm.teacher_source) == ("chain-long", "chain-late")
+    home = tmp_path / "home"
+    for source in ("chain", "chain-long"):  # chain-long warm-starts from chain
+        assets.ensure_prepared(home=home, profile="tiny", task=source, threads=1)
+    one_run = assets.ensure_prepared(home=home, profile="tiny", task="chain-late-long", threads=1)
+    assert one_run.meta["sft"]["teacher_warm_from"] is None  # chain-late not cached: the teacher continues the run
+    one_student = AutoModelForCausalLM.from_pretrained(str(one_run.student_path)).state_dict()
+    assets.ensure_prepared(home=home, profile="tiny", task="chain-late", threads=1)
+    two = assets.ensure_prepared(home=home, profile="tiny", task="chain-late-long", threads=1, force=True)
+    root = lambda task: assets.assets_root(home, "tiny", 0, task)  # noqa: E731
+    assert two.meta["sft"]["warm_from"] == str(root("chain-long") / "teacher")
+    assert two.meta["sft"]["teacher_warm_from"] == str(root("chain-late") / "teacher")
+    student, teacher = (AutoModelForCausalLM.from_pretrained(str(p)).state_dict()
+                        for p in (two.student_path, two.teacher_paths["muladd"]))
+    assert all(torch.equal(v, student[k]) for k, v in one_student.items())  # the student's run is the same either way
+    assert not all(torch.equal(v, teacher[k]) for k, v in student.items())
