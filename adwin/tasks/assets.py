@@ -155,7 +155,10 @@ def ensure_prepared(
 ) -> BuiltinAssets:
     """The prepared assets of ``profile``; prepares them first when missing (or when ``force``), on
     ``threads`` intra-op threads (default ``profiles.PREPARE_THREADS``, whatever the caller set: the weights
-    depend on it), from :func:`warm_source` when the profile has a warm start and its source is cached.
+    depend on it), from :func:`warm_source` when the profile has a warm start. The tasks a warm start reads
+    (``WarmStart.source`` and ``teacher_source``) are prepared first when they are not cached, so a task is
+    prepared from what its recipe names whatever was prepared before it (the from-scratch recipe remains for a
+    source whose model differs).
 
     Preparation writes into a temporary sibling folder and renames it into place, so an interrupted
     run never leaves a half-written cache and two concurrent callers both end with a complete one.
@@ -163,6 +166,11 @@ def ensure_prepared(
     root = assets_root(home, profile, seed, task)
     if is_prepared(root, profile, task) and not force:
         return load_assets(root)
+    warm = get_task(task).profile(profile).warm
+    for source in () if warm is None else (warm.source, warm.teacher_source):
+        if source is not None and not is_prepared(assets_root(home, profile, seed, source), profile, source):
+            logger.info("%s starts from %s's prepared teacher: preparing %s first", task, source, source)
+            ensure_prepared(home, profile, seed, threads=threads, task=source)
     from adwin.tasks.build import build_assets  # heavy: torch, transformers
     from adwin.tasks.profiles import PREPARE_THREADS
 
