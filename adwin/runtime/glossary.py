@@ -193,6 +193,8 @@ KEYS: dict[str, str] = {
     "decision/cadence": "steps per decision at the current estimates (budget off: steps per decision so far)",
     "decision/pool": "probes per decision after the first (k batches of P)",
     "decision/pressure": "how many times offering `probes.offers_per_step` every step would exceed the budget",
+    "decision/pressure_seconds": "`decision/pressure` in the learner's own decision seconds against its training "
+                                 "seconds (0 with `audit.budget_seconds: false`); the pool follows the larger",
     "decision/decisions": "audits run so far (a pooled audit counts once)",
     "decision/in_flight": "probes offered and accepted, not yet audited or released",
     "decision/budget": "`audit.budget` (absent with `audit.budget: null`)",

@@ -13,7 +13,7 @@ from adwin.probes.settings import run_audit_settings
 
 FIXED = {"loss"}  # the audit's loss is reverse_kl_pg by definition (one allowed value)
 SCHEDULE = {"every", "skip_margin", "skip_history", "max_skips"}  # which batches to audit: ProbeClient.schedule
-BUDGET = {"budget", "pool_max"}  # when to offer and audit: adwin.audit.budget.DecisionBudget
+BUDGET = {"budget", "pool_max", "budget_seconds"}  # when to offer and audit: adwin.audit.budget.DecisionBudget
 
 
 def test_every_audit_option_of_the_config_reaches_the_audit_settings(tmp_path: Path) -> None:
