@@ -75,7 +75,7 @@ def tiny_overrides(tmp: Path, **extra: object) -> dict[str, object]:
         "logging.progress": False,
         "optim.lr": 1e-3,
         # runs here are compared for reproducibility: the budget on FLOPs alone (the learner's clock makes offers
-        # depend on the machine; its gate is tested in tests/adwin/audit/test_budget.py and test_client_budget.py)
+        # depend on the machine; its gate is tested in tests/adwin/audit/test_budget.py and tests/adwin/loop/test_trainer_budget.py)
         "audit.budget_seconds": False,
     })
     ov.update(extra)

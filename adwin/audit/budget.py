@@ -182,10 +182,14 @@ class DecisionBudget:
 
     # --- the cost model -----------------------------------------------------------------------------
 
-    def allowance(self) -> float:
-        """Decision FLOPs the budget allows so far: D / (T + D) <= b  <=>  D <= b / (1 - b) · T."""
+    def _allowed(self, training: float) -> float:
+        """What decisions may spend beside ``training`` of the same unit: D / (T + D) <= b  <=>  D <= b / (1 - b) · T."""
         b = self.budget if self.budget is not None else 0.0
-        return b / (1.0 - b) * self.train_flops
+        return b / (1.0 - b) * training
+
+    def allowance(self) -> float:
+        """Decision FLOPs the budget allows so far (``_allowed`` on the training FLOPs)."""
+        return self._allowed(self.train_flops)
 
     def decision_flops(self) -> float:
         return sum(self.spent.values())
@@ -203,9 +207,8 @@ class DecisionBudget:
         return max(flops, self.seconds_pressure())
 
     def seconds_allowance(self) -> float:
-        """The learner's decision seconds the budget allows so far (``allowance`` on its training seconds)."""
-        b = self.budget if self.budget is not None else 0.0
-        return b / (1.0 - b) * self.train_seconds
+        """The learner's decision seconds the budget allows so far (``_allowed`` on its training seconds)."""
+        return self._allowed(self.train_seconds)
 
     def learner_seconds_per_probe(self) -> float:
         """The learner's decision seconds per probe consumed so far (audited or released); 0 before any."""

@@ -79,6 +79,11 @@ class WarmStart:
     teacher_source: str | None = None
     teacher_schedule: SFTSchedule | None = None
 
+    def __post_init__(self) -> None:
+        # one without the other would quietly train the teacher in the student's run
+        if (self.teacher_source is None) != (self.teacher_schedule is None):
+            raise ValueError("WarmStart: teacher_source and teacher_schedule go together (both or neither)")
+
 
 @dataclass(frozen=True)
 class Profile:
