@@ -297,28 +297,37 @@ class ProbeClient:
 
     # --- audits ---------------------------------------------------------------------------------------
 
-    def audit(self, version: int, *, wait: bool = False, max_batches: int = 1, flush: bool = False) -> dict[str, float]:
+    def audit(self, version: int, *, wait: bool = False, max_batches: int = 1, flush: bool = False,
+              release: bool = False) -> dict[str, float]:
         """Collect audits that are back, then hand ready probe batches to the auditor: up to ``max_batches``
         one by one, or, with a decision budget, the batches its ``pool_size`` pools into one audit.
 
         ``wait``: also wait for every audit still in flight (before a checkpoint, at the end of the run, and in
         loops that audit on the learner between updates). ``flush``: audit every held batch now, pooled (before a
-        checkpoint: held batches are the client's alone, a resumed run would never submit them).
+        checkpoint: held batches are the client's alone, a resumed run would never submit them). ``release`` (a
+        run's last step): with a decision budget, close the held and ready batches unaudited instead, their
+        probes released: no later step would use their decision, so auditing them would only cost the learner.
         """
         runner = self.auditor or self.executor
         if runner is None or self.settings is None:
             self.evict(version)
             return {}
         with self._learner():
-            return self._audit(version, runner, wait, max_batches, flush)
+            return self._audit(version, runner, wait, max_batches, flush, release)
 
-    def _audit(self, version: int, runner: AuditRunner, wait: bool, max_batches: int, flush: bool) -> dict[str, float]:
+    def _audit(self, version: int, runner: AuditRunner, wait: bool, max_batches: int, flush: bool,
+               release: bool) -> dict[str, float]:
         m: dict[str, float] = {}
         self._collect(m, version, block=False)
         if self._gating:
             while (ready := self._next_batch(version)) is not None:
                 self._held.append(ready)
             self._skip_overstale(version)
+            if release and self._held:
+                m["audit/released"] = float(len(self._held))
+                for ready, probes in self._held:
+                    self._skip(ready.audit_id, len(probes))
+                self._held = []
             while self._held:
                 oldest = max(p.staleness(version) for _, probes in self._held for p in probes)
                 k = len(self._held) if flush else self._spend(lambda b, n=len(self._held), o=oldest: b.pool_size(n, o))

@@ -187,11 +187,14 @@ def main(args: argparse.Namespace) -> int:
     user_keys = list(parse_set(args.set))
     # each task's run config: its horizon, ladder and (in the suite) its steps and evaluation size
     shaped: list[tuple[str, Any, list[Method]]] = []
+    task_seeds: dict[str, list[int]] = {}
     for task in tasks:
         size = SIZING[mode][regime(get_task(task))] if args.suite else None
-        cfg = task_config(base, task, args.profile, user_keys, size.eval_problems if size else None)
+        cfg = task_config(base, task, args.profile, user_keys, size.eval_problems if size else None,
+                          size.prompts_per_step if size else None)
         if size and not args.steps:
             cfg = cfg.model_copy(update={"steps": size.steps})
+        task_seeds[task] = seeds[:size.seeds] if size and size.seeds and args.seeds is None else seeds
         methods = all_methods(cfg.rollout.max_response_len, list(cfg.window.candidates),
                               samples_per_step=cfg.rollout.prompts_per_step * cfg.rollout.samples_per_prompt,
                               window_policy=cfg.window.policy)
@@ -203,7 +206,7 @@ def main(args: argparse.Namespace) -> int:
         except ValueError as e:
             raise ValueError(f"task {task}: {e}") from e
         shaped.append((task, cfg, chosen))
-    planned = plan(shaped, len(seeds), args.jobs)
+    planned = plan(shaped, {t: len(s) for t, s in task_seeds.items()}, args.jobs)
     from rich.console import Console
 
     Console().print(plan_line(planned, args.profile))  # the command's own output, like its tables: what the user started
@@ -227,8 +230,11 @@ def main(args: argparse.Namespace) -> int:
         task_dir = out_dir if len(tasks) == 1 else out_dir / task
         task_dir.mkdir(parents=True, exist_ok=True)
         started = time.perf_counter()
-        runs = run_all(task_base, chosen, seeds, args, task_dir)
-        task_meta = meta | {"task": task, "steps": task_base.steps, "methods": [m.key for m in chosen],
+        runs = run_all(task_base, chosen, task_seeds[task], args, task_dir)
+        task_meta = meta | {"task": task, "steps": task_base.steps, "seeds": task_seeds[task],
+                            "methods": [m.key for m in chosen],
+                            "rollouts_per_step": task_base.rollout.prompts_per_step * task_base.rollout.samples_per_prompt,
+                            "probe_batch": task_base.probes.batch_size,
                             "horizon": task_base.rollout.max_response_len,
                             "candidates": list(task_base.window.candidates),
                             "eval_problems": task_base.eval.n_problems, "machine": machine_info(),

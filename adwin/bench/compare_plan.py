@@ -2,20 +2,19 @@
 top of the base config, the five-task suite's steps and evaluation problems per task, and the planned cost
 printed before the runs start (docs/benchmarks.md, "The five-task suite").
 
-The cost model (seconds on one idle core of the reference machine, SFT step 0.080 s) is deliberately
-simple: a run costs ``RUN_OVERHEAD_S`` (process start, model load) + steps x rollouts per step x the
-window a method trains x ``TOKEN_S`` x the task's per-token factor (a step generates its batch until the
-longest row stops or reaches the window, and trains on the padded batch: its cost follows the window, not
-the mean response), plus one evaluation of ``n`` problems at ``EVAL_PROBLEM_S`` per short-task problem x
-(the task's mean response / the short tasks') x the per-token factor (evaluation drops stopped rows: its
-cost follows the mean response); a seed adds its shared start-of-run evaluation. ``--jobs`` runs share
-the cores.
+The cost model (seconds on one core of the reference machine, SFT step 0.080 s, two runs at a time) is
+deliberately simple: a run costs ``RUN_OVERHEAD_S`` (process start, model load) + steps x rollouts per step x
+``rollout_s`` of the window a method trains (a step generates its batch until the longest row stops or reaches
+the window, and trains on the padded batch: its cost follows the window, not the mean response; on the long
+tasks it grows faster than the window, ``LONG_GROWTH``), plus one evaluation of ``n`` problems at
+``EVAL_PROBLEM_S`` of the task's regime; a seed adds its shared start-of-run evaluation. ``--jobs`` runs share
+the cores. The long tasks' figures are measured on ``chain-long`` (docs/benchmarks.md, "Sizing").
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -30,24 +29,30 @@ TINY_HORIZON, TINY_CANDIDATES = 16, (4, 8, 12)  # the tiny profile's chain shape
 # reference figures, one idle core (docs/benchmarks.md, "make run": 65.5 s of training for 40 steps of 128
 # rollouts at a window of ~100 tokens (128 -> 64), 11.5 s for 3 x 128 evaluation problems)
 TOKEN_S = 0.13e-3  # seconds per rollout x window token on a short task (generate, score, train, its decisions)
-EVAL_PROBLEM_S = 0.030  # seconds per evaluation problem on a short task (T = 1, k = 1)
 RUN_OVERHEAD_S = 5.0  # process start, model load, checkpoint
-# mean response tokens of the students (docs/task.md: ~110 on chain, 566 median / up to 2,048 on chain-long)
-MEAN_RESPONSE = {"short": 120, "long": 800}
-# a long-task token costs more (attention over 10x the context): SFT step 5.0 s vs 1.0 s at 3.5x the tokens
-TOKEN_FACTOR = {"short": 1.0, "long": 1.45}
+# seconds per evaluation problem (T = 1, k = 1): make run's on the short tasks; on chain-long 190-270 s for 192
+# problems of a student whose responses run ~900 tokens, two runs at a time (the suite at 0a5a3b4)
+EVAL_PROBLEM_S = {"short": 0.030, "long": 1.1}
+# a long-task rollout costs TOKEN_S x w x (1 + w / a + (w / b)^2): attention and the growing KV cache over
+# 2,048 positions. Fitted to chain-long's measured step seconds per rollout at windows 64..2,048 (0.010, 0.023,
+# 0.062, 0.18, 0.61 and 3.7 s; the suite at 0a5a3b4), within 15 % of each
+LONG_GROWTH = (840.0, 680.0)
 
 
 @dataclass(frozen=True)
 class Sizing:
     steps: int
     eval_problems: int
+    prompts_per_step: int | None = None  # None: the preset's; else P keeps the preset's share of the batch
+    seeds: int | None = None  # None: the mode's (compare.SEEDS)
 
 
-# per mode and regime; the seeds are the mode's (compare.SEEDS). Arithmetic: docs/benchmarks.md
+# per mode and regime. Arithmetic: docs/benchmarks.md, "Sizing". A long-task step at the preset's 128 rollouts
+# costs ~8 min for full-rollout OPD on 2 CPU cores, so the long tasks run 8 prompts x 4 rollouts (P = 2, still
+# 1/16) and one seed; the short tasks keep the preset's batch and the mode's seeds
 SIZING: dict[str, dict[str, Sizing]] = {
-    "default": {"short": Sizing(20, 1024), "long": Sizing(8, 192)},
-    "quick": {"short": Sizing(6, 64), "long": Sizing(3, 24)},
+    "default": {"short": Sizing(20, 1024), "long": Sizing(8, 128, prompts_per_step=8, seeds=1)},
+    "quick": {"short": Sizing(6, 64), "long": Sizing(2, 16, prompts_per_step=4)},
     "tiny": {"short": Sizing(2, 4), "long": Sizing(2, 4)},
 }
 
@@ -76,9 +81,10 @@ def scaled_initial(initial: int | None, base_horizon: int, horizon: int, candida
 
 
 def task_config(base: Any, task: str, profile: str, fixed_keys: Sequence[str] = (),
-                eval_problems: int | None = None) -> Any:
-    """``base`` for ``task``: its built-in task, horizon, ladder and scaled initial window, and its evaluation
-    size. Keys in ``fixed_keys`` (the user's ``--set``) keep the base's value."""
+                eval_problems: int | None = None, prompts_per_step: int | None = None) -> Any:
+    """``base`` for ``task``: its built-in task, horizon, ladder and scaled initial window, its evaluation
+    size, and its prompts per step with the probe batch P at the base's share of the rollout batch (at least 2).
+    Keys in ``fixed_keys`` (the user's ``--set``) keep the base's value."""
     t = get_task(task)
     horizon, candidates = task_shape(t, profile)
     rollout, window = {}, {}
@@ -89,9 +95,16 @@ def task_config(base: Any, task: str, profile: str, fixed_keys: Sequence[str] = 
         if "window.initial" not in fixed_keys:
             window["initial"] = scaled_initial(base.window.initial, base.rollout.max_response_len, horizon,
                                                candidates)
+    probes: dict[str, Any] = {}
+    if prompts_per_step is not None and "rollout.prompts_per_step" not in fixed_keys:
+        rollout["prompts_per_step"] = prompts_per_step
+        if "probes.batch_size" not in fixed_keys:
+            share = base.probes.batch_size / (base.rollout.prompts_per_step * base.rollout.samples_per_prompt)
+            probes["batch_size"] = max(2, round(share * prompts_per_step * base.rollout.samples_per_prompt))
     update: dict[str, Any] = {"data": base.data.model_copy(update={"builtin_task": task}),
                               "rollout": base.rollout.model_copy(update=rollout),
-                              "window": base.window.model_copy(update=window)}
+                              "window": base.window.model_copy(update=window),
+                              "probes": base.probes.model_copy(update=probes)}
     if eval_problems is not None and "eval.n_problems" not in fixed_keys:
         update["eval"] = base.eval.model_copy(update={"n_problems": eval_problems})
     from adwin.config import TrainConfig
@@ -99,47 +112,57 @@ def task_config(base: Any, task: str, profile: str, fixed_keys: Sequence[str] = 
     return TrainConfig.model_validate(base.model_copy(update=update).model_dump(mode="json"))
 
 
-def rollout_tokens(method: Method, horizon: int, steps: int, initial: int | None = None) -> float:
-    """Window tokens one rollout of ``method`` costs, on average over ``steps`` (a batch runs to its window:
-    some row nearly always does); ADWIN stays at its ``initial`` window (None: the horizon) and adds its
-    probes' full rollouts (P = 1/16 of the batch, extended to the horizon and audited: counted twice)."""
+def rollout_s(window: float, r: str) -> float:
+    """Seconds one rollout trained at ``window`` costs in regime ``r`` (generation, scoring, update)."""
+    if r == "long":
+        a, b = LONG_GROWTH
+        return TOKEN_S * window * (1 + window / a + (window / b) ** 2)
+    return TOKEN_S * window
+
+
+def rollout_cost(method: Method, horizon: int, steps: int, r: str, initial: int | None = None) -> float:
+    """Seconds one rollout of ``method`` costs, on average over ``steps`` (a batch runs to its window: some row
+    nearly always does); ADWIN stays at its ``initial`` window (None: the horizon) and adds its probes' full
+    rollouts (P = 1/16 of the batch, extended to the horizon and audited: counted twice)."""
     policy = method.overrides.get("window.policy")
     if policy == "fixed":
-        return min(method.overrides["window.window"], horizon)
+        return rollout_s(min(method.overrides["window.window"], horizon), r)
     if policy == "linear":
         from adwin.policies.schedules import LinearWindow
 
         linear = LinearWindow(method.overrides["window.start"], method.overrides["window.step"], horizon)
-        return sum(linear.window(i) for i in range(steps)) / max(steps, 1)
+        return sum(rollout_s(linear.window(i), r) for i in range(steps)) / max(steps, 1)
     if policy == "adwin":
-        return min(initial or horizon, horizon) + 2 * horizon / 16
-    return float(horizon)
+        return rollout_s(min(initial or horizon, horizon), r) + 2 * rollout_s(horizon, r) / 16
+    return rollout_s(horizon, r)
 
 
-def plan(tasks: Sequence[tuple[str, Any, Sequence[Method]]], seeds: int, jobs: int) -> dict[str, Any]:
-    """Estimated core-seconds per task and wall in all, for (task, its config, its methods). Tasks run one
-    after the other, the runs of a task ``jobs`` at a time (each one thread; a probe worker's thread shares
-    the same cores): a task's wall is its core-seconds / jobs, and at least its longest run."""
+def plan(tasks: Sequence[tuple[str, Any, Sequence[Method]]], seeds: int | Mapping[str, int],
+         jobs: int) -> dict[str, Any]:
+    """Estimated core-seconds per task and wall in all, for (task, its config, its methods) and ``seeds`` per
+    task (one count for all, or per task). Tasks run one after the other, the runs of a task ``jobs`` at a time
+    (each one thread; a probe worker's thread shares the same cores): a task's wall is its core-seconds /
+    jobs, and at least its longest run."""
     per_task: dict[str, float] = {}
-    wall = 0.0
+    wall, runs_in_all = 0.0, 0
     for name, cfg, methods in tasks:
-        task = get_task(name)
-        r = regime(task)
+        n_seeds = seeds if isinstance(seeds, int) else seeds[name]
+        r = regime(get_task(name))
         horizon = cfg.rollout.max_response_len
-        length = min(MEAN_RESPONSE[r] * horizon / task.horizon, horizon)
         batch = cfg.rollout.prompts_per_step * cfg.rollout.samples_per_prompt
-        evaluation = (cfg.eval.n_problems * cfg.eval.k * EVAL_PROBLEM_S * length / MEAN_RESPONSE["short"]
-                      * TOKEN_FACTOR[r]) + RUN_OVERHEAD_S
-        runs = [evaluation + cfg.steps * batch * TOKEN_S * TOKEN_FACTOR[r]
-                * rollout_tokens(m, horizon, cfg.steps, cfg.window.initial) for m in methods]
-        per_task[name] = seeds * (sum(runs) + evaluation)
+        evaluation = cfg.eval.n_problems * cfg.eval.k * EVAL_PROBLEM_S[r] + RUN_OVERHEAD_S
+        runs = [evaluation + cfg.steps * batch * rollout_cost(m, horizon, cfg.steps, r, cfg.window.initial)
+                for m in methods]
+        per_task[name] = n_seeds * (sum(runs) + evaluation)
+        runs_in_all += n_seeds * len(methods)
         wall += max(per_task[name] / max(jobs, 1), max(runs, default=0.0))
+    counts = sorted({seeds} if isinstance(seeds, int) else set(seeds.values()))
     return {"core_s": per_task, "total_core_s": sum(per_task.values()), "wall_s": wall, "jobs": jobs,
-            "runs": seeds * sum(len(m) for _, _, m in tasks), "seeds": seeds, "tasks": len(tasks)}
+            "runs": runs_in_all, "seeds": "/".join(map(str, counts)), "tasks": len(tasks)}
 
 
 def plan_line(p: dict[str, Any], profile: str = "default") -> str:
-    head = f"planned: {p['tasks']} task(s), {p['runs']} runs ({p['seeds']} seed(s))"
+    head = f"planned: {p['tasks']} task(s), {p['runs']} runs ({p['seeds']} seed(s) per task)"
     if profile == "tiny":  # the cost model is the default profile's models; the tiny ones take seconds
         return head + ", tiny profile: seconds"
     per = ", ".join(f"{t} {s / 60:.0f}" for t, s in p["core_s"].items())

@@ -61,8 +61,10 @@ def write_markdown(results: Mapping[str, Any], path: Path) -> None:
     """``results.md``: the printed table as markdown, with the command and the machine."""
     meta = results["meta"]
     banner = f"**{SMOKE_BANNER.format(mode=meta['mode'])}**\n\n" if meta.get("smoke") else ""
-    head = (f"{banner}`{meta.get('command')}` — task {meta.get('task', 'chain')}, {meta['steps']} steps x seeds "
-            f"{meta['seeds']}, {meta.get('total_s', math.nan):.0f} s; machine after: {meta.get('machine')}\n\n")
+    batch = (f" of {meta['rollouts_per_step']} rollouts (P = {meta['probe_batch']})"
+             if "rollouts_per_step" in meta else "")
+    head = (f"{banner}`{meta.get('command')}` — task {meta.get('task', 'chain')}, {meta['steps']} steps{batch} x "
+            f"seeds {meta['seeds']}, {meta.get('total_s', math.nan):.0f} s; machine after: {meta.get('machine')}\n\n")
     path.write_text(head + markdown_table([name for name, _ in COLUMNS], table_rows(results)))
 
 

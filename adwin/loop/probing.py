@@ -104,10 +104,11 @@ class ProbeSide:
             "probe/lost": float(stats.lost), "probe/worker_restarts": float(stats.restarts),
             "probe/evicted": float(expired)}
 
-    def audit(self, version: int, *, wait: bool = False) -> dict[str, float]:
+    def audit(self, version: int, *, wait: bool = False, last: bool = False) -> dict[str, float]:
         """Collect audits that are back, then hand ready probe batches to the workers (inline: compute it now);
-        ``wait`` (a checkpoint follows) also audits the batches a decision budget holds for its pool."""
-        return self.client.audit(version, wait=wait, flush=wait)
+        ``wait`` (a checkpoint follows) also audits the batches a decision budget holds for its pool, except at
+        the ``last`` step, where they are released unaudited: no step is left to use their decision."""
+        return self.client.audit(version, wait=wait, flush=wait and not last, release=last)
 
     def drain(self, version: int) -> dict[str, float]:
         return self.client.drain(version)

@@ -136,7 +136,7 @@ def train(cfg: TrainConfig, controller: ControllerAPI | None, parts: Parts | Non
             with clock("probe"):
                 m |= probes.offer(t, batch, behavior, win.window) | probes.advance(version)
             with clock("audit"):  # learner-side share: thread/Ray workers compute the audit (waited for at a save)
-                m |= probes.audit(version, wait=bool(save))
+                m |= probes.audit(version, wait=bool(save), last=t == cfg.steps - 1)
         learner_s = sum(clock.spent.get(k, 0.0) for k in ("rollout", "teacher", "train"))  # the decision budget's T
         m |= window_metrics(win) | probes.account(batch, win.window, learner_s)
         m |= surprise_metrics(teacher_lp, batch.rows.response_mask, cfg.window.surprise) | {

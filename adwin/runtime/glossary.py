@@ -121,6 +121,8 @@ KEYS: dict[str, str] = {
     # audit
     "audit/submitted": "audits submitted to the controller this step",
     "audit/rejected": "audits the controller refused as non-finite (the window stays)",
+    "audit/released": "probe batches the decision budget held at the run's last step, closed unaudited (no "
+                      "later step would use their decision)",
     "audit/skipped": "ready probe batches not audited (`audit.every` / `audit.skip_margin`)",
     "audit/pooled_batches": "probe batches of P audited together as one pooled audit this step (`audit.budget`): "
                             "the others are closed as skipped with `pooled_into` naming the audited one",

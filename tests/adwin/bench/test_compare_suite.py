@@ -60,6 +60,35 @@ def test_each_task_runs_at_its_own_horizon_and_ladder(task: str) -> None:
     assert [m.suite_names()[0] for m in fixed] == [f"fixed-rung{k}" for k in range(1, len(t.candidates) + 1)]
 
 
+@pytest.mark.parametrize("mode", ["default", "quick"])
+def test_a_sized_batch_keeps_p_at_its_share_of_the_rollouts(mode: str) -> None:
+    base = _suite_base()
+    for task in SUITE_TASKS:
+        size = SIZING[mode][regime(get_task(task))]
+        cfg = task_config(base, task, "default", eval_problems=size.eval_problems,
+                          prompts_per_step=size.prompts_per_step)
+        batch = cfg.rollout.prompts_per_step * cfg.rollout.samples_per_prompt
+        assert cfg.rollout.prompts_per_step == (size.prompts_per_step or base.rollout.prompts_per_step)
+        assert cfg.probes.batch_size == max(2, batch // 16)  # the preset's 1/16, at least a pair
+        assert cfg.probes.offers_per_step * cfg.probes.staleness_limit >= cfg.probes.batch_size  # P can fill
+
+
+def test_a_user_set_batch_wins_over_the_sizing() -> None:
+    cfg = task_config(_suite_base(), "chain-long", "default", prompts_per_step=8,
+                      fixed_keys=["rollout.prompts_per_step"])
+    assert cfg.rollout.prompts_per_step == 32 and cfg.probes.batch_size == 8
+    cfg = task_config(_suite_base(), "chain-long", "default", prompts_per_step=8, fixed_keys=["probes.batch_size"])
+    assert cfg.rollout.prompts_per_step == 8 and cfg.probes.batch_size == 8
+
+
+def test_long_rollouts_cost_more_than_their_window_share() -> None:
+    from adwin.bench.compare_plan import rollout_s
+
+    assert rollout_s(2048, "short") == pytest.approx(2 * rollout_s(1024, "short"))  # linear on short tasks
+    long = [rollout_s(w, "long") for w in (512, 1024, 2048)]
+    assert long[2] / long[1] > long[1] / long[0] > 2  # attention and the KV cache over the long context
+
+
 def test_a_user_set_shape_wins_over_the_tasks() -> None:
     cfg = task_config(_suite_base(), "chain-long", "default", fixed_keys=["window.candidates"])
     assert cfg.rollout.max_response_len == 2048  # the task's horizon
@@ -153,6 +182,9 @@ def test_planned_cost_grows_with_steps_seeds_and_problems_and_names_the_runs() -
             cfg.rollout.max_response_len, list(cfg.window.candidates)), None)))
     one = plan(shaped, seeds=1, jobs=2)
     assert plan(shaped, seeds=2, jobs=2)["total_core_s"] == pytest.approx(2 * one["total_core_s"])
+    mixed = plan(shaped, seeds={"chain": 2, "chain-long": 1}, jobs=2)  # seeds per task
+    assert mixed["core_s"]["chain"] == pytest.approx(2 * one["core_s"]["chain"])
+    assert mixed["core_s"]["chain-long"] == pytest.approx(one["core_s"]["chain-long"]) and mixed["runs"] == 6
     assert plan(shaped, seeds=1, jobs=1)["wall_s"] == pytest.approx(one["total_core_s"])  # one run at a time
     assert one["total_core_s"] / 2 <= one["wall_s"] < one["total_core_s"]  # two at a time, bounded by the longest
     longer = [(t, c.model_copy(update={"steps": 8}), m) for t, c, m in shaped]

@@ -1,6 +1,7 @@
 """``audit.budget`` in the sync trainer: a tight budget offers and audits less, keeps ``decision/flops_share`` within
 one decision of the budget, pools ready batches into one audit (the controller sees the others closed as skipped
-into it), and does not delay the first decision; ``audit.budget: null`` audits every ready batch on its own."""
+into it), does not delay the first decision and releases what it holds at the last step unaudited;
+``audit.budget: null`` audits every ready batch on its own, the last step's too."""
 
 from __future__ import annotations
 
@@ -88,6 +89,21 @@ def test_no_budget_audits_every_ready_batch_on_its_own(runs: dict[str, Any]) -> 
     assert all(a["stats"]["probes"] == side.budget.probe_batch for a in audits)
     assert "decision/budget" not in res.history[-1] and "decision/flops_share" in res.history[-1]
 
+
+def test_the_last_step_releases_held_batches_unaudited_and_dispatches_none(runs: dict[str, Any]) -> None:
+    res, controller, _ = runs[0.3]
+    last = res.history[-1]
+    assert last.get("audit/released", 0.0) > 0, "a budget that binds at S=4 holds batches at the last step"
+    assert "audit/pooled_batches" not in last and not last.get("audit/submitted")
+    audits = controller.telemetry(res.run_id).audits
+    released = audits[-int(last["audit/released"]):]
+    assert all(a["kind"] == "skipped" and "pooled_into" not in a["stats"] for a in released)
+    assert not [a for a in audits if a["state"] == "pending"]
+
+
+def test_without_a_budget_the_last_step_still_audits(runs: dict[str, Any]) -> None:
+    res, _, _ = runs[None]
+    assert res.history[-1].get("audit/submitted") and "audit/released" not in res.history[-1]
 
 
 def test_a_learner_slowed_by_its_decisions_is_held_by_the_seconds_gate(tmp_path: Path,
