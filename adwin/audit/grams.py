@@ -21,6 +21,7 @@ import torch
 from adwin.audit.combine import segment_matrix
 from adwin.audit.sketch import Grads, countsketch
 from adwin.objectives.losses import reverse_kl_pg, token_logprobs
+from adwin.sampling.kv_cache import with_cache
 
 # Per-token loss: (student_logprobs, teacher_logprobs, mask) -> (B, L) per-token losses.
 TokenLoss = Callable[[torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor]
@@ -246,7 +247,7 @@ def _segment_grads(
             input_ids=ids[:, begin:end],
             attention_mask=b.attention_mask[rows, :end],
             position_ids=b.position_ids[rows, begin:end],
-            past_key_values=cache,
+            **with_cache(model, cache),
             use_cache=True,
         )
         logp = torch.log_softmax(out.logits.float(), dim=-1)  # (b, n, V)

@@ -111,7 +111,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                                      "adwin-0.7, surprise, iw-opd; opt-in: asyncopd-is, asyncopd-oapl, e.g. "
                                      "asyncopd-oapl-L4); default: all but the opt-in ones for one task, the goal's "
                                      "set (full, linear, fixed, adwin-0.7) for several; quick: one per family")
-    p.add_argument("--seeds", help="number of seeds (N: 0..N-1) or a comma-separated list (default 2; quick 1)")
+    p.add_argument("--seeds", help="number of seeds (N: 0..N-1) or a comma-separated list (default 2; quick 1; the "
+                   "suite's long tasks 1), for every task")
     p.add_argument("--steps", type=int, help=f"optimizer steps per run (default {STEPS['default']}; "
                                              f"quick {STEPS['quick']}; tiny {STEPS['tiny']})")
     p.add_argument("--config", metavar="YAML", help="base config: preset name or YAML path (default: the 'default' preset)")

@@ -20,6 +20,7 @@ from collections.abc import Sequence
 
 import torch
 
+from adwin.sampling.kv_cache import returned_cache, with_cache
 from adwin.sampling.rollout import Generation, left_pad
 from adwin.sampling.seeding import SeededSampling
 
@@ -46,7 +47,7 @@ def generate_compacting(model: torch.nn.Module, contexts: Sequence[Sequence[int]
     try:
         # the model builds its own cache (a DynamicCache laid out for its layer types, sliding windows included)
         out = model(input_ids=ids, attention_mask=mask, position_ids=(mask.cumsum(-1) - 1).clamp_min(0), use_cache=True)
-        logits, cache = out.logits[:, -1], out.past_key_values  # (b, V)
+        logits, cache = out.logits[:, -1], returned_cache(out)  # (b, V)
         if cache is None or not hasattr(cache, "batch_select_indices"):
             raise ValueError(f"{type(model).__name__} returned no KV cache that can drop rows; evaluate with "
                              "eval.compact=false (transformers' generate)")
@@ -67,7 +68,7 @@ def generate_compacting(model: torch.nn.Module, contexts: Sequence[Sequence[int]
             mask = torch.cat([mask, mask.new_ones(len(live), 1)], dim=1)  # (b, T + step + 1)
             positions = positions + 1
             logits = model(input_ids=tokens[:, None], attention_mask=mask, position_ids=positions[:, None],
-                           past_key_values=cache, use_cache=True).logits[:, -1]  # (b, V)
+                           **with_cache(model, cache), use_cache=True).logits[:, -1]  # (b, V)
     finally:
         model.train(was_training)
     return Generation(responses, finished, None)

@@ -33,6 +33,7 @@ from typing import Any
 
 import torch
 
+from adwin.sampling.kv_cache import returned_cache, with_cache
 from adwin.sampling.rollout import left_pad
 from adwin.trainer_adapters.asyncopd.items import StreamItem, TokenOut
 
@@ -171,7 +172,7 @@ class HFRolloutEngine:
         pos = torch.tensor(self._fed, dtype=torch.long, device=device)[:, None]  # (b, 1) real tokens before it
         ids = [self.pad_id if t is None else t for t in tokens]
         out = self.model(input_ids=torch.tensor(ids, dtype=torch.long, device=device)[:, None],
-                         attention_mask=self._mask, position_ids=pos, past_key_values=self._cache, use_cache=True,
+                         attention_mask=self._mask, position_ids=pos, **with_cache(self.model, self._cache), use_cache=True,
                          logits_to_keep=1)
         self._fed = [n + 1 for n in self._fed]
         return out.logits[:, -1]
@@ -184,7 +185,7 @@ class HFRolloutEngine:
         out = self.model(input_ids=ids, attention_mask=mask, position_ids=(mask.cumsum(-1) - 1).clamp_min(0),
                          use_cache=True, logits_to_keep=1)
         self.prefilled_tokens += sum(len(c) for c in contexts)
-        self._merge([it.request_id for it in items], [len(c) for c in contexts], out.past_key_values, mask)
+        self._merge([it.request_id for it in items], [len(c) for c in contexts], returned_cache(out), mask)
         return out.logits[:, -1]
 
     def step(self, items: Sequence[StreamItem]) -> list[TokenOut | None]:

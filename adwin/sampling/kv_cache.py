@@ -1,0 +1,45 @@
+"""The KV cache of a transformers forward call, across releases.
+
+transformers 5.24 renamed the forward keyword and the output field ``past_key_values`` to ``cache``: the old
+names still work there but warn on every call (and are to go in 5.40), while earlier releases know only
+``past_key_values``. Every loop that feeds a cache back into a model (compact evaluation, the audit's
+segmented forward, the AsyncOPD decode engine) passes it through here, so one place follows the rename.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import inspect
+from typing import Any
+
+import torch
+
+
+def _default_keyword() -> str:
+    from transformers.modeling_outputs import CausalLMOutputWithPast
+
+    return "cache" if "cache" in {f.name for f in dataclasses.fields(CausalLMOutputWithPast)} else "past_key_values"
+
+
+def cache_keyword(model: torch.nn.Module) -> str:
+    """The keyword ``model.forward`` takes its KV cache by: the one its signature names, else (a wrapper or a
+    ``**kwargs`` forward) the installed transformers' own."""
+    try:
+        params = inspect.signature(model.forward).parameters
+    except (TypeError, ValueError):  # a forward without an inspectable signature
+        params = {}
+    for name in ("cache", "past_key_values"):
+        if name in params:
+            return name
+    return _default_keyword()
+
+
+def with_cache(model: torch.nn.Module, cache: Any) -> dict[str, Any]:
+    """``{keyword: cache}`` for ``model(**inputs, **with_cache(model, cache), use_cache=True)``."""
+    return {cache_keyword(model): cache}
+
+
+def returned_cache(out: Any) -> Any:
+    """The cache a forward returned (None when it returned none), read by the output's own field name."""
+    names = {f.name for f in dataclasses.fields(out)} if dataclasses.is_dataclass(out) else set()
+    return getattr(out, "cache", None) if "cache" in names else getattr(out, "past_key_values", None)
