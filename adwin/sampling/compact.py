@@ -20,7 +20,7 @@ from collections.abc import Sequence
 
 import torch
 
-from adwin.sampling.kv_cache import returned_cache, with_cache
+from adwin.sampling.kv_cache import cache_keyword, returned_cache
 from adwin.sampling.rollout import Generation, left_pad
 from adwin.sampling.seeding import SeededSampling
 
@@ -52,6 +52,7 @@ def generate_compacting(model: torch.nn.Module, contexts: Sequence[Sequence[int]
             raise ValueError(f"{type(model).__name__} returned no KV cache that can drop rows; evaluate with "
                              "eval.compact=false (transformers' generate)")
         eos_t = torch.tensor(sorted(eos), device=device)
+        cache_kw = cache_keyword(model)  # looked up once, not per token
         for step in range(budget):
             tokens = pick(logits, live)  # (b,)
             for row, tok in zip(live.tolist(), tokens.tolist(), strict=True):
@@ -68,7 +69,7 @@ def generate_compacting(model: torch.nn.Module, contexts: Sequence[Sequence[int]
             mask = torch.cat([mask, mask.new_ones(len(live), 1)], dim=1)  # (b, T + step + 1)
             positions = positions + 1
             logits = model(input_ids=tokens[:, None], attention_mask=mask, position_ids=positions[:, None],
-                           **with_cache(model, cache), use_cache=True).logits[:, -1]  # (b, V)
+                           **{cache_kw: cache}, use_cache=True).logits[:, -1]  # (b, V)
     finally:
         model.train(was_training)
     return Generation(responses, finished, None)

@@ -9,12 +9,14 @@ segmented forward, the AsyncOPD decode engine) passes it through here, so one pl
 from __future__ import annotations
 
 import dataclasses
+import functools
 import inspect
 from typing import Any
 
 import torch
 
 
+@functools.cache
 def _default_keyword() -> str:
     from transformers.modeling_outputs import CausalLMOutputWithPast
 
@@ -35,7 +37,8 @@ def cache_keyword(model: torch.nn.Module) -> str:
 
 
 def with_cache(model: torch.nn.Module, cache: Any) -> dict[str, Any]:
-    """``{keyword: cache}`` for ``model(**inputs, **with_cache(model, cache), use_cache=True)``."""
+    """``{keyword: cache}`` for ``model(**inputs, **with_cache(model, cache), use_cache=True)``; a loop that feeds
+    the cache back every token looks its ``cache_keyword`` up once instead."""
     return {cache_keyword(model): cache}
 
 

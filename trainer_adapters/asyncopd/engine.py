@@ -33,7 +33,7 @@ from typing import Any
 
 import torch
 
-from adwin.sampling.kv_cache import returned_cache, with_cache
+from adwin.sampling.kv_cache import cache_keyword, returned_cache
 from adwin.sampling.rollout import left_pad
 from adwin.trainer_adapters.asyncopd.items import StreamItem, TokenOut
 
@@ -96,6 +96,7 @@ class HFRolloutEngine:
         if not 0.0 <= admit_fraction <= 1.0:
             raise ValueError(f"admit_fraction must be in [0, 1], got {admit_fraction}")
         self.model = model.eval().requires_grad_(False)
+        self._cache_kw = cache_keyword(model)  # the forward's KV-cache keyword, looked up once
         self.eos, self.pad_id, self.temperature, self.top_p = eos, pad_id, temperature, top_p
         self.m = mc_samples  # 0: no MC cache
         self.version = 0
@@ -172,7 +173,7 @@ class HFRolloutEngine:
         pos = torch.tensor(self._fed, dtype=torch.long, device=device)[:, None]  # (b, 1) real tokens before it
         ids = [self.pad_id if t is None else t for t in tokens]
         out = self.model(input_ids=torch.tensor(ids, dtype=torch.long, device=device)[:, None],
-                         attention_mask=self._mask, position_ids=pos, **with_cache(self.model, self._cache), use_cache=True,
+                         attention_mask=self._mask, position_ids=pos, **{self._cache_kw: self._cache}, use_cache=True,
                          logits_to_keep=1)
         self._fed = [n + 1 for n in self._fed]
         return out.logits[:, -1]
