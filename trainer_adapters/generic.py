@@ -314,7 +314,10 @@ class WindowClient:
         return out
 
     def close(self, timeout_s: float = 30.0) -> int:
-        """End of run: deliver the writes buffered during a controller outage (bounded); returns those left."""
+        """End of run: with a decision budget, close the probe batches still held for a pooled audit unaudited
+        (their probes released), as the sync trainer's last step does: no later step would use their decision.
+        Then deliver the writes buffered during a controller outage (bounded); returns those left."""
+        self.probe_client.audit(self.last_step if self.last_step is not None else 0, wait=True, release=True)
         return drain_controller(self.controller, timeout_s)
 
 

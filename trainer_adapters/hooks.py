@@ -40,6 +40,7 @@ Contract, in pipeline order:
    completed probes ready (windowed FIFO), ``ControllerWindowHooks`` audits them through the one probe client
    (``adwin.probes.client.ProbeClient``: the sync trainer's settings, schedule and drift, the audit under the
    current learner weights) and submits it; the next ``on_sync`` then reads the window that audit decided.
+   After the run's last update (``last=True``) a decision budget's held batches are released unaudited.
 
 ``on_step(step, metrics)`` forwards learner metrics to the controller's telemetry (optional).
 
@@ -134,7 +135,7 @@ class WindowHooks(Protocol):
 
     def offer_complete(self, items: Sequence[StampedItem], version: int) -> int: ...
 
-    def poll_audit(self, version: int) -> dict[str, float]: ...
+    def poll_audit(self, version: int, *, last: bool = False) -> dict[str, float]: ...
 
     def on_step(self, step: int, metrics: Mapping[str, float]) -> None: ...
 
@@ -177,7 +178,7 @@ class StaticWindowHooks:
     def offer_complete(self, items: Sequence[StampedItem], version: int) -> int:
         return 0  # probes here are every probe_every-th request only
 
-    def poll_audit(self, version: int) -> dict[str, float]:
+    def poll_audit(self, version: int, *, last: bool = False) -> dict[str, float]:
         with self._lock:
             if self.auditor is None or len(self._pending) < self.probe_batch_size:
                 return {}
@@ -293,15 +294,16 @@ class ControllerWindowHooks:
         """``controller/*`` gauges of degraded mode (empty without the wrapper)."""
         return controller_metrics(self.controller)
 
-    def poll_audit(self, version: int) -> dict[str, float]:
+    def poll_audit(self, version: int, *, last: bool = False) -> dict[str, float]:
         """After a learner update: record its training compute with the decision budget, then audit up to
         ``max_audits_per_poll`` ready batches (or what the budget pools) under the learner's current weights;
-        with ``decision/*``."""
+        with ``decision/*``. After the ``last`` update, with a budget, the held and ready batches are closed
+        unaudited instead (``audit/released``): no later update would use their decision."""
         if self._update is not None:
             tokens, started = self._update
             self.client.record_train(tokens, time.perf_counter() - started)
             self._update = None
-        m = self.client.audit(version, wait=True, max_batches=self.max_audits_per_poll)
+        m = self.client.audit(version, wait=True, max_batches=self.max_audits_per_poll, release=last)
         return m | self.client.decision_metrics()
 
     def on_step(self, step: int, metrics: Mapping[str, float]) -> None:

@@ -71,6 +71,52 @@ def test_held_ready_batches_are_audited_as_one_pooled_job_and_the_others_close_a
     assert m["decision/decisions"] == 2.0 and b.probes_audited == 8
 
 
+def _held_round(budget: float | None) -> tuple[Controller, str, ControllerWindowHooks, FakeAuditor]:
+    """The first decision made, then 2 ready batches of a 3-batch pooled round held (with a budget)."""
+    ctrl, run, hooks = _hooks(budget, offers=8)
+    fake = FakeAuditor({4: 0.9, 8: 1.0})
+    hooks.client.auditor = fake
+    for pid in _fresh(hooks, 0, 2):
+        hooks.on_probe_complete(Done(pid), 0)
+    hooks.poll_audit(1)
+    if budget is not None:
+        b = hooks.client.budget
+        b.rounds, b.round_size, b.round_left = 2, 6, 6
+    hooks.on_sync(1)
+    for pid in (ids := [f"q{i}" for i in range(4)]):
+        assert hooks.client.offer_fresh(pid, "p", 1)
+    for pid in ids:
+        hooks.on_probe_complete(Done(pid, behavior_version=1, newest_version=1), 1)
+    return ctrl, run, hooks, fake
+
+
+def test_the_last_poll_releases_held_batches_unaudited_and_leaves_none_pending() -> None:
+    ctrl, run, hooks, fake = _held_round(0.2)
+    m = hooks.poll_audit(2, last=True)
+    assert fake.seen == [2] and m["audit/released"] == 2.0  # no audit run for a decision no update would use
+    audits = ctrl.telemetry(run).audits
+    assert not [a for a in audits if a["state"] == "pending"]
+    released = audits[-2:]
+    assert all(a["kind"] == "skipped" and "pooled_into" not in a["stats"] for a in released)
+
+
+def test_the_last_poll_without_a_budget_still_audits_every_ready_batch() -> None:
+    hooks = _held_round(None)[2]
+    fake = hooks.client.auditor
+    m = hooks.poll_audit(2, last=True)
+    assert "audit/released" not in m and fake.seen == [2, 2]
+
+
+def test_closing_the_generic_client_releases_the_batches_its_budget_held() -> None:
+    ctrl, run, hooks, fake = _held_round(0.2)
+    client = WindowClient(ctrl, RunIn(policy=PolicyIn(candidates=[4, 8], max_len=16)))
+    client.probe_client, client.last_step = hooks.client, 2  # the generic client around the held round's probes
+    hooks.poll_audit(2)  # held: 2 of 3 batches of the round
+    assert [a for a in ctrl.telemetry(run).audits if a["state"] == "pending"]
+    assert client.close(timeout_s=1.0) == 0
+    assert fake.seen == [2] and not [a for a in ctrl.telemetry(run).audits if a["state"] == "pending"]
+
+
 def test_poll_audit_records_the_updates_training_compute_and_reports_decision_metrics() -> None:
     _, _, hooks = _hooks(0.1)
     hooks.on_sync(0)

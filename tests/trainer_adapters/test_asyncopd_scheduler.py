@@ -143,6 +143,22 @@ def test_window_is_read_at_each_sync_boundary_and_stamped_on_requests() -> None:
         assert it.finish_reason == "window"
 
 
+def test_only_the_runs_last_update_polls_the_audit_as_last() -> None:
+    class Recording(StaticWindowHooks):
+        def __init__(self) -> None:
+            super().__init__(8, 16)
+            self.lasts: list[bool] = []
+
+        def poll_audit(self, version: int, *, last: bool = False) -> dict[str, float]:
+            self.lasts.append(last)
+            return super().poll_audit(version, last=last)
+
+    hooks = Recording()
+    sched, _, _ = make([16], B=2, tau=1, hooks=hooks)
+    sched.run(3)
+    assert hooks.lasts == [False, False, True]  # a decision budget's held batches are released after it
+
+
 # ----------------------------------------------------------------------------------------- keep-mode
 
 

@@ -302,7 +302,7 @@ class AsyncOPDScheduler:
         updates = 0
         try:
             for step in range(steps):
-                m = self._one_update(step)
+                m = self._one_update(step, last=step == steps - 1)
                 updates += 1
                 if on_step is not None:
                     on_step(step, m)
@@ -360,7 +360,7 @@ class AsyncOPDScheduler:
             else:
                 groups.add(it)
 
-    def _one_update(self, step: int) -> dict[str, float]:
+    def _one_update(self, step: int, *, last: bool = False) -> dict[str, float]:
         batch = self._fifo_batch() if self.groups is None else self._group_batch(self.groups)
         self.hooks.offer_complete(batch, self.version)  # finished / full-length items may be complete probes
         stale = [self.version - it.behavior_version for it in batch]
@@ -376,7 +376,7 @@ class AsyncOPDScheduler:
         self.throughput.record(n_tokens, t1)
         self._log("update", self.version + 1, tokens=n_tokens)
         m |= self._after_update(self.version + 1, len(batch))
-        m |= self.hooks.poll_audit(self.version)
+        m |= self.hooks.poll_audit(self.version, last=last)
         ps = self.permits.stats()
         m |= {"async/staleness_mean": sum(stale) / len(stale), "async/staleness_max": float(max(stale)),
               "async/tokens": float(n_tokens), "async/permits_outstanding": float(ps.outstanding),
