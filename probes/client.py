@@ -315,6 +315,14 @@ class ProbeClient:
         with self._learner():
             return self._audit(version, runner, wait, max_batches, flush, release)
 
+    def release_held(self, version: int) -> dict[str, float]:
+        """A run's end outside a training step (an adapter's ``close``): with a decision budget, close the held and
+        ready batches unaudited, their probes released, after the audits in flight are back; without one,
+        nothing: no audit is started once training is over."""
+        if not self._gating:
+            return {}
+        return self.audit(version, wait=True, release=True)
+
     def _audit(self, version: int, runner: AuditRunner, wait: bool, max_batches: int, flush: bool,
                release: bool) -> dict[str, float]:
         m: dict[str, float] = {}

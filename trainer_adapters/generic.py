@@ -317,7 +317,7 @@ class WindowClient:
         """End of run: with a decision budget, close the probe batches still held for a pooled audit unaudited
         (their probes released), as the sync trainer's last step does: no later step would use their decision.
         Then deliver the writes buffered during a controller outage (bounded); returns those left."""
-        self.probe_client.audit(self.last_step if self.last_step is not None else 0, wait=True, release=True)
+        self.probe_client.release_held(self.last_step if self.last_step is not None else 0)
         return drain_controller(self.controller, timeout_s)
 
 

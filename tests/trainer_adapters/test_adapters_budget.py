@@ -117,6 +117,14 @@ def test_closing_the_generic_client_releases_the_batches_its_budget_held() -> No
     assert fake.seen == [2] and not [a for a in ctrl.telemetry(run).audits if a["state"] == "pending"]
 
 
+def test_closing_the_generic_client_without_a_budget_starts_no_audit() -> None:
+    ctrl, _, hooks, fake = _held_round(None)
+    client = WindowClient(ctrl, RunIn(policy=PolicyIn(candidates=[4, 8], max_len=16)))
+    client.probe_client, client.last_step = hooks.client, 2  # two batches ready, none audited yet
+    assert client.close(timeout_s=1.0) == 0
+    assert fake.seen == [2], "training is over: no decision left to steer"
+
+
 def test_poll_audit_records_the_updates_training_compute_and_reports_decision_metrics() -> None:
     _, _, hooks = _hooks(0.1)
     hooks.on_sync(0)
