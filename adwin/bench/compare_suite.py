@@ -124,6 +124,22 @@ each task's own ladder; a fixed window by value has a regret on the tasks whose 
     path.write_text(page)
 
 
+LABEL_LEVELS = (4, 14, -12)  # label heights in points above a marker; neighbours take the next one
+
+
+def label_offsets(points: list[tuple[float, float]], near: float = 0.15) -> dict[tuple[float, float], tuple[int, int]]:
+    """A label offset per point: points at one regret whose walls are within ``near`` of the previous point's (in
+    full's walls) take the next height in turn, so their labels, which run to the right, do not overprint."""
+    out: dict[tuple[float, float], tuple[int, int]] = {}
+    last: dict[float, tuple[float, int]] = {}  # regret -> (wall, level) of the last point placed at it
+    for x, y in sorted(points, key=lambda p: (p[1], p[0])):
+        prev = last.get(y)
+        level = (prev[1] + 1) % len(LABEL_LEVELS) if prev is not None and x - prev[0] < near else 0
+        out[(x, y)] = (5, LABEL_LEVELS[level])
+        last[y] = (x, level)
+    return out
+
+
 def plot_regret_vs_wall(regret: Mapping[str, Mapping[str, Any]], wall: Mapping[str, float], path: Path,
                         meta: Mapping[str, Any]) -> None:
     """One point per cross-task name: worst-case regret against e2e wall over full's (mean over tasks)."""
@@ -134,10 +150,11 @@ def plot_regret_vs_wall(regret: Mapping[str, Mapping[str, Any]], wall: Mapping[s
         x, y = wall.get(k, math.nan), entry["worst"]
         if math.isfinite(x) and math.isfinite(y):
             points.setdefault((x, y), []).append(k)
+    offsets = label_offsets(list(points))
     for (x, y), names in points.items():
         adaptive = any(k.startswith("adwin") for k in names)
         ax.plot(x, y, "*" if adaptive else "o", markersize=11 if adaptive else 6)
-        ax.annotate(" = ".join(names), (x, y), textcoords="offset points", xytext=(5, 4), fontsize=8)
+        ax.annotate(" = ".join(names), (x, y), textcoords="offset points", xytext=offsets[(x, y)], fontsize=8)
     ax.set_xlabel("e2e wall / full's, mean over tasks")
     ax.set_ylabel("worst-case regret over tasks")
     title = "worst-case regret vs wall"

@@ -222,3 +222,15 @@ def test_tiny_suite_runs_the_five_tasks_with_their_shapes(tmp_path: Path, monkey
     assert "| method | regret chain |" in md and all(line in md for line in suite["goal_lines"])
     rows = [x for x in (folder / "chain-long" / "results.md").read_text().splitlines() if x.startswith("| ")]
     assert len(rows) == 1 + 4 and rows[1].startswith("| full |")
+
+
+def test_labels_of_neighbouring_points_at_one_regret_take_different_heights() -> None:
+    from adwin.bench.compare_suite import label_offsets
+
+    points = [(0.05, 0.047), (0.08, 0.047), (0.17, 0.047), (0.18, 0.047), (0.48, 0.047), (0.37, 0.039)]
+    offsets = label_offsets(points)
+    same_row = sorted(p for p in points if p[1] == 0.047)
+    for a, b in zip(same_row, same_row[1:]):
+        if b[0] - a[0] < 0.15:
+            assert offsets[a] != offsets[b], f"{a} and {b} would overprint"
+    assert offsets[(0.48, 0.047)] == offsets[(0.37, 0.039)] == (5, 4)  # far from any neighbour: the default height
