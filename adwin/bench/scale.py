@@ -54,6 +54,16 @@ def _train_args(args: argparse.Namespace, nproc: int, out: Path) -> list[str]:
     return cmd
 
 
+def _stderr_report(stderr: str, path: Path, keep: int = 2000) -> str:
+    """The failed run's stderr, whole in ``path``, and for the error its head and its tail: a rank's own error
+    comes first, and torchrun's summary of the failed ranks, last, would fill a tail alone."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(stderr)
+    if len(stderr) <= 2 * keep:
+        return f"(whole stderr in {path})\n{stderr}"
+    return f"(whole stderr in {path})\n{stderr[:keep]}\n[...]\n{stderr[-keep:]}"
+
+
 def run_once(args: argparse.Namespace, nproc: int, out: Path) -> dict[str, float]:
     """One ``adwin train --nproc N`` run in a subprocess; steady-state steps/s from its metrics."""
     env = {**os.environ, "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "1")}
@@ -62,7 +72,8 @@ def run_once(args: argparse.Namespace, nproc: int, out: Path) -> dict[str, float
                           capture_output=True, text=True, check=False)
     launch_s = time.perf_counter() - t0
     if proc.returncode != 0:
-        raise RuntimeError(f"adwin train --nproc {nproc} failed ({proc.returncode}): {proc.stderr[-2000:]}")
+        raise RuntimeError(f"adwin train --nproc {nproc} failed ({proc.returncode}): "
+                           f"{_stderr_report(proc.stderr, out / f'scale-{nproc}.stderr')}")
     rows = [json.loads(x) for x in (out / f"scale-{nproc}" / "metrics.jsonl").read_text().splitlines()]
     walls = [float(r["time/wall"]) for r in rows]
     steady = [b - a - float(r.get("time/eval", 0.0)) for a, b, r in zip(walls[:-1], walls[1:], rows[1:], strict=True)]

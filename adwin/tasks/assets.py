@@ -84,6 +84,8 @@ def profile_fingerprint(profile: str, task: str = DEFAULT_TASK) -> str:
         del spec["warm"]
     elif spec["warm"]["teacher_source"] is None:  # nor one without a teacher of its own
         del spec["warm"]["teacher_source"], spec["warm"]["teacher_schedule"]
+    if not spec["teacher_calibration"]:  # nor one whose teacher is not calibrated
+        del spec["teacher_calibration"]
     fields = [
         chain.ROUTES,
         chain.UNITS,

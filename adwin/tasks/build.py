@@ -14,6 +14,7 @@ from typing import Any
 
 import torch
 
+from adwin.tasks.calibrate import calibrate_teacher
 from adwin.tasks.chain import ANSWER_PREFIX, ROUTES
 from adwin.tasks.phases import PHASES, phase_accuracy
 from adwin.tasks.profiles import PREPARE_THREADS, TARGETS, SFTSchedule
@@ -146,6 +147,11 @@ def _build(root: Path, profile: str, seed: int, task: str, warm_from: Path | Non
         _, losses_b = train_sft(model, tokenizer, schedule, seed=seed, start_step=student_step, optimizer=optimizer,
                                 progress_desc="sft (teacher)", task=builtin)
     timings["sft_teacher"] = time.perf_counter() - t
+    calibration = None
+    if spec.teacher_calibration:
+        t = time.perf_counter()
+        calibration = calibrate_teacher(model, tokenizer, builtin, spec.teacher_calibration, seed=seed + 2)
+        timings["calibrate_teacher"] = time.perf_counter() - t
     model.save_pretrained(str(root / "teacher"))
     teacher_eval = measure("teacher")
 
@@ -210,6 +216,7 @@ def _build(root: Path, profile: str, seed: int, task: str, warm_from: Path | Non
             "teacher": teacher_eval,
             "student": student_eval,
         },
+        "teacher_calibration": calibration,
         "reference_lengths": lengths,
         "measured": measured,
         "targets": TARGETS,

@@ -30,3 +30,15 @@ def test_bench_scale_times_one_and_two_processes_and_sizes_the_combine(tmp_path:
 def test_bench_scale_refuses_a_run_too_short_to_time(capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["bench", "scale", "--profile", "tiny", "--steps", "1"]) != 0
     assert "--steps must be at least 2" in capsys.readouterr().err
+
+
+def test_a_failed_runs_error_keeps_the_head_and_tail_of_its_stderr_and_the_whole_in_a_file(tmp_path: Path) -> None:
+    from adwin.bench.scale import _stderr_report
+
+    stderr = "rank 1: the real cause\n" + "x" * 10_000 + "\ntorchrun: ChildFailedError summary"
+    report = _stderr_report(stderr, tmp_path / "runs" / "scale-2.stderr", keep=100)
+    assert "rank 1: the real cause" in report and report.endswith("ChildFailedError summary")
+    assert len(report) < 400
+    assert (tmp_path / "runs" / "scale-2.stderr").read_text() == stderr
+    short = _stderr_report("one line", tmp_path / "short.stderr", keep=100)
+    assert short.endswith("one line") and "[...]" not in short

@@ -168,6 +168,9 @@ def test_tiny_prepare_of_a_long_task_records_its_horizon_and_ladder(tmp_path: Pa
     tokenizer = AutoTokenizer.from_pretrained(str(prepared.tokenizer_path))  # no over-length warning on a response
     assert tokenizer.model_max_length == model.config.max_position_embeddings
     assert assets.is_prepared(prepared.root, "tiny", "chain-late-long")
+    calibration = meta["teacher_calibration"]  # the teacher's logit scale, fit on train problems
+    assert calibration["problems"] == task.profile("tiny").teacher_calibration
+    assert calibration["nll_after"] <= calibration["nll_before"]
 
 
 @pytest.mark.parametrize("name", LONG_TASKS)
@@ -338,3 +341,15 @@ def test_chain_late_long_trains_its_student_from_chain_long_and_its_teacher_from
     student, teacher = (AutoModelForCausalLM.from_pretrained(str(p)).state_dict()
                         for p in (two.student_path, two.teacher_paths["muladd"]))
     assert not all(torch.equal(v, teacher[k]) for k, v in student.items())
+
+
+@pytest.mark.parametrize("name", LONG_TASKS)
+def test_cache_fingerprint_changes_with_the_teacher_calibration_and_only_the_long_tasks_calibrate(
+        name: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    specs = get_task(name).profiles
+    assert specs["default"].teacher_calibration > 0
+    before = assets.profile_fingerprint("default", name)
+    monkeypatch.setitem(specs, "default", dataclasses.replace(specs["default"], teacher_calibration=0))
+    assert assets.profile_fingerprint("default", name) != before
+    assert all(get_task(t).profile(p).teacher_calibration == 0
+               for t in suite.TASK_NAMES if t not in LONG_TASKS for p in ("default", "tiny"))
