@@ -158,8 +158,10 @@ LONG_PROFILE_SPECS: dict[str, Profile] = {
         warm=WarmStart("chain", SFTSchedule(steps=600, batch_size=16, lr=3e-3, warmup=20, noise_line_rate=0.05),
                        student_step=100),
         # at ~1,300 tokens a nearly exact argmax with soft probabilities fails a T = 1 rollout on a third of the
-        # problems: the likelihood-fit scale (1.5-1.6 here) lifted chain-long's teacher from 0.70 to 0.92
-        teacher_calibration=32,
+        # problems: a likelihood-fit scale of 1.5 lifted chain-long's teacher from 0.70 to 0.92. The fit is set by
+        # the few wrong argmaxes (1 to 7 in 32 problems gave 4.1 to 1.5; 16 to 25 in 256 gave 1.9 to 2.3), so it
+        # reads 512 problems (~80 of them, ~15 s)
+        teacher_calibration=512,
     ),
     "tiny": Profile(
         name="tiny",
