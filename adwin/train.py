@@ -207,7 +207,10 @@ def run(cfg: TrainConfig, profile: str = "default", resume: Path | None = None,
             run_dir = Path(cfg.out_dir) / cfg.name
             run_dir.mkdir(parents=True, exist_ok=True)
             (run_dir / CONFIG_SOURCE_FILE).write_text(source.describe() + "\n")
-        return _run(cfg, profile, resume, dist)
+        code = _run(cfg, profile, resume, dist)
+        # rank 0 hosts the rendezvous store: no rank tears the group down while another still uses it
+        dist.barrier()
+        return code
     finally:
         dist.close()
 
