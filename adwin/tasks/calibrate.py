@@ -1,7 +1,7 @@
 """The teacher's logit scale, fit by likelihood (temperature scaling) on training problems.
 
 At length a tiny teacher's argmax is right almost everywhere while its probabilities stay soft: ``chain-long``'s
-teacher has one wrong argmax in ~5,600 reference tokens, yet the product of ~1,300 reference-token probabilities
+teacher has about one wrong argmax in 10,000 reference tokens, yet the product of ~1,300 reference-token probabilities
 is ~0.6, so a T = 1 rollout goes wrong somewhere on a third of the problems. One scalar ``s`` on the logits,
 chosen to minimise the reference tokens' negative log-likelihood (the maximum-likelihood temperature ``1 / s``),
 makes the model's probabilities as sharp as its errors warrant and no sharper: wrong argmaxes pull ``s`` down.
