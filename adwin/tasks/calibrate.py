@@ -20,6 +20,7 @@ from typing import Any
 import torch
 from scipy.optimize import minimize_scalar
 
+from adwin.tasks.phases import teacher_forced
 from adwin.tasks.suite import BuiltinTask
 
 logger = logging.getLogger(__name__)
@@ -36,12 +37,9 @@ def reference_logits(model: torch.nn.Module, tokenizer: Any, task: BuiltinTask, 
     model.eval()
     logits, targets = [], []
     for problem in task.problems(n, seed=seed, split="train"):
-        prompt_ids = tokenizer(problem.prompt)["input_ids"]
-        response_ids = tokenizer(task.solution(problem), add_special_tokens=False)["input_ids"]
-        response_ids = [*response_ids, tokenizer.eos_token_id]
-        out = model(input_ids=torch.tensor([prompt_ids + response_ids])).logits[0]  # (P + R, V)
-        logits.append(out[len(prompt_ids) - 1 : -1].float())  # (R, V): the logit that predicts each response token
-        targets.append(torch.tensor(response_ids))  # (R,)
+        out, target = teacher_forced(model, tokenizer, problem.prompt, task.solution(problem), eos=True)  # (R, V), (R,)
+        logits.append(out.float())
+        targets.append(target)
     return torch.cat(logits), torch.cat(targets)
 
 

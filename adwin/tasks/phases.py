@@ -29,6 +29,20 @@ def phase_spans(response: str) -> dict[str, tuple[int, int]]:
 
 
 @torch.no_grad()
+def teacher_forced(model: LlamaForCausalLM, tokenizer: PreTrainedTokenizerBase, prompt: str, response: str,
+                   eos: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
+    """The logits that predict each token of ``response`` given ``prompt`` and the response before it, and those
+    tokens: (R, V) and (R,); with ``eos`` the EOS after the response is one more token."""
+    prompt_ids = tokenizer(prompt)["input_ids"]
+    response_ids = tokenizer(response, add_special_tokens=False)["input_ids"]
+    if eos:
+        response_ids = [*response_ids, tokenizer.eos_token_id]
+    logits = model(input_ids=torch.tensor([prompt_ids + response_ids])).logits[0]  # (P + R, V)
+    # the prediction of response token j sits at position P + j - 1
+    return logits[len(prompt_ids) - 1 : -1], torch.tensor(response_ids)
+
+
+@torch.no_grad()
 def phase_accuracy(
     model: LlamaForCausalLM,
     tokenizer: PreTrainedTokenizerBase,
@@ -40,13 +54,8 @@ def phase_accuracy(
     hits = dict.fromkeys(PHASES, 0)
     for problem in problems:
         response = task.solution(problem)
-        prompt_ids = tokenizer(problem.prompt)["input_ids"]
-        response_ids = tokenizer(response, add_special_tokens=False)["input_ids"]
-        ids = torch.tensor([prompt_ids + response_ids])  # (1, P + R)
-        logits = model(input_ids=ids).logits[0]  # (P + R, V)
-        # the prediction of response character j sits at position P + j - 1
-        pred = logits[len(prompt_ids) - 1 : -1].argmax(-1)  # (R,)
-        target = torch.tensor(response_ids)  # (R,)
+        logits, target = teacher_forced(model, tokenizer, problem.prompt, response)  # (R, V), (R,)
+        pred = logits.argmax(-1)  # (R,)
         for phase, (lo, hi) in phase_spans(response).items():
             hits[phase] += int(bool((pred[lo:hi] == target[lo:hi]).all()))
     n = max(1, len(problems))
