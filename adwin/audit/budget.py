@@ -10,7 +10,8 @@ Math layer, no torch, no imports from the controller, the probes or the loops. T
 * ``DecisionBudget``: per step ``record_train``, per decision part ``record_decision``; it answers the
   probe client's two questions, ``allow_offers`` (how many probes to offer this step) and ``pool_size``
   (how many ready probe batches to audit now, as one pooled audit), keeps the decision FLOPs' share of
-  all FLOPs at most ``budget`` (plus at most one decision's worth: the first decision is never delayed),
+  all FLOPs at most ``budget`` (up to the first decision's cost, which is never delayed, and the error of
+  the per-probe cost estimate),
   with ``gate_seconds`` also the learner's own decision seconds' share of its wall, and reports
   ``decision/*`` metrics. ``budget=None`` keeps today's behaviour: every ready batch audited.
 
@@ -251,6 +252,13 @@ class DecisionBudget:
             return math.inf
         return self.seconds_allowance() - self.learner_seconds - self.in_flight * self.learner_seconds_per_probe()
 
+    def affords(self, probes: int) -> bool:
+        """Whether the credit covers a round of ``probes`` more at their estimated cost, in FLOPs and (with
+        ``gate_seconds``) in the learner's seconds: a round is paid for before it starts, so the budget is
+        not overshot by the round it lets start (only the first round, which never waits, can overshoot)."""
+        return (self.credit() >= probes * self.probe_cost()
+                and self.seconds_credit() >= probes * self.learner_seconds_per_probe())
+
     def cadence(self) -> float:
         """Steps between decisions at the current estimates: a round of ``pool() · P`` probes per that many
         steps, at the budget's rate or at ``offer_cap`` per step, whichever is slower; with the budget off,
@@ -269,16 +277,17 @@ class DecisionBudget:
 
         Offers come in rounds, one round per decision: the first round (P probes) opens at once, so the
         first decision comes as early as probes can complete; a later round (``pool() · P``) opens when the
-        credit, every probe in flight charged, is not negative (with ``gate_seconds``, in the learner's seconds
-        too), so a round overshoots by at most its own cost. With the budget off: ``offer_cap``, as without a
+        credit, every probe in flight charged, covers the round's own estimated cost (``affords``; with
+        ``gate_seconds``, in the learner's seconds too). With the budget off: ``offer_cap``, as without a
         budget.
         """
         if not self.enabled:
             return self.offer_cap
         if self.round_left <= 0:
-            if self.rounds > 0 and (self.credit() < 0.0 or self.seconds_credit() < 0.0):
+            size = self.probe_batch * (self.pool() if self.rounds else 1)
+            if self.rounds > 0 and not self.affords(size):
                 return 0
-            self.round_size = self.round_left = self.probe_batch * (self.pool() if self.rounds else 1)
+            self.round_size = self.round_left = size
             self.rounds += 1
         return min(self.round_left, self.offer_cap)
 

@@ -184,7 +184,7 @@ KEYS: dict[str, str] = {
     "async/discarded_tokens": "their response tokens (generated, never trained on)",
     # decision
     "decision/flops_share": "decision FLOPs D over all FLOPs T + D so far (the formula of adwin.audit.budget); "
-                            "the budget keeps it at most `audit.budget` plus one decision's worth",
+                            "the budget keeps it at most `audit.budget`, up to the first decision's cost (never delayed)",
     "decision/flops_share_<k>": "the share of all FLOPs so far spent on decision part k (extension, scoring, "
                                 "drift, audit)",
     "decision/seconds_share": "measured seconds of the decision parts over those plus the learner's training "

@@ -5,6 +5,7 @@ teacher loaded, the task's SFT stream, batch 16, 20 warm-up steps, 5 % planted m
 lever changed, then saved and measured on the prepare's 64 held-out problems:
 
 * ``--closing-weight W``: the closing line's tokens (from ``fin:`` to the EOS) weigh W in the loss;
+* ``--warm TASK``: start from that task's cached prepared teacher instead of ``chain-late``'s;
 * ``--short-share S``: the curriculum's short whole chains take S of the draws and the excerpts 0.85 - S
   (the task-length share stays 0.15; S = 0.85 is the curriculum without excerpts).
 
@@ -87,7 +88,7 @@ def closing_weight(weight: float, closing_id: int) -> Iterator[None]:
 def train(args: argparse.Namespace) -> None:
     tokenizer = AutoTokenizer.from_pretrained(str(_root("chain-late-long") / "tokenizer"))
     model = TASK.profile("default").model.build(len(tokenizer), tokenizer, seed=0)
-    load_warm_start(model, _root("chain-late") / "teacher")
+    load_warm_start(model, _root(args.warm) / "teacher")
     if args.short_share is not None:
         long_tasks.SFT_SHORT_SHARE, long_tasks.SFT_EXCERPT_SHARE = args.short_share, 0.85 - args.short_share
     schedule = SFTSchedule(steps=args.steps, batch_size=16, lr=args.lr, warmup=20, noise_line_rate=0.05)
@@ -160,6 +161,7 @@ def main() -> None:
     parser.add_argument("--closing-weight", type=float)
     parser.add_argument("--short-share", type=float)
     parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--warm", default="chain-late", help="the cached task whose prepared teacher it starts from")
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
     {"train": train, "measure": measure, "diagnose": diagnose}[args.command](args)

@@ -31,7 +31,7 @@ def _run(tmp: Path, budget: float | None, monkeypatch: pytest.MonkeyPatch) -> tu
         return sides[-1]
 
     monkeypatch.setattr(trainer_module, "open_probe_side", keep)
-    cfg = load_config(None, tiny_overrides(tmp, steps=12, name=f"b{budget}", **SHAPE, **{"audit.budget": budget}))
+    cfg = load_config(None, tiny_overrides(tmp, steps=16, name=f"b{budget}", **SHAPE, **{"audit.budget": budget}))
     controller = Controller()
     return train(cfg, controller), controller, sides[0]
 
