@@ -40,7 +40,7 @@ import adwin.tasks.long as long_tasks
 from adwin.tasks.assets import assets_root
 from adwin.tasks.build import load_warm_start
 from adwin.tasks.chain import check_answer
-from adwin.tasks.phases import phase_accuracy
+from adwin.tasks.phases import phase_accuracy, teacher_forced
 from adwin.tasks.profiles import SFTSchedule
 from adwin.tasks.sft import evaluate_accuracy, generate_responses, train_sft
 from adwin.tasks.suite import get_task
@@ -132,11 +132,8 @@ def diagnose(args: argparse.Namespace) -> None:
     rows = []
     for problem in TASK.problems(64, seed=1, split="eval"):
         response = TASK.solution(problem)
-        prompt_ids = tokenizer(problem.prompt)["input_ids"]
-        response_ids = tokenizer(response, add_special_tokens=False)["input_ids"]
-        logits = model(input_ids=torch.tensor([prompt_ids + response_ids])).logits[0]  # (P + R, V)
-        logp = torch.log_softmax(logits[len(prompt_ids) - 1 : -1].float(), -1)  # (R, V)
-        target = torch.tensor(response_ids)  # (R,)
+        logits, target = teacher_forced(model, tokenizer, problem.prompt, response)  # (R, V), (R,)
+        logp = torch.log_softmax(logits.float(), -1)  # (R, V)
         token_logp = logp.gather(1, target[:, None]).squeeze(1)  # (R,)
         lines = response.split("\n")
         start = len(response) - len(lines[-1]) - len(lines[-2]) - 1  # the closing line's first character
