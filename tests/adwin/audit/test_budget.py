@@ -1,5 +1,6 @@
-"""The decision budget: decisions stay within their share of the FLOPs (a later round paid for before it starts), the first comes early, the budget off
-audits every ready batch, costlier decisions come rarer, and the state survives a checkpoint."""
+"""The decision budget: decisions stay within their share of the FLOPs (a later round paid for before it
+starts), the first comes early, the budget off audits every ready batch, costlier decisions come rarer, and the
+state survives a checkpoint."""
 
 from __future__ import annotations
 
