@@ -9,7 +9,8 @@ lever changed, then saved and measured on the prepare's 64 held-out problems:
 * ``--short-share S``: the curriculum's short whole chains take S of the draws and the excerpts 0.85 - S
   (the task-length share stays 0.15; S = 0.85 is the curriculum without excerpts).
 
-``measure`` (any saved model): answer accuracy at T = 1 (two sampling seeds) and greedy, the phases under
+``measure`` (any saved model; with ``--calibrate N`` after the prepare's logit-scale fit on N train problems,
+``adwin.tasks.calibrate``): answer accuracy at T = 1 (two sampling seeds) and greedy, the phases under
 teacher forcing, and on the first 32 problems the share whose whole solution verifies (every line, the closing
 line and the answer) beside the share whose answer is right. ``diagnose``: under teacher forcing, by chain
 length, the mean probability of the reference chain lines and of the closing line, and the closing characters
@@ -17,6 +18,8 @@ whose argmax is wrong (index in ``fin:A+B=S\\nans=S``).
 
     python docs/scripts/late_long_teacher.py train out/A800 --steps 800 --threads 1
     python docs/scripts/late_long_teacher.py train out/C --closing-weight 4 --threads 1
+    python docs/scripts/late_long_teacher.py train out/W2 --closing-weight 2
+    python docs/scripts/late_long_teacher.py measure out/W2 --calibrate 512
     python docs/scripts/late_long_teacher.py train out/D --short-share 0.85 --threads 1
     python docs/scripts/late_long_teacher.py measure ~/.cache/adwin/builtin/chain-late-long-default-seed0/teacher
     python docs/scripts/late_long_teacher.py diagnose out/C
@@ -39,6 +42,7 @@ from transformers import AutoModelForCausalLM, AutoTokenizer
 import adwin.tasks.long as long_tasks
 from adwin.tasks.assets import assets_root
 from adwin.tasks.build import load_warm_start
+from adwin.tasks.calibrate import calibrate_teacher
 from adwin.tasks.chain import check_answer
 from adwin.tasks.phases import phase_accuracy, teacher_forced
 from adwin.tasks.profiles import SFTSchedule
@@ -112,6 +116,8 @@ def measure(args: argparse.Namespace) -> None:
     model, tokenizer = _load(args.model)
     problems = TASK.problems(64, seed=1, split="eval")
     out: dict[str, object] = {}
+    if args.calibrate:  # the prepare's logit-scale fit, on its train draw (seed 0 + 2)
+        out["calibration"] = calibrate_teacher(model, tokenizer, TASK, args.calibrate, seed=2)
     for seed in (0, 1):
         out[f"t1_seed{seed}"] = evaluate_accuracy(model, tokenizer, problems, HORIZON, 1.0, seed, TASK)["accuracy"]
     out["greedy"] = evaluate_accuracy(model, tokenizer, problems, HORIZON, 0.0, 0, TASK)["accuracy"]
@@ -158,6 +164,8 @@ def main() -> None:
     parser.add_argument("--closing-weight", type=float)
     parser.add_argument("--short-share", type=float)
     parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--calibrate", type=int, default=0,
+                        help="measure after the prepare's logit-scale fit on this many train problems (0: none)")
     parser.add_argument("--warm", default="chain-late", help="the cached task whose prepared teacher it starts from")
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
