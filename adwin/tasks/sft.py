@@ -105,6 +105,32 @@ def make_batches(
     return batches
 
 
+def closing_mask(input_ids: torch.Tensor, prefix_ids: list[int]) -> torch.Tensor:
+    """(B, T) bool: the positions from each row's first occurrence of ``prefix_ids`` on (all False in a row
+    without one)."""
+    k = len(prefix_ids)
+    if input_ids.size(1) < k:
+        return torch.zeros_like(input_ids, dtype=torch.bool)
+    windows = input_ids.unfold(1, k, 1)  # (B, T-k+1, k)
+    hit = (windows == torch.tensor(prefix_ids, dtype=input_ids.dtype)).all(-1)  # (B, T-k+1)
+    hit = torch.nn.functional.pad(hit, (0, k - 1))  # (B, T)
+    return hit.long().cumsum(1) > 0
+
+
+def weighted_lm_loss(
+    logits: torch.Tensor, labels: torch.Tensor, closing: torch.Tensor, weight: float
+) -> torch.Tensor:
+    """Next-token cross-entropy over the labelled targets, the targets inside ``closing`` weighing
+    ``weight`` and the others 1: ``sum(w * ce) / sum(w)``, the plain mean (the Llama loss) at weight 1.
+    logits (B, T, V); labels and closing (B, T), both aligned with the input ids."""
+    logits, target = logits[:, :-1].float(), labels[:, 1:]  # (B, T-1, V), (B, T-1)
+    ce = torch.nn.functional.cross_entropy(
+        logits.reshape(-1, logits.size(-1)), target.reshape(-1), ignore_index=-100, reduction="none"
+    ).view_as(target)  # (B, T-1)
+    w = torch.where(closing[:, 1:], weight, 1.0) * (target != -100)  # (B, T-1)
+    return (ce * w).sum() / w.sum()
+
+
 def train_sft(
     model: LlamaForCausalLM,
     tokenizer: PreTrainedTokenizerBase,
@@ -124,13 +150,20 @@ def train_sft(
     problem stream (a segment trains on problems start*B .. stop*B - 1 of the seed's stream, grouped
     by length within the segment). ``routes`` restricts training to some sub-tasks. ``task`` writes
     the solutions (default ``chain``); its planted-mistake rate, when set, replaces the schedule's;
-    ``student_phase`` marks the steps before the student snapshot.
+    ``student_phase`` marks the steps before the student snapshot. ``schedule.closing_weight`` other than 1
+    weights the targets from the task's ``closing_prefix`` on (:func:`weighted_lm_loss`).
     Returns the optimizer and the step losses."""
     from tqdm.auto import tqdm
 
     stop_step = schedule.steps if stop_step is None else stop_step
     n_steps = stop_step - start_step
     task = task or get_task(DEFAULT_TASK)
+    prefix_ids: list[int] = []
+    if schedule.closing_weight != 1.0:
+        if task.closing_prefix is None:  # the weight would weigh nothing: refuse rather than train unweighted
+            raise ValueError(f"SFTSchedule.closing_weight={schedule.closing_weight} needs a task with a closing "
+                             f"phase (BuiltinTask.closing_prefix); {task.name!r} has none: set it to 1")
+        prefix_ids = tokenizer(task.closing_prefix, add_special_tokens=False)["input_ids"]
     problems = task.sft_problems(schedule.steps * schedule.batch_size * 2, seed=seed)
     if routes is not None:
         problems = [p for p in problems if p.route in routes]
@@ -154,7 +187,11 @@ def train_sft(
         # Right padding under a causal mask: no real token ever attends to a pad, so no attention
         # mask is needed and SDPA takes its fast causal path. Pads are masked out of the loss.
         del mask
-        loss = model(input_ids=input_ids, labels=labels).loss
+        if prefix_ids:
+            closing = closing_mask(input_ids, prefix_ids)  # (B, T)
+            loss = weighted_lm_loss(model(input_ids=input_ids).logits, labels, closing, schedule.closing_weight)
+        else:
+            loss = model(input_ids=input_ids, labels=labels).loss
         optimizer.zero_grad(set_to_none=True)
         loss.backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), schedule.grad_clip)

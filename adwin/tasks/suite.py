@@ -31,7 +31,13 @@ from adwin.tasks.chain import (
     iter_problems,
     verify_solution,
 )
-from adwin.tasks.late import CLOSING_STEPS_LEFT_OUT, late_answer, verify_late_solution, write_late
+from adwin.tasks.late import (
+    CLOSING_PREFIX,
+    CLOSING_STEPS_LEFT_OUT,
+    late_answer,
+    verify_late_solution,
+    write_late,
+)
 from adwin.tasks.long import (
     FORMAT_FIELDS,
     LONG_CANDIDATES,
@@ -89,6 +95,9 @@ class BuiltinTask:
     # SFT batches grouped by length over a whole segment, not within 8 batches: a mostly-short curriculum
     # with some task-length chains otherwise pads short chains to 2,000 tokens (adwin.tasks.long)
     sft_group_all: bool = False
+    # where the response's closing phase begins (its first occurrence), for SFTSchedule.closing_weight; None:
+    # the task has none
+    closing_prefix: str | None = None
 
     def profile(self, name: str) -> Profile:
         if name not in self.profiles:
@@ -148,7 +157,7 @@ def excerpted(write: Writer) -> Writer:
 
 def _long_task(name: str, summary: str, write: Writer, answer: Callable[[Problem], str],
                verify: Callable[..., bool], student_step_scale: float = 1.0,
-               profiles: Mapping[str, Profile] = LONG_PROFILE_SPECS) -> BuiltinTask:
+               profiles: Mapping[str, Profile] = LONG_PROFILE_SPECS, closing_prefix: str | None = None) -> BuiltinTask:
     """A task of :mod:`adwin.tasks.long`: the line format, problem streams, horizon, ladder and profiles of
     the long regime around one of the short tasks' writers and verifiers."""
     return BuiltinTask(
@@ -156,7 +165,7 @@ def _long_task(name: str, summary: str, write: Writer, answer: Callable[[Problem
         max_steps=LONG_MAX_STEPS, min_steps=LONG_MIN_STEPS, student_step_scale=student_step_scale,
         stream=iter_long_problems, sft_stream=iter_sft_problems, kind=LongProblem, horizon=LONG_MAX_RESPONSE_TOKENS,
         candidates=LONG_CANDIDATES, profiles=profiles, fingerprint_fields=FORMAT_FIELDS,
-        sft_group_all=SFT_GROUP_ALL,
+        sft_group_all=SFT_GROUP_ALL, closing_prefix=closing_prefix,
     )
 
 
@@ -185,6 +194,7 @@ TASKS: dict[str, BuiltinTask] = {
         # at the profile's step 600 this student was weak on the chain lines too (first line 0.14 under
         # teacher forcing vs chain's 0.69); at 800 it is strong on them (docs/task.md)
         student_step_scale=4 / 3,
+        closing_prefix=CLOSING_PREFIX,
     ),
     "chain-long": _long_task(
         "chain-long",
@@ -202,6 +212,7 @@ TASKS: dict[str, BuiltinTask] = {
         # the student from chain-long's teacher, the teacher from chain-late's (LATE_LONG_PROFILE_SPECS): the
         # student's chain lines hold at length, the closing line is what it lacks
         profiles=LATE_LONG_PROFILE_SPECS,
+        closing_prefix=CLOSING_PREFIX,
     ),
 }
 TASK_NAMES: tuple[str, ...] = tuple(TASKS)

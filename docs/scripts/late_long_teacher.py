@@ -4,7 +4,8 @@
 teacher loaded, the task's SFT stream, batch 16, 20 warm-up steps, 5 % planted mistakes, seed 0), with one
 lever changed, then saved and measured on the prepare's 64 held-out problems:
 
-* ``--closing-weight W``: the closing line's tokens (from ``fin:`` to the EOS) weigh W in the loss;
+* ``--closing-weight W``: the closing line's tokens (from ``fin:`` to the EOS) weigh W in the loss (the
+  recipe's 2, ``SFTSchedule.closing_weight``; the default here is 1, the recipe before it);
 * ``--warm TASK``: start from that task's cached prepared teacher instead of ``chain-late``'s;
 * ``--short-share S``: the curriculum's short whole chains take S of the draws and the excerpts 0.85 - S
   (the task-length share stays 0.15; S = 0.85 is the curriculum without excerpts).
@@ -32,8 +33,6 @@ import json
 import math
 import sys
 import time
-from collections.abc import Iterator
-from contextlib import contextmanager
 from pathlib import Path
 
 import torch
@@ -62,46 +61,16 @@ def _root(task: str) -> Path:
     return assets_root(None, "default", 0, task)
 
 
-@contextmanager
-def closing_weight(weight: float, closing_id: int) -> Iterator[None]:
-    """The Llama loss with the closing line's target tokens weighted (the prompts have no ``f``: the first
-    ``f`` target is the closing line's)."""
-    import transformers.models.llama.modeling_llama as llama
-
-    forward = llama.LlamaForCausalLM.forward
-
-    def weighted(self, input_ids=None, labels=None, **kw):  # noqa: ANN001, ANN202
-        out = forward(self, input_ids=input_ids, **kw)
-        if labels is None:
-            return out
-        logits, target = out.logits[:, :-1].float(), labels[:, 1:]  # (B, T-1, V), (B, T-1)
-        ce = torch.nn.functional.cross_entropy(logits.reshape(-1, logits.size(-1)), target.reshape(-1),
-                                               ignore_index=-100, reduction="none").view_as(target)  # (B, T-1)
-        closing = (input_ids[:, 1:] == closing_id).long().cumsum(1) > 0  # (B, T-1)
-        w = torch.where(closing, weight, 1.0) * (target != -100)  # (B, T-1)
-        out.loss = (ce * w).sum() / w.sum()
-        return out
-
-    llama.LlamaForCausalLM.forward = weighted
-    try:
-        yield
-    finally:
-        llama.LlamaForCausalLM.forward = forward
-
-
 def train(args: argparse.Namespace) -> None:
     tokenizer = AutoTokenizer.from_pretrained(str(_root("chain-late-long") / "tokenizer"))
     model = TASK.profile("default").model.build(len(tokenizer), tokenizer, seed=0)
     load_warm_start(model, _root(args.warm) / "teacher")
     if args.short_share is not None:
         long_tasks.SFT_SHORT_SHARE, long_tasks.SFT_EXCERPT_SHARE = args.short_share, 0.85 - args.short_share
-    schedule = SFTSchedule(steps=args.steps, batch_size=16, lr=args.lr, warmup=20, noise_line_rate=0.05)
+    schedule = SFTSchedule(steps=args.steps, batch_size=16, lr=args.lr, warmup=20, noise_line_rate=0.05,
+                           closing_weight=args.closing_weight)
     t = time.perf_counter()
-    if args.closing_weight is not None:
-        with closing_weight(args.closing_weight, tokenizer.convert_tokens_to_ids("f")):
-            train_sft(model, tokenizer, schedule, seed=0, progress_desc="sft", task=TASK)
-    else:
-        train_sft(model, tokenizer, schedule, seed=0, progress_desc="sft", task=TASK)
+    train_sft(model, tokenizer, schedule, seed=0, progress_desc="sft", task=TASK)
     _emit({"steps": args.steps, "lr": args.lr, "s_per_step": (time.perf_counter() - t) / args.steps})
     model.save_pretrained(args.model)
     measure(args)
@@ -161,7 +130,8 @@ def main() -> None:
     parser.add_argument("model", help="where train saves the model; the model measure / diagnose read")
     parser.add_argument("--steps", type=int, default=600)
     parser.add_argument("--lr", type=float, default=3e-3)
-    parser.add_argument("--closing-weight", type=float)
+    parser.add_argument("--closing-weight", type=float, default=1.0,
+                        help="the closing line's loss weight (the recipe's is 2: SFTSchedule.closing_weight)")
     parser.add_argument("--short-share", type=float)
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--calibrate", type=int, default=0,

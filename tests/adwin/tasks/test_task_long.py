@@ -353,3 +353,21 @@ def test_cache_fingerprint_changes_with_the_teacher_calibration_and_only_the_lon
     assert assets.profile_fingerprint("default", name) != before
     assert all(get_task(t).profile(p).teacher_calibration == 0
                for t in suite.TASK_NAMES if t not in LONG_TASKS for p in ("default", "tiny"))
+
+
+def test_chain_late_long_weights_its_teachers_closing_line_and_unweighted_caches_keep_their_fingerprints(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """The teacher's closing line weighs 2 (docs/task.md), the student's run is unweighted; a schedule at
+    weight 1 leaves the fingerprint it had before the field, so the other tasks' caches stay valid."""
+    specs = get_task("chain-late-long").profiles
+    warm = specs["default"].warm
+    assert warm is not None and warm.teacher_schedule is not None
+    assert (warm.teacher_schedule.closing_weight, warm.schedule.closing_weight) == (2.0, 1.0)
+    before = assets.profile_fingerprint("default", "chain-late-long")
+    unweighted = dataclasses.replace(warm, teacher_schedule=dataclasses.replace(warm.teacher_schedule, closing_weight=1.0))
+    monkeypatch.setitem(specs, "default", dataclasses.replace(specs["default"], warm=unweighted))
+    assert assets.profile_fingerprint("default", "chain-late-long") != before
+    # the fingerprints of the caches prepared before closing_weight existed
+    assert {t: assets.profile_fingerprint("default", t) for t in ("chain", "chain-drift", "chain-late", "chain-long")} == {
+        "chain": "e3a06ce3c573fc60", "chain-drift": "d604461e20b9f1ec", "chain-late": "94edba3794ffffbe",
+        "chain-long": "7e2ff64c15e6712f"}

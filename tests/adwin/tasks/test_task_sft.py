@@ -67,3 +67,96 @@ def test_batched_encoding_plants_the_mistakes_one_call_per_problem_would(tok, ta
 
 def test_no_problems_make_no_batches(tok) -> None:
     assert make_batches(tok, [], batch_size=8, seed=0) == []
+
+
+def _late_batch(tok, task_name: str = "chain-late", n: int = 6):
+    from adwin.tasks.profiles import ModelSpec
+    from adwin.tasks.suite import get_task
+
+    task = get_task(task_name)
+    input_ids, _, labels = make_batches(tok, task.problems(n, seed=1), batch_size=n, seed=0, task=task)[0]
+    model = ModelSpec(hidden_size=16, num_layers=1, num_heads=2, intermediate_size=32).build(len(tok), tok, seed=0)
+    return task, model, input_ids, labels
+
+
+def test_closing_mask_starts_at_the_first_occurrence_of_the_prefix() -> None:
+    import torch
+
+    from adwin.tasks.sft import closing_mask
+
+    ids = torch.tensor([[5, 1, 2, 3, 1, 2, 3],   # the prefix at 1 and again at 4: from 1 on
+                        [1, 2, 9, 1, 2, 9, 9],   # a partial match is not one
+                        [7, 7, 7, 7, 7, 1, 2]])  # a prefix cut by the row's end is not one
+    assert closing_mask(ids, [1, 2, 3]).tolist() == [
+        [False] + [True] * 6, [False] * 7, [False] * 7]
+    assert not closing_mask(ids[:, :2], [1, 2, 3]).any()  # a row shorter than the prefix
+
+
+def test_weighted_loss_at_weight_one_is_the_llama_loss(tok) -> None:
+    import torch
+
+    from adwin.tasks.sft import closing_mask, weighted_lm_loss
+
+    task, model, input_ids, labels = _late_batch(tok)
+    closing = closing_mask(input_ids, tok(task.closing_prefix, add_special_tokens=False)["input_ids"])
+    assert closing.any(1).all()  # every chain-late response has its closing line
+    with torch.no_grad():
+        out = model(input_ids=input_ids, labels=labels)
+    assert float(weighted_lm_loss(out.logits, labels, closing, 1.0)) == pytest.approx(float(out.loss), rel=1e-6)
+
+
+def test_weighted_loss_matches_a_per_token_reference(tok) -> None:
+    """sum(w * ce) / sum(w) with w = 3 from the closing prefix's first target on, computed token by token."""
+    import math
+
+    import torch
+
+    from adwin.tasks.sft import closing_mask, weighted_lm_loss
+
+    task, model, input_ids, labels = _late_batch(tok, n=3)
+    prefix = tok(task.closing_prefix, add_special_tokens=False)["input_ids"]
+    with torch.no_grad():
+        logits = model(input_ids=input_ids).logits  # (B, T, V)
+    total = weight_sum = 0.0
+    for b in range(input_ids.size(0)):
+        row = input_ids[b].tolist()
+        start = next(i for i in range(len(row)) if row[i : i + len(prefix)] == prefix)
+        for t in range(1, len(row)):
+            if int(labels[b, t]) == -100:
+                continue
+            w = 3.0 if t >= start else 1.0
+            total += -w * float(torch.log_softmax(logits[b, t - 1].double(), -1)[labels[b, t]])
+            weight_sum += w
+    got = float(weighted_lm_loss(logits, labels, closing_mask(input_ids, prefix), 3.0))
+    assert math.isclose(got, total / weight_sum, rel_tol=1e-5)
+
+
+def test_a_closing_weight_is_refused_before_training_where_the_task_has_no_closing_phase(tok) -> None:
+    from adwin.tasks.sft import train_sft
+    from adwin.tasks.suite import get_task
+
+    _, model, _, _ = _late_batch(tok)
+    before = [p.detach().clone() for p in model.parameters()]
+    schedule = SFTSchedule(steps=2, batch_size=2, lr=1e-2, warmup=1, closing_weight=2.0)
+    with pytest.raises(ValueError, match="closing_weight"):
+        train_sft(model, tok, schedule, seed=0, task=get_task("chain"))
+    assert all((a == b).all() for a, b in zip(before, model.parameters(), strict=True))
+    with pytest.raises(ValueError, match="closing_weight"):
+        SFTSchedule(steps=2, batch_size=2, lr=1e-2, closing_weight=0.0)
+
+
+def test_a_closing_weight_changes_the_sft_steps(tok) -> None:
+    import torch
+
+    from adwin.tasks.sft import train_sft
+    from adwin.tasks.suite import get_task
+
+    task = get_task("chain-late")
+    trained = {}
+    for weight in (1.0, 4.0):
+        _, model, _, _ = _late_batch(tok)
+        schedule = SFTSchedule(steps=2, batch_size=4, lr=1e-2, warmup=1, closing_weight=weight)
+        _, losses = train_sft(model, tok, schedule, seed=0, task=task)
+        trained[weight] = (losses, [p.detach().clone() for p in model.parameters()])
+    assert trained[1.0][0][0] != trained[4.0][0][0]  # the first step's loss already differs
+    assert not all(torch.equal(a, b) for a, b in zip(trained[1.0][1], trained[4.0][1], strict=True))
