@@ -32,6 +32,10 @@ def _load() -> list[float]:
         return []
 
 
+def _accuracy(result: dict[str, float] | None) -> str:
+    return "not measured" if result is None else f"{result['accuracy']:.3f}"
+
+
 def reference_length_stats(
     tokenizer: Any, n: int = 2000, seed: int = 0, task: BuiltinTask | None = None
 ) -> dict[str, float]:
@@ -113,18 +117,18 @@ def _build(root: Path, profile: str, seed: int, task: str, warm_from: Path | Non
     eval_set = builtin.problems(spec.eval_problems, seed=seed + 1, split="eval")
     max_new = spec.eval_max_new_tokens
 
-    def measure(tag: str) -> dict[str, dict[str, float]]:
+    def measure(tag: str) -> dict[str, dict[str, float] | None]:
         t0 = time.perf_counter()
+        greedy = tag == "teacher" or spec.student_greedy_eval
         out = {
-            "greedy": evaluate_accuracy(model, tokenizer, eval_set, max_new, temperature=0.0, seed=seed, task=builtin),
+            "greedy": evaluate_accuracy(model, tokenizer, eval_set, max_new, temperature=0.0, seed=seed, task=builtin)
+            if greedy else None,
             "t1": evaluate_accuracy(model, tokenizer, eval_set, max_new, temperature=1.0, seed=seed, task=builtin),
             # teacher-forced skill per response phase (first line / last line and answer)
             "phases": phase_accuracy(model, tokenizer, builtin, eval_set),
         }
         timings[f"eval_{tag}"] = time.perf_counter() - t0
-        logger.info(
-            "%s accuracy: greedy %.3f, T=1 %.3f", tag, out["greedy"]["accuracy"], out["t1"]["accuracy"]
-        )
+        logger.info("%s accuracy: greedy %s, T=1 %.3f", tag, _accuracy(out["greedy"]), out["t1"]["accuracy"])
         return out
 
     t = time.perf_counter()
@@ -162,7 +166,7 @@ def _build(root: Path, profile: str, seed: int, task: str, warm_from: Path | Non
         "wall_seconds": wall,
         "teacher_accuracy_greedy": teacher_eval["greedy"]["accuracy"],
         "teacher_accuracy_t1": teacher_eval["t1"]["accuracy"],
-        "student_accuracy_greedy": student_eval["greedy"]["accuracy"],
+        "student_accuracy_greedy": student_eval["greedy"]["accuracy"] if student_eval["greedy"] else None,
         "student_accuracy_t1": student_eval["t1"]["accuracy"],
         **{f"{who}_phase_{phase}": ev["phases"][phase] for who, ev in (("teacher", teacher_eval),
                                                                       ("student", student_eval)) for phase in PHASES},
@@ -204,6 +208,8 @@ def _build(root: Path, profile: str, seed: int, task: str, warm_from: Path | Non
             "warm_from": str(warm_from) if warm_from is not None else None,
             "teacher_warm_from": str(teacher_from) if teacher_schedule is not None else None,
             "teacher_steps": teacher_schedule.steps if teacher_schedule is not None else None,
+            # the teacher's own run's recipe (its closing_weight among it); None: the student's run went on
+            "teacher_schedule": asdict(teacher_schedule) if teacher_schedule is not None else None,
             "student_step": student_step,
             "loss_first": losses[0] if losses else None,
             "loss_at_student": losses_a[-1] if losses_a else None,

@@ -37,6 +37,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--json", action="store_true", help="print the full meta.json to stdout")
 
 
+def _greedy(accuracy: float | None) -> str:
+    return "not measured (student_greedy_eval off)" if accuracy is None else f"{accuracy:.3f}"
+
+
 def _summary(meta: dict) -> str:
     m = meta["measured"]
     lines = [
@@ -44,7 +48,7 @@ def _summary(meta: dict) -> str:
         f"  model: {meta['model']['architecture']} {meta['model']['parameters']:,} parameters; "
         f"SFT {meta['sft']['steps']} steps (student = step {meta['sft']['student_step']})",
         f"  teacher accuracy: greedy {m['teacher_accuracy_greedy']:.3f}  T=1 {m['teacher_accuracy_t1']:.3f}",
-        f"  student accuracy: greedy {m['student_accuracy_greedy']:.3f}  T=1 {m['student_accuracy_t1']:.3f}",
+        f"  student accuracy: greedy {_greedy(m['student_accuracy_greedy'])}  T=1 {m['student_accuracy_t1']:.3f}",
         *[f"  {who} phase skill (teacher-forced): early {m[who + '_phase_early']:.3f}  late {m[who + '_phase_late']:.3f}"
           for who in ("teacher", "student") if f"{who}_phase_early" in m],
         f"  response tokens: median {m['median_response_tokens']:.0f}  max {m['max_response_tokens']:.0f}",

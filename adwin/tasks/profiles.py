@@ -105,6 +105,10 @@ class Profile:
     # train problems on which the teacher's logit scale is fit by likelihood before it is saved
     # (adwin.tasks.calibrate); 0: the teacher is saved as SFT left it
     teacher_calibration: int = 0
+    # the student's greedy accuracy beside its T = 1 one (which the targets read); off where a greedy student
+    # never stops: the long tasks' ran 64 rollouts to the 2,048-token horizon, 37-39 s of a prepare, to read
+    # 0.00-0.02. Not in the cache fingerprint: it shapes no weights
+    student_greedy_eval: bool = True
 
 
 # Intra-op threads of every prepare: the SFT weights depend on the thread count (and the CPU's instruction
@@ -169,6 +173,7 @@ LONG_PROFILE_SPECS: dict[str, Profile] = {
         # the few wrong argmaxes (1 to 7 in 32 problems gave 4.1 to 1.5; 16 to 25 in 256 gave 1.9 to 2.3), so it
         # reads 512 problems (~80 of them, ~15 s)
         teacher_calibration=512,
+        student_greedy_eval=False,
     ),
     "tiny": Profile(
         name="tiny",
@@ -181,6 +186,7 @@ LONG_PROFILE_SPECS: dict[str, Profile] = {
         eval_max_new_tokens=16,
         warm=WarmStart("chain", SFTSchedule(steps=3, batch_size=4, lr=1e-3, warmup=1), student_step=1),
         teacher_calibration=2,
+        student_greedy_eval=False,
     ),
 }
 

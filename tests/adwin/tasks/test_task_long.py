@@ -171,6 +171,12 @@ def test_tiny_prepare_of_a_long_task_records_its_horizon_and_ladder(tmp_path: Pa
     calibration = meta["teacher_calibration"]  # the teacher's logit scale, fit on train problems
     assert calibration["problems"] == task.profile("tiny").teacher_calibration
     assert calibration["nll_after"] <= calibration["nll_before"]
+    # the long students' greedy rollouts never stop: only their T = 1 accuracy is measured, the teacher's both
+    assert meta["measured"]["student_accuracy_greedy"] is None and meta["eval"]["student"]["greedy"] is None
+    assert meta["measured"]["teacher_accuracy_greedy"] is not None and meta["measured"]["student_accuracy_t1"] is not None
+    from adwin.tasks.prepare import _summary
+
+    assert "student accuracy: greedy not measured" in _summary(meta)
 
 
 @pytest.mark.parametrize("name", LONG_TASKS)
@@ -338,6 +344,7 @@ def test_chain_late_long_trains_its_student_from_chain_long_and_its_teacher_from
     root = lambda task: assets.assets_root(home, "tiny", 0, task)  # noqa: E731
     assert two.meta["sft"]["warm_from"] == str(root("chain-long") / "teacher")
     assert two.meta["sft"]["teacher_warm_from"] == str(root("chain-late") / "teacher")
+    assert two.meta["sft"]["teacher_schedule"]["closing_weight"] == 2.0  # the tiny recipe weighs it too
     student, teacher = (AutoModelForCausalLM.from_pretrained(str(p)).state_dict()
                         for p in (two.student_path, two.teacher_paths["muladd"]))
     assert not all(torch.equal(v, teacher[k]) for k, v in student.items())
@@ -367,7 +374,7 @@ def test_chain_late_long_weights_its_teachers_closing_line_and_unweighted_caches
     unweighted = dataclasses.replace(warm, teacher_schedule=dataclasses.replace(warm.teacher_schedule, closing_weight=1.0))
     monkeypatch.setitem(specs, "default", dataclasses.replace(specs["default"], warm=unweighted))
     assert assets.profile_fingerprint("default", "chain-late-long") != before
-    # the fingerprints of the caches prepared before closing_weight existed
+    # the fingerprints of the caches prepared before closing_weight and student_greedy_eval existed
     assert {t: assets.profile_fingerprint("default", t) for t in ("chain", "chain-drift", "chain-late", "chain-long")} == {
         "chain": "e3a06ce3c573fc60", "chain-drift": "d604461e20b9f1ec", "chain-late": "94edba3794ffffbe",
         "chain-long": "7e2ff64c15e6712f"}

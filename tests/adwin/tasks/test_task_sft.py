@@ -145,6 +145,19 @@ def test_a_closing_weight_is_refused_before_training_where_the_task_has_no_closi
         SFTSchedule(steps=2, batch_size=2, lr=1e-2, closing_weight=0.0)
 
 
+def test_a_task_without_a_closing_phase_refuses_a_weighted_recipe_when_it_is_defined() -> None:
+    import dataclasses
+
+    from adwin.tasks.suite import get_task
+
+    chain = get_task("chain")
+    weighted = dataclasses.replace(PROFILE_SPECS["tiny"], schedule=dataclasses.replace(
+        PROFILE_SPECS["tiny"].schedule, closing_weight=2.0))
+    with pytest.raises(ValueError, match="closing_prefix"):
+        dataclasses.replace(chain, profiles={"tiny": weighted})
+    dataclasses.replace(chain, profiles={"tiny": weighted}, closing_prefix="fin:")  # with one it is accepted
+
+
 def test_a_closing_weight_changes_the_sft_steps(tok) -> None:
     import torch
 
