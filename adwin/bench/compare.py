@@ -66,6 +66,7 @@ from adwin.bench.compare_methods import (  # noqa: F401  (re-exported: the compa
     suite_keys,
     suite_quick_keys,
 )
+from adwin.bench.workers import spawn_pool
 from adwin.tasks.suite import DEFAULT_TASK, TASK_NAMES, get_task
 
 log = logging.getLogger(__name__)
@@ -274,9 +275,8 @@ def run_all(base: Any, methods: list[Method], seeds: list[int], args: argparse.N
     ``--jobs N > 1`` runs N trainings at once in worker processes (one torch thread each); results are
     the same as sequential (every run is seeded on its own), only wall times shift with co-scheduling.
     """
-    from concurrent.futures import ProcessPoolExecutor, as_completed
+    from concurrent.futures import as_completed
     from contextlib import nullcontext
-    from multiprocessing import get_context
 
     from rich.progress import (
         BarColumn,
@@ -297,8 +297,7 @@ def run_all(base: Any, methods: list[Method], seeds: list[int], args: argparse.N
         partial = [done[k] for k in sorted(done)]
         (out_dir / "runs.partial.json").write_text(json.dumps(partial, indent=1, default=_json_default))
 
-    pool_cm: Any = (ProcessPoolExecutor(args.jobs, mp_context=get_context("spawn")) if args.jobs > 1
-                    else nullcontext(None))
+    pool_cm: Any = spawn_pool(args.jobs) if args.jobs > 1 else nullcontext(None)
     with Progress(*columns, transient=False) as bar, pool_cm as pool:
         task = bar.add_task("compare", total=len(seeds) + len(jobs))
         bar.update(task, description=f"start-of-run evaluation, {len(seeds)} seed(s)")

@@ -86,7 +86,7 @@ def profile_fingerprint(profile: str, task: str = DEFAULT_TASK) -> str:
         del spec["warm"]["teacher_source"], spec["warm"]["teacher_schedule"]
     if not spec["teacher_calibration"]:  # nor one whose teacher is not calibrated
         del spec["teacher_calibration"]
-    del spec["student_greedy_eval"]  # a measurement beside the models, not of them
+    del spec["student_greedy_eval"], spec["target_overrides"]  # what judges the models, not what shapes them
     # nor a schedule with an unweighted loss
     warm = spec.get("warm") or {}
     for schedule in (spec["schedule"], warm.get("schedule"), warm.get("teacher_schedule")):

@@ -17,7 +17,7 @@ import torch
 from adwin.tasks.calibrate import calibrate_teacher
 from adwin.tasks.chain import ANSWER_PREFIX, ROUTES
 from adwin.tasks.phases import PHASES, phase_accuracy
-from adwin.tasks.profiles import PREPARE_THREADS, TARGETS, SFTSchedule
+from adwin.tasks.profiles import PREPARE_THREADS, SFTSchedule
 from adwin.tasks.sft import evaluate_accuracy, train_sft
 from adwin.tasks.suite import DEFAULT_TASK, BuiltinTask, get_task
 from adwin.tasks.tokenizer import save_tokenizer
@@ -173,13 +173,14 @@ def _build(root: Path, profile: str, seed: int, task: str, warm_from: Path | Non
         "median_response_tokens": lengths["median_response_tokens"],
         "max_response_tokens": lengths["max_response_tokens"],
     }
+    targets = spec.targets
     checks = {
-        "wall_seconds_max": wall <= TARGETS["wall_seconds_max"],
-        "teacher_accuracy_min": measured["teacher_accuracy_t1"] >= TARGETS["teacher_accuracy_min"],
-        "student_accuracy_max": measured["student_accuracy_t1"] <= TARGETS["student_accuracy_max"],
+        "wall_seconds_max": wall <= targets["wall_seconds_max"],
+        "teacher_accuracy_min": measured["teacher_accuracy_t1"] >= targets["teacher_accuracy_min"],
+        "student_accuracy_max": measured["student_accuracy_t1"] <= targets["student_accuracy_max"],
         "median_response_tokens_min": lengths["median_response_tokens"]
-        >= TARGETS["median_response_tokens_min"],
-        "max_response_tokens_min": lengths["max_response_tokens"] >= TARGETS["max_response_tokens_min"],
+        >= targets["median_response_tokens_min"],
+        "max_response_tokens_min": lengths["max_response_tokens"] >= targets["max_response_tokens_min"],
     }
     meta: dict[str, Any] = {
         "task": task,
@@ -225,7 +226,7 @@ def _build(root: Path, profile: str, seed: int, task: str, warm_from: Path | Non
         "teacher_calibration": calibration,
         "reference_lengths": lengths,
         "measured": measured,
-        "targets": TARGETS,
+        "targets": targets,
         "targets_enforced": spec.enforce_targets,
         "targets_met": checks if spec.enforce_targets else None,
         "timings_seconds": timings,

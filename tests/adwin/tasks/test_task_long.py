@@ -177,6 +177,7 @@ def test_tiny_prepare_of_a_long_task_records_its_horizon_and_ladder(tmp_path: Pa
     from adwin.tasks.prepare import _summary
 
     assert "student accuracy: greedy not measured" in _summary(meta)
+    assert meta["targets"] == task.profile("tiny").targets  # what targets_met was judged against
 
 
 @pytest.mark.parametrize("name", LONG_TASKS)
@@ -378,3 +379,14 @@ def test_chain_late_long_weights_its_teachers_closing_line_and_unweighted_caches
     assert {t: assets.profile_fingerprint("default", t) for t in ("chain", "chain-drift", "chain-late", "chain-long")} == {
         "chain": "e3a06ce3c573fc60", "chain-drift": "d604461e20b9f1ec", "chain-late": "94edba3794ffffbe",
         "chain-long": "7e2ff64c15e6712f"}
+
+
+def test_the_long_tasks_are_judged_by_their_own_targets_and_an_unknown_target_is_refused() -> None:
+    from adwin.tasks.profiles import TARGETS
+
+    assert get_task("chain-long").profile("default").targets["teacher_accuracy_min"] == 0.8
+    assert get_task("chain-late-long").profile("default").targets["teacher_accuracy_min"] == 0.7
+    assert get_task("chain").profile("default").targets == TARGETS
+    assert all(get_task(t).profile("default").targets["wall_seconds_max"] == 300.0 for t in suite.TASK_NAMES)
+    with pytest.raises(ValueError, match="teacher_acc"):
+        dataclasses.replace(get_task("chain").profile("tiny"), target_overrides=(("teacher_acc", 0.5),))
