@@ -119,6 +119,12 @@ class Profile:
             raise ValueError(f"Profile {self.name!r}: unknown targets {unknown}; expected some of {sorted(TARGETS)}")
 
     @property
+    def schedules(self) -> tuple[SFTSchedule, ...]:
+        """Every SFT schedule of the recipe: its own and its warm start's (the student's and the teacher's run)."""
+        warm = () if self.warm is None else (self.warm.schedule, self.warm.teacher_schedule)
+        return tuple(s for s in (self.schedule, *warm) if s is not None)
+
+    @property
     def targets(self) -> dict[str, float]:
         """The targets the prepare measures this profile's models against."""
         return {**TARGETS, **dict(self.target_overrides)}

@@ -103,9 +103,7 @@ class BuiltinTask:
         if self.closing_prefix is not None:
             return
         for name, spec in self.profiles.items():  # a recipe whose weight would weigh nothing fails at import
-            warm = spec.warm
-            schedules = (spec.schedule, *((warm.schedule, warm.teacher_schedule) if warm is not None else ()))
-            if any(s is not None and s.closing_weight != 1.0 for s in schedules):
+            if any(s.closing_weight != 1.0 for s in spec.schedules):
                 raise ValueError(f"task {self.name!r} profile {name!r}: SFTSchedule.closing_weight needs the "
                                  "task's closing_prefix (where its closing phase begins)")
 
