@@ -52,7 +52,8 @@ def _evaluate(parts: Parts, cfg: TrainConfig, gen: Sampler, dist: LocalDist) -> 
         for i in range(0, len(problems), chunk):
             responses += generate_compacting(gen.engine.model, ctx[i : i + chunk], cfg.rollout.max_response_len,
                                              eos=gen.eos, pad_id=gen.pad, temperature=e.temperature, top_p=e.top_p,
-                                             row_seeds=None if seeds is None else seeds[i : i + chunk]).response_ids
+                                             row_seeds=None if seeds is None else seeds[i : i + chunk],
+                                             compile=gen.engine.compile).response_ids
         # score rows of similar length together: far less padding than problem order
         order = sorted(range(len(problems)), key=lambda b: len(ctx[b]) + len(responses[b]))
     else:  # one generate call per chunk of rows (vLLM batches continuously itself), scored in that order

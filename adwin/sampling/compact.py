@@ -23,13 +23,26 @@ import torch
 from adwin.sampling.kv_cache import cache_keyword, returned_cache
 from adwin.sampling.rollout import Generation, left_pad
 from adwin.sampling.seeding import SeededSampling
+from adwin.sampling.static_decode import (
+    CompileSetting,
+    StaticBatch,
+    batch_bucket,
+    cache_bucket,
+    compile_wanted,
+)
 
 
 @torch.no_grad()
 def generate_compacting(model: torch.nn.Module, contexts: Sequence[Sequence[int]], budget: int, *, eos: set[int],
                         pad_id: int, temperature: float = 1.0, top_p: float = 1.0,
-                        row_seeds: Sequence[int] | None = None) -> Generation:
-    """Continue every context by at most ``budget`` tokens; a row leaves the batch at its first EOS (kept)."""
+                        row_seeds: Sequence[int] | None = None, compile: CompileSetting = False,
+                        shrink: bool = False) -> Generation:
+    """Continue every context by at most ``budget`` tokens; a row leaves the batch at its first EOS (kept).
+
+    ``compile`` (``rollout.compile``): decode on a static cache with the compiled step (``_static_loop``);
+    ``shrink`` then moves the live rows to a smaller batch bucket once they fit one, else stopped rows stay as
+    masked rows until the last one stops (docs/decisions.md, "Compiled decoding").
+    """
     n = len(contexts)
     if row_seeds is not None and len(row_seeds) != n:
         raise ValueError(f"row_seeds: {len(row_seeds)} seeds for {n} contexts")
@@ -40,6 +53,10 @@ def generate_compacting(model: torch.nn.Module, contexts: Sequence[Sequence[int]
     device = next(model.parameters()).device
     ids, mask = left_pad(contexts, pad_id, device)  # (B, T)
     pick = _sampler(temperature, top_p, row_seeds, device)
+    eos_t = torch.tensor(sorted(eos), device=device)
+    if compile_wanted(compile, device):
+        steps = _static_loop(model, contexts, budget, pad_id, pick, eos_t, responses, finished, shrink)
+        return Generation(responses, finished, None, decode_steps=steps)
     steps = 0  # token positions decoded (the loop's count)
     live = torch.arange(n, device=device)  # (b,) original row of each batch row
     positions = (mask.sum(dim=1) - 1).clamp_min(0)  # (b,) position of each row's last token
@@ -52,7 +69,6 @@ def generate_compacting(model: torch.nn.Module, contexts: Sequence[Sequence[int]
         if cache is None or not hasattr(cache, "batch_select_indices"):
             raise ValueError(f"{type(model).__name__} returned no KV cache that can drop rows; evaluate with "
                              "eval.compact=false (transformers' generate)")
-        eos_t = torch.tensor(sorted(eos), device=device)
         cache_kw = cache_keyword(model)  # looked up once, not per token
         for step in range(budget):
             steps = step + 1
@@ -75,6 +91,51 @@ def generate_compacting(model: torch.nn.Module, contexts: Sequence[Sequence[int]
     finally:
         model.train(was_training)
     return Generation(responses, finished, None, decode_steps=steps)
+
+
+@torch.no_grad()
+def _static_loop(model: torch.nn.Module, contexts: Sequence[Sequence[int]], budget: int, pad_id: int, pick,
+                 eos_t: torch.Tensor, responses: list[list[int]], finished: list[bool], shrink: bool) -> int:
+    """The compiled path: rows in a bucketed static batch (dummy rows after the real ones), stopped rows masked
+    (or, with ``shrink``, dropped at bucket boundaries); fills ``responses``/``finished``, returns the steps."""
+    n, device = len(contexts), next(model.parameters()).device
+    rows = batch_bucket(n)
+    ids, mask = left_pad([*contexts, *([[pad_id]] * (rows - n))], pad_id, device)  # (rows, T)
+    was_training = model.training
+    model.eval()
+    try:
+        batch = StaticBatch(model, rows, cache_bucket(ids.shape[1] + budget), "compact")
+        logits = batch.prefill(ids, mask)  # (rows, V)
+        origin = torch.arange(rows, device=device)  # (rows,) the context of each batch row; >= n: a dummy
+        live = origin < n  # (rows,)
+        positions = mask.sum(dim=1) - 1  # (rows,) position of each row's last token
+        tokens = torch.full((rows,), pad_id, dtype=torch.long, device=device)  # (rows,)
+        for step in range(budget):
+            idx = live.nonzero().squeeze(1)  # (b,)
+            drawn = pick(logits[idx], origin[idx])  # (b,)
+            for row, tok in zip(origin[idx].tolist(), drawn.tolist(), strict=True):
+                responses[row].append(tok)
+            stopped = torch.isin(drawn, eos_t)  # (b,)
+            for row in origin[idx][stopped].tolist():
+                finished[row] = True
+            if step + 1 == budget or bool(stopped.all()):
+                return step + 1
+            live[idx[stopped]] = False
+            tokens = tokens.fill_(pad_id).index_copy(0, idx, drawn)
+            positions = positions + 1
+            if shrink and batch_bucket(int(live.sum())) < batch.rows:
+                keep = live.nonzero().squeeze(1)  # (b',)
+                small = batch_bucket(len(keep))
+                batch = batch.select(keep, small, "compact")
+                fill = torch.arange(len(keep), small, device=device)  # empty rows: masked, never read
+                origin = torch.cat([origin[keep], fill + rows])
+                live = torch.cat([live[keep], torch.zeros_like(fill, dtype=torch.bool)])
+                tokens = torch.cat([tokens[keep], tokens.new_full((len(fill),), pad_id)])
+                positions = torch.cat([positions[keep], positions.new_zeros(len(fill))])
+            logits = batch.step(tokens, positions, live | (origin >= n))  # (rows, V)
+    finally:
+        model.train(was_training)
+    return budget
 
 
 def _sampler(temperature: float, top_p: float, row_seeds: Sequence[int] | None, device: torch.device):

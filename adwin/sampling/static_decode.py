@@ -31,6 +31,11 @@ log = logging.getLogger(__name__)
 
 CompileSetting = Literal["auto", True, False]
 MIN_CACHE = 64  # smallest cache bucket: short calls share one shape
+RECOMPILE_LIMIT = 64  # graphs one compiled forward may hold (buckets x decoders)
+
+
+class StaticCacheError(ValueError):
+    """The model's static KV cache has layers a compiled decoder cannot lay rows into (e.g. sliding windows)."""
 
 
 def compile_wanted(setting: CompileSetting, device: torch.device | str) -> bool:
@@ -83,12 +88,20 @@ class CompileLedger:
     _reported_s: float = 0.0
 
     def hook(self) -> None:
-        """Install dynamo's compile-start/end callbacks once (they time every compile of the process)."""
+        """Install dynamo's compile-start/end callbacks once (they time every compile of the process), and let
+        one compiled forward hold every bucket's graph: dynamo's default limit (8 graphs per function) would
+        silently fall back to eager decoding past it."""
         with self._lock:
             if self._hooked:
                 return
             self._hooked = True
+        import torch._dynamo
         from torch._dynamo.callback import callback_handler
+
+        for limit in ("recompile_limit", "cache_size_limit"):  # the name changed across torch releases
+            if hasattr(torch._dynamo.config, limit):
+                setattr(torch._dynamo.config, limit, max(getattr(torch._dynamo.config, limit), RECOMPILE_LIMIT))
+                break
 
         callback_handler.register_start_callback(self._start)
         callback_handler.register_end_callback(self._end)
@@ -166,3 +179,85 @@ def stop_dummy_rows(real: int, rows: int, device: torch.device) -> Any:
             return dummy
 
     return StoppingCriteriaList([_Dummies()])
+
+
+class StaticBatch:
+    """A ``rows`` x ``columns`` static KV cache of ``model``, its padding mask and the compiled one-token step:
+    the shared machinery of the decoders that run their own loop (compact evaluation, the AsyncOPD engine).
+
+    Column ``c`` of every layer holds one token per row; ``mask[b, c]`` says whether row ``b`` attends to it. A
+    step writes the column the cache's write position points at for every row (rows that do not decode write a
+    masked pad there) and advances it; positions (RoPE) are per row, so rows of different lengths share columns.
+    """
+
+    def __init__(self, model: torch.nn.Module, rows: int, columns: int, decoder: str) -> None:
+        from transformers import StaticCache
+
+        from adwin.sampling.kv_cache import cache_keyword
+
+        self.model, self.rows, self.columns = model, rows, columns
+        device = next(model.parameters()).device
+        self.cache = StaticCache(config=model.config.get_text_config(decoder=True), max_cache_len=columns)
+        self.layers = list(self.cache.layers)
+        kinds = {type(layer).__name__ for layer in self.layers}
+        if kinds != {"StaticLayer"}:
+            raise StaticCacheError(f"compiled decoding lays rows into plain StaticLayer caches only, got "
+                                   f"{sorted(kinds)}; set rollout.compile: false")
+        self.mask = torch.zeros(rows, columns, dtype=torch.long, device=device)  # (rows, columns)
+        self._kw = cache_keyword(model)
+        self._step = compiled_forward(model)
+        LEDGER.note(decoder, (rows, columns))
+
+    @property
+    def column(self) -> int:
+        """The column the next step writes."""
+        return int(self.layers[0].cumulative_length)
+
+    def seek(self, column: int) -> None:
+        """Point every layer's write position at ``column`` (in place: the compiled step reads these tensors)."""
+        for layer in self.layers:
+            layer.cumulative_length.fill_(column)
+
+    def prefill(self, ids: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+        """Encode left-padded contexts ``ids`` (rows, T) into columns [0, T) (eager: one shape per prompt length
+        would otherwise compile); next-token logits (rows, V)."""
+        width = ids.shape[1]
+        self.mask[:, :width] = mask
+        out = self.model(input_ids=ids, attention_mask=self.mask, position_ids=(mask.cumsum(-1) - 1).clamp_min(0),
+                         **{self._kw: self.cache}, use_cache=True, logits_to_keep=1)
+        return out.logits[:, -1]
+
+    def write(self, row: int, start: int, keys: Sequence[torch.Tensor], values: Sequence[torch.Tensor]) -> None:
+        """Lay one row's cached context (per layer (heads, n, dim)) into columns [start, start + n) of ``row``."""
+        for layer, k, v in zip(self.layers, keys, values, strict=True):
+            layer.keys[row, :, start : start + k.shape[-2]] = k
+            layer.values[row, :, start : start + v.shape[-2]] = v
+
+    def ensure_allocated(self, like: torch.Tensor, heads: int, key_dim: int, value_dim: int) -> None:
+        """Allocate the layers' tensors before the first ``write`` (a prefill allocates them itself)."""
+        for layer in self.layers:
+            if not getattr(layer, "is_initialized", False):
+                layer.lazy_initialization(like.new_empty(self.rows, heads, 1, key_dim),
+                                          like.new_empty(self.rows, heads, 1, value_dim))
+
+    def step(self, tokens: torch.Tensor, positions: torch.Tensor, decoding: torch.Tensor) -> torch.Tensor:
+        """One compiled forward of ``tokens`` (rows,) at ``positions`` (rows,); rows where ``decoding`` (rows,)
+        is False write a masked column (such a row must attend to some earlier column: a row attending to
+        nothing turns NaN, and NaN values poison even masked columns). Next-token logits (rows, V)."""
+        column = self.column
+        self.mask[:, column] = decoding.long()
+        out = self._step(input_ids=tokens[:, None], attention_mask=self.mask, position_ids=positions[:, None],
+                         **{self._kw: self.cache}, use_cache=True, logits_to_keep=1)
+        return out.logits[:, -1]
+
+    def select(self, keep: torch.Tensor, rows: int, decoder: str) -> StaticBatch:
+        """A batch of ``rows`` (a bucket) holding rows ``keep`` of this one first, the rest empty (all masked)."""
+        small = StaticBatch(self.model, rows, self.columns, decoder)
+        column = self.column
+        for mine, theirs in zip(self.layers, small.layers, strict=True):
+            theirs.lazy_initialization(mine.keys[:rows], mine.values[:rows])
+            theirs.keys[: len(keep)] = mine.keys[keep]
+            theirs.values[: len(keep)] = mine.values[keep]
+        small.seek(column)
+        small.mask[: len(keep)] = self.mask[keep]
+        return small

@@ -188,3 +188,52 @@ def test_a_request_that_leaves_stays_masked_until_a_merge_and_the_others_are_una
     batch[1].tokens.clear()  # not a continuation any more: re-encoded from its context
     advance([batch[3], batch[1], newcomer])
     assert eng.cache_rows == 3
+
+
+# --- the compiled path (rollout.compile): a static cache with slots, one shared write column -----------------
+
+
+@pytest.fixture(scope="module")
+def compiled_model() -> torch.nn.Module:
+    """One model for the compiled tests: each (rows, columns) bucket compiles once per test run."""
+    return make_tiny_llama(seed=4)
+
+
+def test_the_compiled_engine_draws_the_dynamic_engine_s_tokens_logprobs_and_mc_actions(compiled_model) -> None:
+    kw = {"eos": {EOS}, "pad_id": 0, "temperature": 0.7, "top_p": 0.9, "mc_samples": 3, "seed": 11}
+    compiled = HFRolloutEngine(compiled_model, **kw, compile=True, max_len=20)
+    got, want = drive(compiled), drive(HFRolloutEngine(make_tiny_llama(seed=4), **kw))
+    assert compiled._slots is not None and compiled._slots.repacks >= 1, "rows joined past a bucket: repacked"
+    for g, w in zip(got, want, strict=True):
+        assert g.tokens == w.tokens and g.finish_reason == w.finish_reason and g.mc_actions == w.mc_actions
+        assert g.logprobs == pytest.approx(w.logprobs, abs=1e-4)
+
+
+def test_a_long_stream_repacks_the_static_cache_and_keeps_the_logits_of_a_full_reencode(compiled_model) -> None:
+    """Requests join, leave, outrun the cache's columns and survive a weight sync: every step's logits are
+    those of the whole prefix, and the shapes stay the buckets'."""
+    eng = HFRolloutEngine(compiled_model, eos=set(), pad_id=0, compile=True, max_len=25)  # 7 + 18 tokens at most
+    ref = ReencodeEngine(compiled_model, eos=set(), pad_id=0)
+    assert eng._slots is not None
+    columns = eng._slots.columns
+    reqs = [request(i, [1, *range(3, 3 + i % 7)], 8 + i % 11) for i in range(24)]
+    active: list[StreamItem] = []
+    for step in range(120):
+        active += [r for r in reqs[step // 5 : step // 5 + 1] if r.response_len == 0 and r not in active]
+        if step == 60:
+            eng.load_weights(compiled_model.state_dict(), 1)  # the prefix-cache reset: all re-encoded
+        if not active:
+            continue
+        got, want = eng.next_logits(active), ref.next_logits(active)  # (n, V)
+        torch.testing.assert_close(got, want, atol=1e-4, rtol=1e-4)
+        assert eng._slots.batch is not None and eng._slots.batch.column < columns
+        for it, tok in zip(active, want.argmax(-1).tolist(), strict=True):
+            it.append(TokenOut(tok, 0.0), 0)
+        active = [it for it in active if it.response_len < it.max_tokens]
+    assert sum(r.response_len for r in reqs) > 2 * columns, "the stream must outrun the columns several times"
+    assert eng._slots.repacks >= 3
+
+
+def test_a_compiled_engine_needs_the_longest_request_to_size_its_cache() -> None:
+    with pytest.raises(ValueError, match="max_len"):
+        HFRolloutEngine(make_tiny_llama(), eos=set(), pad_id=0, compile=True)

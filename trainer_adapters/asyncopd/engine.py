@@ -35,7 +35,9 @@ import torch
 
 from adwin.sampling.kv_cache import cache_keyword, returned_cache
 from adwin.sampling.rollout import left_pad
+from adwin.sampling.static_decode import CompileSetting, compile_wanted
 from adwin.trainer_adapters.asyncopd.items import StreamItem, TokenOut
+from adwin.trainer_adapters.asyncopd.slots import StaticSlots
 
 log = logging.getLogger(__name__)
 
@@ -86,7 +88,8 @@ class HFRolloutEngine:
     """A rollout worker's student snapshot with a continuous-batching KV cache; see the module docstring."""
 
     def __init__(self, model: torch.nn.Module, *, eos: set[int], pad_id: int, temperature: float = 1.0,
-                 top_p: float = 1.0, mc_samples: int = 1, seed: int = 0, admit_fraction: float = 0.125) -> None:
+                 top_p: float = 1.0, mc_samples: int = 1, seed: int = 0, admit_fraction: float = 0.125,
+                 compile: CompileSetting = False, max_len: int | None = None) -> None:
         if temperature <= 0:
             raise ValueError("the MC estimator needs a sampling distribution: temperature must be > 0")
         if not 0.0 < top_p <= 1.0:
@@ -104,9 +107,17 @@ class HFRolloutEngine:
         self.admit_fraction = admit_fraction
         self._stepped: set[str] = set()  # requests that got a token at the previous step
         self.prefilled_tokens = 0  # context tokens encoded by prefills (a kept request's rebuild included)
+        self._slots: StaticSlots | None = None  # rollout.compile: the static-cache layout (slots.py)
+        if compile_wanted(compile, next(model.parameters()).device):
+            if max_len is None:
+                raise ValueError("a compiled engine (rollout.compile) needs max_len: the longest request "
+                                 "(data.max_prompt_len + rollout.max_response_len) sizes its static cache")
+            self._slots = StaticSlots(self.model, pad_id, max_len)
         self._reset()
 
     def _reset(self) -> None:
+        if self._slots is not None:
+            self._slots.reset()
         self._rows: list[str | None] = []  # request id of each cache row; None: it left, dropped at the next merge
         self._fed: list[int] = []  # context tokens of each row in the cache
         self._cache: Any = None
@@ -119,12 +130,14 @@ class HFRolloutEngine:
 
     @property
     def cached_requests(self) -> list[str]:
-        return [rid for rid in self._rows if rid is not None]
+        rows = self._slots.rows if self._slots is not None else self._rows
+        return [rid for rid in rows if rid is not None]
 
     @property
     def cache_rows(self) -> int:
-        """Rows in the batch cache, those of requests that left and are not dropped yet included."""
-        return len(self._rows)
+        """Rows in the batch cache, those of requests that left and are not dropped yet included (compiled:
+        the slots, free ones included)."""
+        return len(self._slots.rows) if self._slots is not None else len(self._rows)
 
     # ------------------------------------------------------------------------------------- the cache
 
@@ -209,7 +222,13 @@ class HFRolloutEngine:
         """Next-token logits (n, V) of every item, in their order: rows that left are dropped, rows with one
         new token decode it in one batched forward, the others (newcomers, or rows the cache no longer
         matches) are prefilled. A row that left stays in the cache, masked, until the next prefill's merge
-        (which copies the cache anyway) or until such rows are half of it: dropping rows copies every layer."""
+        (which copies the cache anyway) or until such rows are half of it: dropping rows copies every layer.
+        Compiled (``rollout.compile``): the same contract on a static cache (``slots.StaticSlots``)."""
+        if self._slots is not None:
+            before = self._slots.prefilled_tokens
+            out = self._slots.next_logits(items)
+            self.prefilled_tokens += self._slots.prefilled_tokens - before
+            return out
         want = {it.request_id: len(it.prompt_ids) + len(it.tokens) for it in items}
         # a row continues when it holds all of its context but the token sampled at the previous step
         keep = [r for r, (rid, fed) in enumerate(zip(self._rows, self._fed, strict=True))

@@ -33,6 +33,7 @@ from adwin.probes.client import InlineAuditor
 from adwin.probes.settings import configure_audits
 from adwin.runtime.resilient_controller import controller_metrics, drain_controller
 from adwin.sampling.rollout import encode_prompts, eos_ids, pad_id_of
+from adwin.sampling.static_decode import LEDGER as COMPILES
 from adwin.trainer_adapters.asyncopd.hf import (
     HFLearner,
     HFRolloutEngine,
@@ -91,7 +92,8 @@ def build_asyncopd(cfg: TrainConfig, controller: ControllerAPI, *, parts: Parts 
     r = cfg.rollout
     width = cfg.data.max_prompt_len + r.max_response_len if opts.pad_to_horizon else None
     m = cfg.loss.mc_samples if cfg.loss.name == "reverse_kl_mc" else 0
-    engine_kw = {"eos": eos, "pad_id": pad, "temperature": r.temperature, "top_p": r.top_p, "mc_samples": m}
+    engine_kw = {"eos": eos, "pad_id": pad, "temperature": r.temperature, "top_p": r.top_p, "mc_samples": m,
+                 "compile": r.compile, "max_len": cfg.data.max_prompt_len + r.max_response_len}
     close: Callable[[], None] | None = None
     if r.backend == "vllm":  # untested on hardware: see adwin.backends
         from adwin.trainer_adapters.asyncopd.vllm import vllm_engines
@@ -161,6 +163,7 @@ def run_asyncopd(cfg: TrainConfig, controller: ControllerAPI, *, parts: Parts | 
             m |= enrich(step, m)
         m["time/wall"] = time.perf_counter() - started
         m |= controller_metrics(ctl)  # controller/* gauges (degraded mode)
+        m |= COMPILES.step_metrics()  # rollout.compile in this process (Ray workers compile in theirs)
         sinks.log(step, m)
         if on_step is not None:
             on_step(step, m)

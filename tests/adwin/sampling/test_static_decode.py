@@ -94,3 +94,31 @@ def test_changing_windows_and_batch_sizes_compile_one_shape_per_bucket(model) ->
     assert LEDGER.count() - before_shapes <= 1 and warm - before <= 1
     metrics = LEDGER.step_metrics()
     assert metrics["rollout/compiled_shapes"] >= 1 and metrics["rollout/compile_s"] >= 0.0
+
+
+COMPACT = CONTEXTS + [[1, 10, 11], [1, 12]]  # 5 rows: a bucket of 8 with 3 dummy rows
+
+
+@pytest.mark.parametrize("shrink", [False, True])
+@pytest.mark.parametrize("seeding", ["greedy", "per_sample", "batch"])
+def test_compiled_compact_sampling_gives_the_eager_compact_tokens(model, seeding: str, shrink: bool) -> None:
+    """Stopped rows stay masked (or move to smaller buckets with ``shrink``): every row draws what the eager
+    sampler draws, under batch seeding too (both draw for the live rows only, in row order)."""
+    kw: dict = {"temperature": 0.0} if seeding == "greedy" else {"temperature": 0.9, "top_p": 0.8}
+    if seeding == "per_sample":
+        kw["row_seeds"] = [row_seed(2, "eval", 0, i) for i in range(len(COMPACT))]
+    torch.manual_seed(3)
+    eager = generate_compacting(model, COMPACT, 40, eos=EOS, pad_id=0, **kw)
+    torch.manual_seed(3)
+    compiled = generate_compacting(model, COMPACT, 40, eos=EOS, pad_id=0, compile=True, shrink=shrink, **kw)
+    assert compiled.response_ids == eager.response_ids and compiled.finished == eager.finished
+    assert compiled.decode_steps == eager.decode_steps
+    if seeding == "greedy":
+        assert len({len(r) for r in eager.response_ids}) > 2  # rows left at several lengths
+
+
+def test_compiled_compact_shapes_are_the_buckets_the_live_rows_pass_through(model) -> None:
+    generate_compacting(model, COMPACT, 40, eos=EOS, pad_id=0, temperature=0.0, compile=True)
+    generate_compacting(model, COMPACT, 40, eos=EOS, pad_id=0, temperature=0.0, compile=True, shrink=True)
+    assert LEDGER.shapes["compact"] <= {(8, 64), (4, 64), (2, 64), (1, 64)}
+    assert (8, 64) in LEDGER.shapes["compact"]
