@@ -1,0 +1,138 @@
+"""Decode speed of the student's decoders, compiled (``rollout.compile: true``) against eager, side by side.
+
+``python -m adwin.bench.decode [--student PATH] [--llama125m-layers N] [--rows B] [--new N] [--repeats R]``
+
+For each model (the built-in default student and a Llama of SmolLM2-135M's width with random weights, built in
+code, ``--llama125m-layers`` of its 30 layers), and each decoder (``generate``: rollouts and probe rounds;
+``compact``: evaluation), the first compiled call is timed apart (it compiles), then warm calls alternate eager and
+compiled so a noisy machine slows both alike. ``ms/step`` is a warm call's seconds over its decode steps; the
+compile seconds are torch's own (``adwin.sampling.static_decode.LEDGER``). Prints one JSON line per row.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import time
+from collections.abc import Callable
+from typing import Any
+
+import torch
+
+from adwin.sampling.compact import generate_compacting
+from adwin.sampling.rollout import Generation, generate
+from adwin.sampling.static_decode import LEDGER
+
+
+def llama_125m_shaped(layers: int) -> torch.nn.Module:
+    """SmolLM2-135M's width (hidden 576, 9/3 heads, 32k vocab) with ``layers`` layers, random weights."""
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    torch.manual_seed(0)
+    cfg = LlamaConfig(vocab_size=49152, hidden_size=576, intermediate_size=1536, num_hidden_layers=layers,
+                      num_attention_heads=9, num_key_value_heads=3, max_position_embeddings=2048,
+                      tie_word_embeddings=True, pad_token_id=0, bos_token_id=1, eos_token_id=2)
+    return LlamaForCausalLM(cfg).eval()
+
+
+def measure(model: torch.nn.Module, rows: int, new: int, repeats: int, seed: int = 0) -> list[dict[str, Any]]:
+    """Rows of ``{decoder, ms_step_eager, ms_step_compiled, ratio, compile_s, ...}`` for one model."""
+    vocab = model.config.vocab_size
+    g = torch.Generator().manual_seed(seed)
+    contexts = [torch.randint(3, vocab, (int(torch.randint(8, 24, (1,), generator=g)),), generator=g).tolist()
+                for _ in range(rows)]
+    calls: dict[str, Callable[[Any], Generation]] = {
+        # no EOS: every call decodes exactly ``new`` steps
+        "generate": lambda c: generate(model, contexts, [new] * rows, eos=set(), pad_id=0, temperature=1.0,
+                                       compile=c),
+        "compact": lambda c: generate_compacting(model, contexts, new, eos=set(), pad_id=0, temperature=1.0,
+                                                 compile=c),
+    }
+    out = []
+    for name, call in calls.items():
+        LEDGER.hook()
+        before = LEDGER.seconds
+        t = time.perf_counter()
+        call(True)
+        first = time.perf_counter() - t
+        compile_s = LEDGER.seconds - before
+        times: dict[bool, list[float]] = {False: [], True: []}
+        for _ in range(repeats):
+            for compiled in (False, True):
+                t = time.perf_counter()
+                steps = call(compiled).decode_steps
+                times[compiled].append((time.perf_counter() - t) / steps * 1e3)
+        eager, comp = statistics.median(times[False]), statistics.median(times[True])
+        out.append({"decoder": name, "rows": rows, "new_tokens": new, "ms_step_eager": round(eager, 3),
+                    "ms_step_compiled": round(comp, 3), "compiled_over_eager": round(comp / eager, 3),
+                    "first_compiled_call_s": round(first, 2), "compile_s": round(compile_s, 2)})
+    return out
+
+
+def measure_evaluation(model: torch.nn.Module, tokenizer: Any, rows: int, repeats: int) -> dict[str, Any]:
+    """Compact evaluation on the built-in task's held-out problems (rows stop at their own EOS, 320 tokens at
+    most): eager against compiled with stopped rows masked and compiled with the live rows shrunk to buckets.
+    Seconds per call (median, alternating), after one untimed compiled call of each kind."""
+    from adwin.sampling.data import builtin_prompts
+    from adwin.sampling.rollout import encode_prompts, eos_ids, pad_id_of
+
+    eos = eos_ids(model, tokenizer)
+    pad = pad_id_of(tokenizer, eos)
+    contexts = encode_prompts(tokenizer, [p.prompt for p in builtin_prompts(rows, 0, "eval")], 128)
+    kinds = {"eager": {}, "masked": {"compile": True}, "shrink": {"compile": True, "shrink": True}}
+
+    def call(kw: dict[str, Any]) -> Generation:
+        return generate_compacting(model, contexts, 320, eos=eos, pad_id=pad, temperature=0.0, **kw)
+
+    before = LEDGER.seconds
+    for kind in ("masked", "shrink"):
+        call(kinds[kind])
+    compile_s = LEDGER.seconds - before
+    times: dict[str, list[float]] = {k: [] for k in kinds}
+    for _ in range(repeats):
+        for kind, kw in kinds.items():
+            t = time.perf_counter()
+            steps = call(kw).decode_steps
+            times[kind].append(time.perf_counter() - t)
+    out: dict[str, Any] = {"decoder": "compact-evaluation", "rows": rows, "decode_steps": steps,
+                           "compile_s": round(compile_s, 2)}
+    out |= {f"s_{k}": round(statistics.median(v), 3) for k, v in times.items()}
+    return out | {"shapes": sorted(LEDGER.shapes.get("compact", set()))}
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--student", default="builtin", help="a transformers folder; builtin = the built-in default student")
+    p.add_argument("--llama125m-layers", type=int, default=4, help="layers of the 125M-wide Llama (0: skip it)")
+    p.add_argument("--rows", type=int, default=64)
+    p.add_argument("--new", type=int, default=64, help="decode steps per call")
+    p.add_argument("--repeats", type=int, default=3)
+    p.add_argument("--threads", type=int, default=1)
+    a = p.parse_args(argv)
+    torch.set_num_threads(a.threads)
+    from transformers import AutoModelForCausalLM
+
+    path = a.student
+    if path == "builtin":
+        from adwin import tasks
+
+        path = str(tasks.ensure_prepared(profile="default", seed=0).student_path)
+    models = {"builtin-student": AutoModelForCausalLM.from_pretrained(path).eval()}
+    if a.student == "builtin":
+        from transformers import AutoTokenizer
+
+        tok = AutoTokenizer.from_pretrained(str(tasks.ensure_prepared(profile="default", seed=0).tokenizer_path))
+        row = measure_evaluation(models["builtin-student"], tok, a.rows, a.repeats)
+        print(json.dumps({"model": "builtin-student", **row}, default=list), flush=True)  # noqa: T201
+    if a.llama125m_layers:
+        models[f"llama-125m-width-{a.llama125m_layers}L"] = llama_125m_shaped(a.llama125m_layers)
+    for name, model in models.items():
+        params = sum(p.numel() for p in model.parameters())
+        for row in measure(model, a.rows, a.new, a.repeats):
+            print(json.dumps({"model": name, "params": params, **row}), flush=True)  # noqa: T201
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
