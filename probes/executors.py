@@ -23,7 +23,7 @@ from adwin.probes.extender import ModelExtender, snapshot_weights
 from adwin.probes.pool import Extender, ProbePool
 from adwin.probes.riding import RidingWorker
 from adwin.probes.workers import InlineWorker, ProbeWorker, ThreadWorker
-from adwin.sampling.static_decode import CompileSetting
+from adwin.sampling.static_decode import CompileSetting, without_compiled
 
 BACKENDS: tuple[str, ...] = ("inline", "thread", "ray", "rollout")
 
@@ -70,7 +70,7 @@ def _thread_spawner(model: torch.nn.Module, eos: set[int], pad_id: int, temperat
     count = iter(range(1_000_000))
 
     def spawn() -> ProbeWorker:
-        replica = copy.deepcopy(model).eval()  # loads the published version before its first round
+        replica = without_compiled(copy.deepcopy(model)).eval()  # loads the published version before its first round
         ext = ModelExtender(replica, eos, pad_id, temperature, top_p, compile)
         return ThreadWorker(ext, ext.load, name=f"probe-worker-{next(count)}",
                             audit=lambda job: run_audit_job(replica, job))
@@ -86,7 +86,7 @@ def _ray_executor(pool: ProbePool, model: torch.nn.Module, eos: set[int], pad_id
     from adwin.probes.ray_actor import RayWorker, ensure_ray
 
     ensure_ray(address, num_cpus)
-    replica = copy.deepcopy(model).to("cpu").eval()
+    replica = without_compiled(copy.deepcopy(model)).to("cpu").eval()
     for p in replica.parameters():
         p.grad = None
     model_ref = ray.put(replica)  # shipped once; every (re)started actor starts from it

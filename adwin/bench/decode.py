@@ -1,6 +1,7 @@
 """Decode speed of the student's decoders, compiled (``rollout.compile: true``) against eager, side by side.
 
-``python -m adwin.bench.decode [--student PATH] [--llama125m-layers N] [--rows B] [--new N] [--repeats R]``
+``python -m adwin.bench.decode [--student PATH] [--llama125m-layers N] [--rows B] [--new N] [--repeats R]
+[--device cuda --dtype bfloat16]``
 
 For each model (the built-in default student and a Llama of SmolLM2-135M's width with random weights, built in
 code, ``--llama125m-layers`` of its 30 layers), and each decoder (``generate``: rollouts and probe rounds;
@@ -109,6 +110,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--new", type=int, default=64, help="decode steps per call")
     p.add_argument("--repeats", type=int, default=3)
     p.add_argument("--threads", type=int, default=1)
+    p.add_argument("--device", default="cpu", help="torch device of the models (cuda: CUDA graphs)")
+    p.add_argument("--dtype", choices=["float32", "bfloat16"], default="float32")
     a = p.parse_args(argv)
     torch.set_num_threads(a.threads)
     from transformers import AutoModelForCausalLM
@@ -119,7 +122,7 @@ def main(argv: list[str] | None = None) -> int:
 
         path = str(tasks.ensure_prepared(profile="default", seed=0).student_path)
     models = {"builtin-student": AutoModelForCausalLM.from_pretrained(path).eval()}
-    if a.student == "builtin":
+    if a.student == "builtin" and a.device == "cpu":
         from transformers import AutoTokenizer
 
         tok = AutoTokenizer.from_pretrained(str(tasks.ensure_prepared(profile="default", seed=0).tokenizer_path))
@@ -128,6 +131,7 @@ def main(argv: list[str] | None = None) -> int:
     if a.llama125m_layers:
         models[f"llama-125m-width-{a.llama125m_layers}L"] = llama_125m_shaped(a.llama125m_layers)
     for name, model in models.items():
+        model.to(device=a.device, dtype=getattr(torch, a.dtype))
         params = sum(p.numel() for p in model.parameters())
         for row in measure(model, a.rows, a.new, a.repeats):
             print(json.dumps({"model": name, "params": params, **row}), flush=True)  # noqa: T201

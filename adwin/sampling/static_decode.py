@@ -75,6 +75,14 @@ def compiled_forward(model: torch.nn.Module) -> Any:
     return model.get_compiled_call(compile_config(next(model.parameters()).device))  # type: ignore[operator]
 
 
+def without_compiled(model: torch.nn.Module) -> torch.nn.Module:
+    """``model`` without the compiled call transformers caches on it: a deep copy (a probe worker's replica)
+    must compile its own, not call the original's (bound to the original's weights)."""
+    for name in ("_compiled_call", "_last_compile_config"):
+        model.__dict__.pop(name, None)
+    return model
+
+
 @dataclass
 class CompileLedger:
     """Compiled shapes per decoder and the seconds torch spent compiling, process-wide and thread-safe."""

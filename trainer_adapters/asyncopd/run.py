@@ -34,6 +34,7 @@ from adwin.probes.settings import configure_audits
 from adwin.runtime.resilient_controller import controller_metrics, drain_controller
 from adwin.sampling.rollout import encode_prompts, eos_ids, pad_id_of
 from adwin.sampling.static_decode import LEDGER as COMPILES
+from adwin.sampling.static_decode import without_compiled
 from adwin.trainer_adapters.asyncopd.hf import (
     HFLearner,
     HFRolloutEngine,
@@ -107,7 +108,7 @@ def build_asyncopd(cfg: TrainConfig, controller: ControllerAPI, *, parts: Parts 
         engines, close = ray_engines(parts.student, opts.rollout_workers, engine_kw, seed=cfg.seed,
                                      address=opts.ray_address, engine_cls=engine_cls)
     else:  # "thread" (AsyncOPDSection.workers admits nothing else)
-        engines = [engine_cls(copy.deepcopy(parts.student), **engine_kw, seed=cfg.seed + 1000 * i)
+        engines = [engine_cls(without_compiled(copy.deepcopy(parts.student)), **engine_kw, seed=cfg.seed + 1000 * i)
                    for i in range(opts.rollout_workers)]
     lc = cfg.loss
     oapl = lc.name == "oapl"

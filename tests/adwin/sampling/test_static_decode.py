@@ -122,3 +122,19 @@ def test_compiled_compact_shapes_are_the_buckets_the_live_rows_pass_through(mode
     generate_compacting(model, COMPACT, 40, eos=EOS, pad_id=0, temperature=0.0, compile=True, shrink=True)
     assert LEDGER.shapes["compact"] <= {(8, 64), (4, 64), (2, 64), (1, 64)}
     assert (8, 64) in LEDGER.shapes["compact"]
+
+
+def test_a_deep_copy_of_a_compiled_model_decodes_with_its_own_weights(model) -> None:
+    """transformers caches the compiled call on the model; a replica (probe worker) must not inherit it."""
+    import copy
+
+    from adwin.sampling.static_decode import without_compiled
+
+    generate(model, CONTEXTS, [4, 4, 4], eos=EOS, pad_id=0, temperature=0.0, compile=True)  # the original compiled
+    replica = without_compiled(copy.deepcopy(model))
+    with torch.no_grad():
+        replica.lm_head.weight.mul_(-1.0)  # other weights: other greedy tokens
+    eager = generate(replica, CONTEXTS, [6, 6, 6], eos=EOS, pad_id=0, temperature=0.0)
+    compiled = generate(replica, CONTEXTS, [6, 6, 6], eos=EOS, pad_id=0, temperature=0.0, compile=True)
+    assert compiled.response_ids == eager.response_ids
+    assert eager.response_ids != generate(model, CONTEXTS, [6, 6, 6], eos=EOS, pad_id=0, temperature=0.0).response_ids
