@@ -14,8 +14,10 @@ import torch
 from tiny_models import make_tiny_llama
 
 from adwin.sampling.rollout import left_pad
+from adwin.sampling.static_decode import LEDGER
 from adwin.trainer_adapters.asyncopd.engine import HFRolloutEngine, behavior_sample
 from adwin.trainer_adapters.asyncopd.items import StreamItem, TokenOut
+from adwin.trainer_adapters.asyncopd.slots import DECODER
 
 EOS = 2
 
@@ -232,6 +234,7 @@ def test_a_long_stream_repacks_the_static_cache_and_keeps_the_logits_of_a_full_r
         active = [it for it in active if it.response_len < it.max_tokens]
     assert sum(r.response_len for r in reqs) > 2 * columns, "the stream must outrun the columns several times"
     assert eng._slots.repacks >= 3
+    assert LEDGER.shapes[DECODER] <= {(rows, columns) for rows in (1, 2, 4, 8)}, "bucketed rows, fixed columns"
 
 
 def test_a_compiled_engine_needs_the_longest_request_to_size_its_cache() -> None:
