@@ -32,3 +32,14 @@ def make_tiny_llama(
     model = LlamaForCausalLM(cfg)
     model.eval()  # no dropout; gradients still flow
     return model
+
+
+def make_tiny_sliding_window_model(seed: int = 0) -> torch.nn.Module:
+    """A tiny Qwen2 whose first layer attends through a sliding window (its cache rolls its columns)."""
+    from transformers import Qwen2Config, Qwen2ForCausalLM
+
+    torch.manual_seed(seed)
+    return Qwen2ForCausalLM(Qwen2Config(
+        vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
+        num_key_value_heads=4, use_sliding_window=True, sliding_window=4, max_window_layers=0,
+        layer_types=["sliding_attention", "full_attention"], pad_token_id=0, eos_token_id=2)).eval()

@@ -29,6 +29,7 @@ from adwin.sampling.static_decode import (
     batch_bucket,
     cache_bucket,
     compile_wanted,
+    lays_rows,
 )
 
 
@@ -54,7 +55,7 @@ def generate_compacting(model: torch.nn.Module, contexts: Sequence[Sequence[int]
     ids, mask = left_pad(contexts, pad_id, device)  # (B, T)
     pick = _sampler(temperature, top_p, row_seeds, device)
     eos_t = torch.tensor(sorted(eos), device=device)
-    if compile_wanted(compile, device):
+    if compile_wanted(compile, device) and (compile is True or lays_rows(model)):  # auto: eager where it cannot
         steps = _static_loop(model, contexts, budget, pad_id, pick, eos_t, responses, finished, shrink)
         return Generation(responses, finished, None, decode_steps=steps)
     steps = 0  # token positions decoded (the loop's count)

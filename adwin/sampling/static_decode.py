@@ -32,6 +32,7 @@ log = logging.getLogger(__name__)
 CompileSetting = Literal["auto", True, False]
 MIN_CACHE = 64  # smallest cache bucket: short calls share one shape
 RECOMPILE_LIMIT = 64  # graphs one compiled forward may hold (buckets x decoders)
+ROW_LAYERS = {"StaticLayer"}  # the static cache layers a StaticBatch lays rows into
 
 
 class StaticCacheError(ValueError):
@@ -73,6 +74,20 @@ def compiled_forward(model: torch.nn.Module) -> Any:
     """The model's compiled ``__call__`` (transformers' own, cached on the model per compile config), for
     decoders that run their own loop on a static cache."""
     return model.get_compiled_call(compile_config(next(model.parameters()).device))  # type: ignore[operator]
+
+
+def static_layer_kinds(model: torch.nn.Module) -> set[str]:
+    """The layer classes of the static KV cache transformers builds for ``model`` (nothing is allocated)."""
+    from transformers import StaticCache
+
+    cache = StaticCache(config=model.config.get_text_config(decoder=True), max_cache_len=MIN_CACHE)
+    return {type(layer).__name__ for layer in cache.layers}
+
+
+def lays_rows(model: torch.nn.Module) -> bool:
+    """Whether the decoders with their own loop (``StaticBatch``) can lay rows into ``model``'s static cache:
+    plain ``StaticLayer``s only (sliding-window layers roll their columns)."""
+    return static_layer_kinds(model) == ROW_LAYERS
 
 
 def without_compiled(model: torch.nn.Module) -> torch.nn.Module:
@@ -208,7 +223,7 @@ class StaticBatch:
         self.cache = StaticCache(config=model.config.get_text_config(decoder=True), max_cache_len=columns)
         self.layers = list(self.cache.layers)
         kinds = {type(layer).__name__ for layer in self.layers}
-        if kinds != {"StaticLayer"}:
+        if kinds != ROW_LAYERS:
             raise StaticCacheError(f"compiled decoding lays rows into plain StaticLayer caches only, got "
                                    f"{sorted(kinds)}; set rollout.compile: false")
         self.mask = torch.zeros(rows, columns, dtype=torch.long, device=device)  # (rows, columns)

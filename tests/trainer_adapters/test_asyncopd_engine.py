@@ -11,7 +11,7 @@ from collections.abc import Sequence
 
 import pytest
 import torch
-from tiny_models import make_tiny_llama
+from tiny_models import make_tiny_llama, make_tiny_sliding_window_model
 
 from adwin.sampling.rollout import left_pad
 from adwin.sampling.static_decode import LEDGER
@@ -240,3 +240,11 @@ def test_a_long_stream_repacks_the_static_cache_and_keeps_the_logits_of_a_full_r
 def test_a_compiled_engine_needs_the_longest_request_to_size_its_cache() -> None:
     with pytest.raises(ValueError, match="max_len"):
         HFRolloutEngine(make_tiny_llama(), eos=set(), pad_id=0, compile=True)
+
+
+def test_a_compiled_engine_refuses_a_sliding_window_cache_when_built() -> None:
+    from adwin.sampling.static_decode import StaticCacheError
+
+    sliding = make_tiny_sliding_window_model()
+    with pytest.raises(StaticCacheError, match="rollout.compile"):
+        HFRolloutEngine(sliding, eos=set(), pad_id=0, compile=True, max_len=16)

@@ -30,7 +30,14 @@ import torch
 
 from adwin.sampling.kv_cache import returned_cache
 from adwin.sampling.rollout import left_pad
-from adwin.sampling.static_decode import StaticBatch, batch_bucket, cache_bucket
+from adwin.sampling.static_decode import (
+    StaticBatch,
+    StaticCacheError,
+    batch_bucket,
+    cache_bucket,
+    lays_rows,
+    static_layer_kinds,
+)
 from adwin.trainer_adapters.asyncopd.items import StreamItem
 
 DECODER = "asyncopd-engine"
@@ -42,6 +49,9 @@ class StaticSlots:
     def __init__(self, model: torch.nn.Module, pad_id: int, max_len: int) -> None:
         if max_len < 1:
             raise ValueError(f"max_len must be >= 1 (the longest request: prompt + horizon), got {max_len}")
+        if not lays_rows(model):  # refused when the engine is built, before any request
+            raise StaticCacheError(f"the compiled rollout engine lays rows into plain StaticLayer caches only, got "
+                                   f"{sorted(static_layer_kinds(model))}; set rollout.compile: false")
         self.model, self.pad_id = model, pad_id
         self.columns = cache_bucket(2 * (max_len + 1))
         self.max_len = max_len

@@ -10,7 +10,7 @@ import pytest
 import torch
 from hypothesis import given
 from hypothesis import strategies as st
-from tiny_models import make_tiny_llama
+from tiny_models import make_tiny_llama, make_tiny_sliding_window_model
 
 from adwin.sampling.compact import generate_compacting
 from adwin.sampling.rollout import generate
@@ -138,3 +138,14 @@ def test_a_deep_copy_of_a_compiled_model_decodes_with_its_own_weights(model) -> 
     compiled = generate(replica, CONTEXTS, [6, 6, 6], eos=EOS, pad_id=0, temperature=0.0, compile=True)
     assert compiled.response_ids == eager.response_ids
     assert eager.response_ids != generate(model, CONTEXTS, [6, 6, 6], eos=EOS, pad_id=0, temperature=0.0).response_ids
+
+
+def test_a_sliding_window_cache_is_refused_by_the_row_laying_decoders_before_any_decode(model) -> None:
+    """Sliding-window layers roll their columns: compact evaluation and the AsyncOPD engine cannot lay rows
+    into them. ``true`` refuses by type; ``auto`` (on CUDA) decodes such a model eagerly instead."""
+    from adwin.sampling.static_decode import StaticCacheError, lays_rows
+
+    sliding = make_tiny_sliding_window_model()
+    assert lays_rows(model) and not lays_rows(sliding)
+    with pytest.raises(StaticCacheError):
+        generate_compacting(sliding, CONTEXTS, 5, eos=EOS, pad_id=0, temperature=0.0, compile=True)
