@@ -15,6 +15,8 @@ COMMANDS: list[tuple[tuple[str, ...], str, str]] = [
     (("train",), "adwin.train", "distill a student with adaptive prefix windows (built-in task by default)"),
     (("prepare",), "adwin.tasks.prepare", "build the built-in task's tokenizer, teacher(s) and student init"),
     (("controller", "serve"), "adwin.controller.serve", "serve the controller HTTP API and dashboard"),
+    (("teacher", "serve"), "adwin.teacher_server.serve",
+     "serve a teacher checkpoint over OpenAI-compatible completions (token-id prompt scoring)"),
     (("bench", "audit"), "adwin.bench.audit", "time and memory of the alignment audit methods"),
     (("bench", "audit-agreement"), "adwin.bench.audit_agreement",
      "top:N and debiased audits against the full one: decision agreement, cosine vs probe batch, skip replay"),
@@ -84,13 +86,13 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def exit_code(e: Exception) -> int | None:
-    """Exit code of an expected failure (bad input, unreachable controller, numerical fault); None for a bug."""
+    """Exit code of an expected failure (bad input, unreachable controller or teacher, numerical fault); None for a bug."""
     import yaml
 
     from adwin.controller.api import ControllerError
-    from adwin.runtime.guards import NumericalFault
+    from adwin.runtime.guards import NumericalFault, TeacherOutage
 
-    if isinstance(e, NumericalFault):
+    if isinstance(e, (NumericalFault, TeacherOutage)):  # the run stopped after a checkpoint to resume from
         return 3
     if isinstance(e, (ValueError, OSError, yaml.YAMLError, ControllerError)):
         return 2
