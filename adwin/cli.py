@@ -25,6 +25,8 @@ COMMANDS: list[tuple[tuple[str, ...], str, str]] = [
     (("bench", "scale"), "adwin.bench.scale", "steps/s on 1 and 2 data-parallel processes, and the audit combine's cost"),
     (("bench", "eval"), "adwin.bench.evaluation", "evaluation cost: transformers' generate vs the compacting sampler"),
     (("bench", "compare"), "adwin.bench.compare", "every window method side by side: accuracy, tokens, FLOPs, time"),
+    (("bench", "teacher"), "adwin.bench.teacher",
+     "training steps/s with the teacher in process vs behind a server; the server's tokens/s under concurrent clients"),
     (("bench", "async"), "adwin.bench.asyncopd", "sync trainer vs AsyncOPD streaming: tokens/s, staleness, paired accuracy"),
 ]
 
@@ -68,6 +70,8 @@ def main(argv: list[str] | None = None) -> int:
         level=logging.DEBUG if args.verbose else logging.INFO,
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",
     )
+    if not args.verbose:  # httpx logs one INFO line per request (remote controller, teacher servers)
+        logging.getLogger("httpx").setLevel(logging.WARNING)
     mod = getattr(args, "_module", None)
     if mod is None:
         parser.print_help()

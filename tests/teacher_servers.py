@@ -37,7 +37,7 @@ def served(model: str | Path, *extra: str) -> Iterator[str]:
 
 
 @contextlib.contextmanager
-def in_thread(model: str | Path, name: str = "teacher", **batching: object) -> Iterator[str]:
+def in_thread(model: str | Path, name: str = "teacher", port: int = 0, **batching: object) -> Iterator[str]:
     """The same server in this process (uvicorn on a thread): cheaper to start than a child process."""
     from adwin.controller.app import serve_app_in_thread
     from adwin.sampling.teacher import load_model, load_tokenizer
@@ -45,7 +45,7 @@ def in_thread(model: str | Path, name: str = "teacher", **batching: object) -> I
     from adwin.teacher_server.service import TeacherService
 
     service = TeacherService.of(load_model(model), load_tokenizer(model), name, path=str(model), **batching)
-    url, stop_server = serve_app_in_thread(create_app(service), name=f"teacher-{name}")
+    url, stop_server = serve_app_in_thread(create_app(service), port=port, name=f"teacher-{name}")
     try:
         yield f"{url}/v1"
     finally:

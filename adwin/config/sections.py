@@ -36,7 +36,6 @@ class ModelConfig(_Strict):
         "hf", description="teacher scoring: transformers forwards, vLLM prompt logprobs (realized tokens only: "
         "loss.name reverse_kl_pg; docs/decisions.md 'Rollout engines'), or servers at the URLs of model.teachers "
         "(realized tokens and top-k; docs/teacher-server.md)")
-    teacher_server: TeacherServerConfig = Field(default_factory=TeacherServerConfig)
     vllm_gpu_memory: float = Field(DEFAULT_VLLM_GPU_MEMORY, gt=0.0, le=MAX_VLLM_GPU_MEMORY, description="fraction of the GPU each vLLM engine "
                                    "reserves (the rollout engine; one per teacher checkpoint with teacher_backend vllm)")
     # memory options of the student's training forward (docs/design.md, "Memory options")
@@ -44,6 +43,7 @@ class ModelConfig(_Strict):
                                          "(HF activation checkpointing): less activation memory, one more forward of the layers")
     autocast: Literal["off", "bf16"] = Field("off", description="bf16 autocast of the student's training and "
                                              "audit forwards over float32 weights (cuda or cpu)")
+    teacher_server: TeacherServerConfig = Field(default_factory=TeacherServerConfig)
 
     @model_validator(mode="after")
     def _autocast_over_float32(self) -> ModelConfig:

@@ -57,8 +57,11 @@ def check_served_teacher(cfg: TrainConfig) -> None:
         if urls:
             key = next(iter(urls))
             raise ValueError(f"model.teachers.{key}: {urls[key]!r} is a server URL; set model.teacher_backend: server")
-        if m.teacher_server != TeacherServerConfig():
-            raise ValueError("model.teacher_server: read only with model.teacher_backend: server; drop it")
+        default = TeacherServerConfig()
+        changed = [k for k in TeacherServerConfig.model_fields if getattr(m.teacher_server, k) != getattr(default, k)]
+        if changed:
+            raise ValueError(f"model.teacher_server.{changed[0]}: read only with model.teacher_backend: server; "
+                             "drop it")
         return
     for key, spec in m.teachers.items():
         if not is_url(spec):

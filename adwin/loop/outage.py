@@ -67,5 +67,5 @@ def stop_after_outage(outage: TeacherUnavailable, step: int, start: StepStart | 
     saved = checkpoint(step)
     probes.close()
     sinks.close()
-    raise TeacherOutage(f"step {step}: {outage}; the run stopped before training on the step: resume from "
-                        f"{saved} once the server answers (adwin train --resume {saved})")
+    raise TeacherOutage(f"step {step}: {outage}; the run stopped before training on the step, state saved in "
+                        f"{saved}: once the server answers, adwin train --resume {saved.parent} runs it again")
