@@ -8,7 +8,7 @@ from typing import Any
 
 import pytest
 from teacher_servers import in_thread, start, stop
-from trainer_fixtures import tiny_overrides
+from trainer_fixtures import make_assets, tiny_overrides
 
 from adwin.config import load_config
 from adwin.controller import Controller
@@ -50,6 +50,16 @@ def test_a_served_teacher_trains_the_same_run_as_the_local_one(tmp_path: Path, l
     assert len(a) == 3 and "eval/teacher_kl" in a[-1]
     _same(a, b)
     assert any("audit/micro_cos_4" in r for r in a)  # the run audited (the probe side scored with the server)
+
+
+def test_two_routes_on_two_servers_train_the_same_run_as_two_local_teachers(tmp_path: Path) -> None:
+    ov = _pure(tmp_path) | make_assets(tmp_path / "routes", routes=("math", "code"))
+    local = train(load_config(None, ov | {"name": "local2"}), Controller())
+    paths = ov["model.teachers"]
+    with in_thread(paths["math"], "math") as u_math, in_thread(paths["code"], "code") as u_code:  # type: ignore[index]
+        served = train(load_config(None, ov | {"name": "served2", "model.teacher_backend": "server",
+                                               "model.teachers": {"math": u_math, "code": u_code}}), Controller())
+    _same(_compared(local.history), _compared(served.history))
 
 
 def test_a_server_killed_mid_run_stops_with_a_checkpoint_that_resumes(tmp_path: Path) -> None:
