@@ -5,20 +5,11 @@ from __future__ import annotations
 from collections.abc import Iterator
 
 import pytest
-from tiny_models import make_tiny_llama
+from tiny_teacher import tiny_service
 
 from adwin.controller.app import serve_app_in_thread
-from adwin.tasks.tokenizer import build_tokenizer
 from adwin.teacher_server.app import create_app
 from adwin.teacher_server.service import TeacherService
-
-VOCAB = 64
-MAX_LEN = 48
-
-
-def tiny_service(**batching: object) -> TeacherService:
-    return TeacherService.of(make_tiny_llama(vocab_size=VOCAB, seed=10), build_tokenizer(), "tiny-teacher",
-                             max_len=MAX_LEN, max_logprobs=8, **batching)
 
 
 @pytest.fixture(scope="module")

@@ -10,7 +10,7 @@ import time
 import httpx
 import pytest
 import torch
-from conftest import MAX_LEN, VOCAB, tiny_service
+from tiny_teacher import MAX_LEN, VOCAB, tiny_service
 
 from adwin.backends.teacher_client import ClientSettings, TeacherClient
 from adwin.controller.app import serve_app_in_thread
