@@ -15,6 +15,8 @@ COMMANDS: list[tuple[tuple[str, ...], str, str]] = [
     (("train",), "adwin.train", "distill a student with adaptive prefix windows (built-in task by default)"),
     (("prepare",), "adwin.tasks.prepare", "build the built-in task's tokenizer, teacher(s) and student init"),
     (("controller", "serve"), "adwin.controller.serve", "serve the controller HTTP API and dashboard"),
+    (("teacher", "serve"), "adwin.teacher_server.serve",
+     "serve a teacher checkpoint over OpenAI-compatible completions (token-id prompt scoring)"),
     (("bench", "audit"), "adwin.bench.audit", "time and memory of the alignment audit methods"),
     (("bench", "audit-agreement"), "adwin.bench.audit_agreement",
      "top:N and debiased audits against the full one: decision agreement, cosine vs probe batch, skip replay"),
@@ -23,6 +25,8 @@ COMMANDS: list[tuple[tuple[str, ...], str, str]] = [
     (("bench", "scale"), "adwin.bench.scale", "steps/s on 1 and 2 data-parallel processes, and the audit combine's cost"),
     (("bench", "eval"), "adwin.bench.evaluation", "evaluation cost: transformers' generate vs the compacting sampler"),
     (("bench", "compare"), "adwin.bench.compare", "every window method side by side: accuracy, tokens, FLOPs, time"),
+    (("bench", "teacher"), "adwin.bench.teacher",
+     "training steps/s with the teacher in process vs behind a server; the server's tokens/s under concurrent clients"),
     (("bench", "async"), "adwin.bench.asyncopd", "sync trainer vs AsyncOPD streaming: tokens/s, staleness, paired accuracy"),
 ]
 
@@ -66,6 +70,8 @@ def main(argv: list[str] | None = None) -> int:
         level=logging.DEBUG if args.verbose else logging.INFO,
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",
     )
+    if not args.verbose:  # httpx logs one INFO line per request (remote controller, teacher servers)
+        logging.getLogger("httpx").setLevel(logging.WARNING)
     mod = getattr(args, "_module", None)
     if mod is None:
         parser.print_help()
@@ -84,13 +90,13 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def exit_code(e: Exception) -> int | None:
-    """Exit code of an expected failure (bad input, unreachable controller, numerical fault); None for a bug."""
+    """Exit code of an expected failure (bad input, unreachable controller or teacher, numerical fault); None for a bug."""
     import yaml
 
     from adwin.controller.api import ControllerError
-    from adwin.runtime.guards import NumericalFault
+    from adwin.runtime.guards import NumericalFault, TeacherOutage
 
-    if isinstance(e, NumericalFault):
+    if isinstance(e, (NumericalFault, TeacherOutage)):  # the run stopped after a checkpoint to resume from
         return 3
     if isinstance(e, (ValueError, OSError, yaml.YAMLError, ControllerError)):
         return 2

@@ -103,9 +103,7 @@ class _ServiceMiddleware:
             await _send_error(send, 413, "PayloadTooLarge", f"request body is over the limit of {self.max_body} bytes")
 
     def _authorized(self, scope: dict) -> bool:
-        header = dict(scope["headers"]).get(b"authorization", b"").decode("latin-1")
-        scheme, _, value = header.partition(" ")
-        return scheme.lower() == "bearer" and hmac.compare_digest(value.strip().encode(), (self.token or "").encode())
+        return bearer_authorized(scope, self.token or "")
 
     def _limited(self, receive: Callable) -> Callable:
         """Count streamed (chunked) body bytes too: Content-Length alone can be absent."""
@@ -120,6 +118,13 @@ class _ServiceMiddleware:
             return message
 
         return wrapped
+
+
+def bearer_authorized(scope: dict, token: str) -> bool:
+    """Whether an ASGI request carries ``Authorization: Bearer <token>`` (compared in constant time)."""
+    header = dict(scope["headers"]).get(b"authorization", b"").decode("latin-1")
+    scheme, _, value = header.partition(" ")
+    return scheme.lower() == "bearer" and hmac.compare_digest(value.strip().encode(), token.encode())
 
 
 async def _send_error(send: Callable, status: int, error: str, detail: str, extra_headers: list | None = None) -> None:
@@ -241,24 +246,27 @@ def serve_in_thread(
 
     ``port=0`` picks a free ephemeral port. ``stop()`` shuts the server down and joins the thread.
     """
+    url, stop = serve_app_in_thread(create_app(controller, token=token, max_body_bytes=max_body_bytes), host, port,
+                                    startup_timeout=startup_timeout, name="adwin-controller-http")
+    logger.info("controller dashboard and API at %s", url)
+    return url, stop
+
+
+def serve_app_in_thread(app: Any, host: str = "127.0.0.1", port: int = 0, *, startup_timeout: float = 10.0,
+                        name: str = "adwin-http") -> tuple[str, Callable[[], None]]:
+    """Serve an ASGI ``app`` with uvicorn on a daemon thread (the controller's, the teacher server's in tests);
+    returns ``(base_url, stop)``."""
     import uvicorn
 
-    config = uvicorn.Config(
-        create_app(controller, token=token, max_body_bytes=max_body_bytes),
-        host=host,
-        port=port,
-        log_level="warning",
-        access_log=False,
-        lifespan="off",
-    )
+    config = uvicorn.Config(app, host=host, port=port, log_level="warning", access_log=False, lifespan="off")
     server = uvicorn.Server(config)
-    thread = threading.Thread(target=server.run, name="adwin-controller-http", daemon=True)
+    thread = threading.Thread(target=server.run, name=name, daemon=True)
     thread.start()
     deadline = time.monotonic() + startup_timeout
     while not server.started:
         if not thread.is_alive() or time.monotonic() > deadline:
             server.should_exit = True
-            raise RuntimeError(f"controller HTTP server did not start on {host}:{port}")
+            raise RuntimeError(f"{name}: the HTTP server did not start on {host}:{port}")
         time.sleep(0.01)
     bound = server.servers[0].sockets[0].getsockname()
     shown = f"[{bound[0]}]" if ":" in bound[0] else bound[0]
@@ -268,5 +276,4 @@ def serve_in_thread(
         server.should_exit = True
         thread.join(timeout=10)
 
-    logger.info("controller dashboard and API at %s", url)
     return url, stop

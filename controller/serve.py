@@ -35,12 +35,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--log-level", default="warning", choices=["debug", "info", "warning", "error"], help="uvicorn log level")
 
 
-def resolve_token(host: str, token: str | None) -> str | None:
-    """The token to enforce; refuses a non-local bind without one (ValueError: one line, exit 2)."""
-    token = token or os.environ.get("ADWIN_CONTROLLER_TOKEN") or None
+def resolve_token(host: str, token: str | None, env: str = "ADWIN_CONTROLLER_TOKEN") -> str | None:
+    """The token to enforce (``token``, else ``$env``); refuses a non-local bind without one (ValueError: one
+    line, exit 2)."""
+    token = token or os.environ.get(env) or None
     if host not in LOCAL_HOSTS and token is None:
         raise ValueError(
-            f"refusing to bind {host} without a token: pass --token or set ADWIN_CONTROLLER_TOKEN "
+            f"refusing to bind {host} without a token: pass --token or set {env} "
             "(only 127.0.0.1, localhost and ::1 may run open)"
         )
     return token
@@ -83,19 +84,28 @@ def spawn_server(
     child runs open (no token, whatever the environment says); its stderr is kept for the error message
     if it exits early. The caller stops it.
     """
+    return spawn_service(["controller", "serve", *([] if db is None else ["--db", db]), *(extra_args or [])],
+                         port=port, timeout_s=timeout_s, cwd=cwd, token_env="ADWIN_CONTROLLER_TOKEN")
+
+
+def spawn_service(command: list[str], *, port: int | None = None, timeout_s: float = 60.0, cwd: str | None = None,
+                  token_env: str | None = None, env: dict[str, str] | None = None) -> tuple[subprocess.Popen, str]:
+    """Start ``adwin <command> --host 127.0.0.1 --port P`` as a child process and wait for its ``/healthz``.
+
+    Returns ``(process, base_url)``; ``token_env`` is removed from the child's environment (it runs open
+    unless ``command`` passes ``--token``). The caller stops the process."""
     import httpx
 
     port = free_port() if port is None else port
-    cmd = [sys.executable, "-m", "adwin.cli", "controller", "serve", "--host", "127.0.0.1", "--port", str(port),
-           *([] if db is None else ["--db", db]), *(extra_args or [])]
-    env = {k: v for k, v in os.environ.items() if k != "ADWIN_CONTROLLER_TOKEN"}
-    proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, env=env, cwd=cwd)
+    cmd = [sys.executable, "-m", "adwin.cli", *command, "--host", "127.0.0.1", "--port", str(port)]
+    child_env = {k: v for k, v in (env or os.environ).items() if k != token_env}
+    proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, env=child_env, cwd=cwd)
     url = f"http://127.0.0.1:{port}"
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
         if proc.poll() is not None:
             err = proc.stderr.read().decode(errors="replace")[-2000:] if proc.stderr else ""
-            raise RuntimeError(f"controller serve exited {proc.returncode}: {err}")
+            raise RuntimeError(f"adwin {' '.join(command[:2])} exited {proc.returncode}: {err}")
         try:
             if httpx.get(f"{url}/healthz", timeout=1.0).status_code == 200:
                 return proc, url
@@ -103,4 +113,4 @@ def spawn_server(
             time.sleep(0.1)
     proc.kill()
     proc.wait(timeout=10)
-    raise RuntimeError(f"controller serve did not become healthy within {timeout_s:.0f} s")
+    raise RuntimeError(f"adwin {' '.join(command[:2])} did not become healthy within {timeout_s:.0f} s")

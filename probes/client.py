@@ -40,6 +40,7 @@ from adwin.audit.budget import DecisionBudget
 from adwin.audit.errors import is_non_finite_audit
 from adwin.audit.job import AuditOutcome, AuditSettings
 from adwin.audit.schedule import AuditSchedule
+from adwin.backends.teacher_client import TeacherUnavailable
 from adwin.controller.api import ControllerAPI, ProbeConflict
 from adwin.controller.schemas import (
     AuditIn,
@@ -402,7 +403,13 @@ class ProbeClient:
             self._skip(audit_id, len(probes))
             m["audit/skipped"] = m.get("audit/skipped", 0.0) + 1.0
             return
-        job, tokens, drift = build_audit_job(self, audit_id, version, probes)
+        try:
+            job, tokens, drift = build_audit_job(self, audit_id, version, probes)
+        except TeacherUnavailable as e:  # the window stays; the next step's scoring stops the run if it stays down
+            log.warning("audit %d: closed unaudited, the teacher server did not answer (%s)", audit_id, e)
+            self._skip(audit_id, len(probes))
+            m["audit/teacher_unavailable"] = m.get("audit/teacher_unavailable", 0.0) + 1.0
+            return
         m |= drift
         self._spend(lambda b: b.record_decision("audit", tokens, probes=len(probes)))  # seconds: ``_submit``
         self.pending.append(_Pending(audit_id, version, stale, float(job.batch.response_mask.sum()),

@@ -22,7 +22,7 @@ LAYERS: list[tuple[str, ...]] = [
     # package serves, and whose prepare measures accuracy with the evaluation's sampler)
     ("adwin.audit", "adwin.policies", "adwin.sampling", "adwin.tasks"),
     ("adwin.config", "adwin.configs"),  # pydantic models of a run; the YAML presets
-    ("adwin.controller",),
+    ("adwin.controller", "adwin.teacher_server"),  # the HTTP services: controller, teacher server
     ("adwin.probes",),
     ("adwin.runtime",),  # checkpoints, resume, guards, logging, degraded mode
     ("adwin.loop",),  # the synchronous trainer

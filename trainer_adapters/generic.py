@@ -18,7 +18,8 @@ vLLM engine or a test double:
 - ``Score(input_ids, attention_mask) -> (B, L)``: the teacher's log-probability of the token at each
   column (column ``i`` predicted by logits ``i - 1``; column 0 is ignored).
 
-``hf_extender`` and ``teacher_scorer`` build both from transformers models.
+``hf_extender`` and ``teacher_scorer`` build both from transformers models; ``served_scorer`` scores with a
+teacher server.
 """
 
 from __future__ import annotations
@@ -33,6 +34,7 @@ import torch
 
 from adwin.audit.alignment import ProbeBatch
 from adwin.audit.job import AuditJob, AuditSettings
+from adwin.backends.teacher_client import ClientSettings
 from adwin.config import AuditConfig
 from adwin.controller.api import ControllerAPI
 from adwin.controller.schemas import AuditOut, ProbeOut, ProbePlanOut, ProbeReportIn, RunIn, StepMetricsIn
@@ -45,6 +47,7 @@ from adwin.probes.settings import audit_schedule, audit_settings, decision_budge
 from adwin.probes.workers import InlineWorker
 from adwin.runtime.resilient_controller import controller_metrics, drain_controller
 from adwin.sampling.rollout import generate
+from adwin.sampling.served_teacher import ServedTeachers
 from adwin.sampling.static_decode import CompileSetting
 from adwin.trainer_adapters.registration import check_feasible, register, resilient
 
@@ -370,6 +373,20 @@ def teacher_scorer(teacher: torch.nn.Module, *, temperature: float = 1.0) -> Sco
         with torch.no_grad():
             logits = teacher(input_ids=ids, attention_mask=am, position_ids=(am.cumsum(1) - 1).clamp_min(0)).logits
         return token_logprobs(logits / temperature, ids).cpu()  # (B, L)
+
+    return score
+
+
+def served_scorer(url: str, student_tokenizer: Any, vocab_size: int, *, settings: ClientSettings | None = None,
+                  context: int | None = None) -> Score:
+    """``Score`` from a teacher server (``vllm serve``, SGLang, ``adwin teacher serve``; docs/teacher-server.md):
+    connects and checks it against the student's tokenizer now (``ServedTeachers.load``); rows go out batched
+    and concurrently, with the retries of ``settings``."""
+    teachers = ServedTeachers.load({"default": url}, student_tokenizer, vocab_size, settings or ClientSettings(),
+                                   context=context)
+
+    def score(input_ids: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
+        return teachers.score(input_ids, attention_mask, ["default"] * input_ids.shape[0])  # (B, L)
 
     return score
 

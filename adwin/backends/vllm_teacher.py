@@ -23,6 +23,7 @@ from typing import Any
 import torch
 
 from adwin.backends import require_vllm
+from adwin.backends.teacher_protocol import unpadded
 from adwin.backends.vllm_rollout import engine_kwargs
 
 
@@ -107,12 +108,7 @@ class VLLMTeacher:
         input_ids, attention_mask: (B, L) -> (B, L) float32: position ``i >= 1`` of row ``b`` holds
         ``log q(input_ids[b, i] | input_ids[b, :i])``; position 0 (no predictor) and padding hold 0.
         """
-        lengths = attention_mask.sum(dim=1).tolist()  # (B,)
-        seqs = []
-        for b, n in enumerate(lengths):
-            if not bool(attention_mask[b, : int(n)].all()):
-                raise ValueError(f"row {b}: score_rows needs right-padded rows (the attention mask has a hole)")
-            seqs.append([int(t) for t in input_ids[b, : int(n)].tolist()])
+        seqs = unpadded(input_ids, attention_mask)
         out = torch.zeros(input_ids.shape, dtype=torch.float32)
         scoreable = [b for b, s in enumerate(seqs) if len(s) > 1]
         if scoreable:  # position 0 has no predictor: a one-token row has nothing to score

@@ -29,6 +29,7 @@ from adwin.config.sections import (
     RolloutConfig,
     WindowSection,
 )
+from adwin.config.teacher_server import check_served_teacher
 from adwin.objectives.loss_table import ASYNCOPD_LOSSES, LOSSES
 from adwin.policies.base import WindowConfigError
 from adwin.policies.registry import build_policy, is_audited, trains_whole_response
@@ -77,6 +78,7 @@ class TrainConfig(_Strict):
         _sync_only_fields(self)
         check_oapl(self)
         check_engines(self)
+        check_served_teacher(self)
         check_read_settings(self)
         _round_fits_active(self)
         return self
@@ -153,7 +155,6 @@ SYNC_ONLY: dict[str, object] = {
     "optim.micro_batch_size": None,
     "model.gradient_checkpointing": False,
     "model.autocast": "off",
-    "model.teacher_backend": "hf",
     "probes.backend": "thread",
     "probes.workers": 1,
     "probes.ray_address": None,

@@ -9,6 +9,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, Field, field_validator, model_validator
 
 from adwin.config.base import ISHighField, ISLowField, ISMethodField, _Strict, check_is_bounds
+from adwin.config.teacher_server import TeacherServerConfig
 from adwin.policies.fields import DEFAULT_CANDIDATES, Candidates, PolicyKnobs
 from adwin.policies.registry import PolicyName
 from adwin.sampling.static_decode import CompileSetting
@@ -24,17 +25,18 @@ class ModelConfig(_Strict):
     student: str = Field("builtin", description="student checkpoint: a transformers folder or hub-style path "
                          "already on disk; builtin = the built-in task's prepared student")
     teachers: dict[str, str] = Field(default_factory=lambda: {"default": "builtin"}, description="routing key -> "
-                                     "teacher checkpoint; one teacher uses the key 'default', several are chosen "
-                                     "per prompt by data.route_key")
+                                     "teacher checkpoint, or server URL with teacher_backend server; one teacher "
+                                     "uses the key 'default', several are chosen per prompt by data.route_key")
     dtype: Literal["float32", "bfloat16", "float16"] = Field("float32", description="weights' dtype of student "
                                                              "and teachers")
     device: str = Field("cpu", description="torch device of the learner (cpu, cuda, cuda:1, ...)")
     # independent of the run seed, so `--seed 1` trains the same student and teacher
     builtin_seed: int = Field(0, ge=0, description="which prepared built-in models to use (a new value prepares "
                               "a new set, which takes minutes)")
-    teacher_backend: Literal["hf", "vllm"] = Field(
-        "hf", description="teacher scoring: transformers forwards, or vLLM prompt logprobs (realized tokens only: "
-        "loss.name reverse_kl_pg; docs/decisions.md 'Rollout engines')")
+    teacher_backend: Literal["hf", "vllm", "server"] = Field(
+        "hf", description="teacher scoring: transformers forwards, vLLM prompt logprobs (realized tokens only: "
+        "loss.name reverse_kl_pg; docs/decisions.md 'Rollout engines'), or servers at the URLs of model.teachers "
+        "(realized tokens and top-k; docs/teacher-server.md)")
     vllm_gpu_memory: float = Field(DEFAULT_VLLM_GPU_MEMORY, gt=0.0, le=MAX_VLLM_GPU_MEMORY, description="fraction of the GPU each vLLM engine "
                                    "reserves (the rollout engine; one per teacher checkpoint with teacher_backend vllm)")
     # memory options of the student's training forward (docs/design.md, "Memory options")
@@ -42,6 +44,7 @@ class ModelConfig(_Strict):
                                          "(HF activation checkpointing): less activation memory, one more forward of the layers")
     autocast: Literal["off", "bf16"] = Field("off", description="bf16 autocast of the student's training and "
                                              "audit forwards over float32 weights (cuda or cpu)")
+    teacher_server: TeacherServerConfig = Field(default_factory=TeacherServerConfig)
 
     @model_validator(mode="after")
     def _autocast_over_float32(self) -> ModelConfig:

@@ -8,10 +8,12 @@ Data-parallel runs shard the evaluation rows (problem x sample) over the ranks a
 from __future__ import annotations
 
 import logging
+import math
 
 import numpy as np
 import torch
 
+from adwin.backends.teacher_client import TeacherUnavailable
 from adwin.config import TrainConfig
 from adwin.loop.distributed import LocalDist
 from adwin.loop.engine import HFEngine
@@ -32,7 +34,8 @@ def evaluate(parts: Parts, cfg: TrainConfig, gen: Sampler, dist: LocalDist | Non
     run draws the same noise (initial and final are paired; with ``rollout.seeding: per_sample`` each row's
     noise comes from its own generator, keyed by the row), and training draws the same numbers whatever
     the evaluation schedule, so a run extended with ``--resume --steps`` (whose shorter first run evaluated
-    at its last step) continues exactly as a straight run.
+    at its last step) continues exactly as a straight run. A teacher server that does not answer leaves
+    ``eval/teacher_kl`` NaN (the next step's scoring stops the run if it stays down).
     """
     with torch.random.fork_rng():
         torch.manual_seed(cfg.seed)
@@ -74,7 +77,12 @@ def _evaluate(parts: Parts, cfg: TrainConfig, gen: Sampler, dist: LocalDist) -> 
         rows = layout([ctx[b] for b in idx], [responses[b] for b in idx], gen.pad)
         logits = parts.student(input_ids=rows.input_ids.to(dev), attention_mask=rows.attention_mask.to(dev)).logits
         s_lp = token_logprobs(logits, rows.input_ids.to(dev)).cpu()  # (b, L)
-        t_lp = parts.teachers.score(rows.input_ids, rows.attention_mask, [problems[b].route for b in idx])  # (b, L)
+        try:
+            t_lp = parts.teachers.score(rows.input_ids, rows.attention_mask, [problems[b].route for b in idx])  # (b, L)
+        except TeacherUnavailable as e:  # telemetry only: the next step's scoring stops the run if it stays down
+            log.warning("eval/teacher_kl: not measured (%s)", e)
+            kl_sum = math.nan
+            break
         mask = rows.response_mask.float()  # (b, L)
         kl_sum += float(((s_lp - t_lp) * mask).sum())
         kl_tokens += float(mask.sum())

@@ -29,6 +29,7 @@ from adwin.sampling.data import (
     load_jsonl,
     match_answer,
 )
+from adwin.sampling.served_teacher import ServedTeachers
 from adwin.sampling.teacher import EngineTeachers, Teachers, load_model, load_teachers, load_tokenizer
 
 
@@ -38,7 +39,7 @@ class Parts:
 
     student: torch.nn.Module
     tokenizer: Any
-    teachers: Teachers | EngineTeachers  # model.teacher_backend
+    teachers: Teachers | EngineTeachers | ServedTeachers  # model.teacher_backend
     train_prompts: TrainPrompts
     eval_prompts: list[Prompt]
     checker: Callable[[str, str], bool]
@@ -69,9 +70,11 @@ def load_parts(cfg: TrainConfig, profile: str = "default") -> Parts:
     check_context(cfg.data.max_prompt_len, cfg.rollout.max_response_len,
                   getattr(student.config, "max_position_embeddings", None))
     teacher_paths = resolve_teachers(cfg.model.teachers, assets)
+    served = cfg.model.teacher_server
     teachers = load_teachers(cfg.model.teacher_backend, teacher_paths, tokenizer, int(student.config.vocab_size),
                              cfg.model.dtype, cfg.model.device, gpu_memory=cfg.model.vllm_gpu_memory,
-                             max_model_len=cfg.data.max_prompt_len + cfg.rollout.max_response_len)
+                             max_model_len=cfg.data.max_prompt_len + cfg.rollout.max_response_len,
+                             client=served.client(), check_tokenizer=served.check_tokenizer)
     train, eval_p = load_prompts(cfg)
     check_routes(train.route_examples() + eval_p, list(teachers.models))
     checker = builtin_checker() if cfg.data.task == "builtin" else match_answer

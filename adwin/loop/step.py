@@ -31,11 +31,13 @@ from adwin.objectives.losses import (
     opd_loss,
     ratio_percentiles,
     token_logprobs,
+    topk_logprobs,
     upcast,
 )
 from adwin.runtime.guards import is_finite
 from adwin.sampling.rollout import response_values
-from adwin.sampling.teacher import Teachers
+from adwin.sampling.served_teacher import ServedTeachers
+from adwin.sampling.teacher import EngineTeachers, Teachers
 
 log = logging.getLogger(__name__)
 
@@ -49,7 +51,7 @@ class TeacherSignal:
     topk_logprobs: torch.Tensor | None = None  # (B, L, k)
 
 
-def score_teacher(teachers: Teachers, batch: Batch, cfg: TrainConfig) -> TeacherSignal:
+def score_teacher(teachers: Teachers | EngineTeachers | ServedTeachers, batch: Batch, cfg: TrainConfig) -> TeacherSignal:
     """Realized-token logprobs always; full logits or top-k only when the configured loss needs them.
 
     The teacher runs one micro-batch of ``optim.micro_batch_size`` rows at a time and only what the loss
@@ -67,11 +69,16 @@ def score_teacher(teachers: Teachers, batch: Batch, cfg: TrainConfig) -> Teacher
         if name in SAMPLED_TOKEN_LOSSES:
             logprobs.append(teachers.score(ids[sl], attn[sl], routes[sl]))  # (b, L)
             continue
+        if name == "forward_kl_topk" and not teachers.dense:  # a server sends the top-k itself
+            realized, idx, values = teachers.topk(ids[sl], attn[sl], routes[sl], cfg.loss.topk)  # (b, L), (b, L, k) x2
+            logprobs.append(realized)
+            topk_lp.append(values)
+            topk_ids.append(idx)
+            continue
         logits = teachers.logits(ids[sl], attn[sl], routes[sl])  # (b, L, V) float32 on the host
         logprobs.append(token_logprobs(logits, ids[sl]))
         if name == "forward_kl_topk":
-            aligned = torch.nn.functional.pad(torch.log_softmax(logits[:, :-1], -1), (0, 0, 1, 0))  # (b, L, V)
-            values, idx = aligned.topk(min(cfg.loss.topk, logits.shape[-1]), dim=-1)  # (b, L, k)
+            values, idx = topk_logprobs(logits, cfg.loss.topk)  # (b, L, k)
             topk_lp.append(values)
             topk_ids.append(idx)
             continue

@@ -20,12 +20,13 @@ from adwin.controller.api import ControllerAPI
 from adwin.loop.accounting import Clock
 from adwin.loop.distributed import LocalDist
 from adwin.loop.evaluate import evaluate
+from adwin.loop.outage import score_or_outage, step_start, stop_after_outage
 from adwin.loop.parts import Parts, build_optimizer, load_parts, open_loggers, run_spec, seed_everything
 from adwin.loop.probing import open_probe_side
 from adwin.loop.rank_zero import RankZeroController, SilentSinks
 from adwin.loop.sampler import Sampler
 from adwin.loop.sharding import check_data_parallel, gather_rollouts, rollout_seeds
-from adwin.loop.step import optimize, score_teacher, window_metrics
+from adwin.loop.step import optimize, window_metrics
 from adwin.policies.surprise import surprise_metrics
 from adwin.runtime.checkpoint import rng_state, save_checkpoint
 from adwin.runtime.guards import FaultCounter, NumericalFault
@@ -115,13 +116,16 @@ def train(cfg: TrainConfig, controller: ControllerAPI | None, parts: Parts | Non
             initial = evaluate(parts, cfg, gen, dist=dist)
     final = initial
     for t in range(start, cfg.steps):
+        step_state = step_start(parts)  # a served teacher's outage rewinds to it
         win = ctl.get_window(run_id, t)
         prompts = parts.train_prompts.next_batch(cfg.rollout.prompts_per_step)
         mine = dist.shard(len(prompts))  # every rank drew the same global batch: keep this rank's rows
         with clock("rollout"):
             batch = gen.roll_out(prompts[mine], n, win.window, seeds=rollout_seeds(cfg, t, mine, n))
         with clock("teacher"):
-            teacher = score_teacher(parts.teachers, batch, cfg)
+            teacher, outage = score_or_outage(parts.teachers, batch, cfg, dist)
+        if teacher is None:  # the server stays down: no rank trains on the step; checkpoint its start and stop
+            stop_after_outage(outage, t, step_state, parts, checkpoint, probes, sinks)
         with clock("train"):  # gradients, loss normaliser and logged sums are summed over ranks
             m, behavior = optimize(parts.student, optimizer, scheduler, batch, teacher, cfg, win.window,
                                    reducer=dist if dist.world > 1 else None)

@@ -24,6 +24,14 @@ def token_logprobs(logits: torch.Tensor, input_ids: torch.Tensor) -> torch.Tenso
     return torch.nn.functional.pad(picked, (1, 0), value=0.0)  # (B, L)
 
 
+def topk_logprobs(logits: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """The ``k`` likeliest tokens of each position's distribution, aligned with ``input_ids`` like
+    ``token_logprobs``: logits (B, L, V) -> logprobs (B, L, k) and ids (B, L, k), by rank; position 0
+    (no predictor) holds logprobs 0 and ids 0..k-1. ``k`` is capped at V."""
+    logp = F.pad(torch.log_softmax(upcast(logits[:, :-1]), dim=-1), (0, 0, 1, 0))  # (B, L, V)
+    return logp.topk(min(k, logits.shape[-1]), dim=-1)
+
+
 def action_logprobs(logits: torch.Tensor, action_ids: torch.Tensor) -> torch.Tensor:
     """Log-probabilities of ``m`` candidate tokens per position (MC actions or teacher top-k ids).
 

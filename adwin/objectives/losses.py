@@ -47,6 +47,7 @@ from adwin.objectives.logprobs import (  # noqa: F401  (re-exported: part of the
     keep_mask,
     response_positions,
     token_logprobs,
+    topk_logprobs,
     upcast,
     window_mask,
 )

@@ -4,18 +4,23 @@ A teacher scores the realized tokens of prompt+response rows: ``log q(input_ids[
 logits at ``i - 1`` (``adwin.objectives.losses.token_logprobs``). OPD compares student and teacher logprobs token by
 token, so every teacher must share the student's tokenizer; ``check_tokenizers`` refuses a mismatch at
 start-up instead of producing silently wrong losses. ``model.teacher_backend: vllm`` scores with vLLM
-prompt logprobs instead (``EngineTeachers``: realized tokens only).
+prompt logprobs instead (``EngineTeachers``: realized tokens only), ``server`` over HTTP
+(``adwin.sampling.served_teacher``: realized tokens and top-k).
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
+from adwin.backends.teacher_client import ClientSettings
 from adwin.objectives.losses import token_logprobs
+
+if TYPE_CHECKING:
+    from adwin.sampling.served_teacher import ServedTeachers
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
@@ -215,8 +220,15 @@ class EngineTeachers:
 
 def load_teachers(backend: str, paths: Mapping[str, str | Path], student_tok: object, student_vocab_size: int,
                   dtype: str = "float32", device: str = "cpu", *, gpu_memory: float = 0.3,
-                  max_model_len: int | None = None) -> Teachers | EngineTeachers:
-    """The teachers ``model.teacher_backend`` names (``hf``: transformers models on ``device``)."""
+                  max_model_len: int | None = None, client: ClientSettings | None = None,
+                  check_tokenizer: bool = True) -> Teachers | EngineTeachers | ServedTeachers:
+    """The teachers ``model.teacher_backend`` names (``hf``: transformers models on ``device``; ``server``:
+    ``paths`` are server URLs, talked to with ``client``)."""
+    if backend == "server":
+        from adwin.sampling.served_teacher import ServedTeachers
+
+        return ServedTeachers.load({k: str(u) for k, u in paths.items()}, student_tok, student_vocab_size,
+                                   client or ClientSettings(), context=max_model_len, check_tokenizer=check_tokenizer)
     if backend == "vllm":
         return EngineTeachers.load(paths, student_tok, student_vocab_size, dtype, gpu_memory, max_model_len)
     return Teachers.load(paths, student_tok, student_vocab_size, dtype, device)

@@ -6,8 +6,7 @@ import json
 from pathlib import Path
 
 import pytest
-import yaml
-from trainer_fixtures import tiny_overrides
+from trainer_fixtures import tiny_overrides, write_config
 
 from adwin.cli import build_parser, main
 from adwin.config import load_config
@@ -15,21 +14,8 @@ from adwin.config import load_config
 CONFIGS = sorted((Path(__file__).resolve().parents[2] / "configs").glob("*.yaml"))
 
 
-def _nest(flat: dict[str, object]) -> dict[str, object]:
-    out: dict[str, object] = {}
-    for dotted, v in flat.items():
-        node = out
-        *parents, leaf = dotted.split(".")
-        for p in parents:
-            node = node.setdefault(p, {})  # type: ignore[assignment]
-        node[leaf] = v  # type: ignore[index]
-    return out
-
-
 def _config_file(tmp: Path, **extra: object) -> Path:
-    path = tmp / "tiny.yaml"
-    path.write_text(yaml.safe_dump(_nest(tiny_overrides(tmp, **extra))))
-    return path
+    return write_config(tmp / "tiny.yaml", tiny_overrides(tmp, **extra))
 
 
 @pytest.mark.parametrize("policy", ["adwin", "full", "fixed:4", "linear:4:4"])

@@ -27,6 +27,7 @@ from adwin.backends.logprob_gap import logprob_gap
 from adwin.objectives.loss_table import ASYNCOPD_TOKEN_LOSSES as LEARNER_LOSSES
 from adwin.objectives.losses import action_logprobs, opd_loss, token_logprobs
 from adwin.sampling.rollout import Rows, layout, response_values
+from adwin.sampling.served_teacher import ServedTeachers
 from adwin.sampling.teacher import Teachers
 from adwin.trainer_adapters.asyncopd.engine import (
     HFRolloutEngine as HFRolloutEngine,  # run.py imports it here
@@ -68,19 +69,23 @@ def item_values(items: Sequence[StreamItem], rows: Rows, field: str) -> torch.Te
 
 
 class HFTeacherScorer:
-    """Teacher logprobs of realized tokens and cached MC actions, one teacher pass per batch."""
+    """Teacher logprobs of realized tokens and cached MC actions, one teacher pass per batch. Without MC actions
+    (``reverse_kl_pg``, OAPL, probes) only the realized tokens are scored, which a teacher server can answer too."""
 
-    def __init__(self, teachers: Teachers, pad_id: int) -> None:
+    def __init__(self, teachers: Teachers | ServedTeachers, pad_id: int) -> None:
         self.teachers, self.pad_id = teachers, pad_id
 
     def score(self, items: list[StreamItem]) -> None:
         rows = item_rows(items, self.pad_id, None)
-        logits = self.teachers.logits(rows.input_ids, rows.attention_mask, [it.route for it in items])  # (B, L, V)
-        realized = token_logprobs(logits, rows.input_ids)  # (B, L)
+        routes = [it.route for it in items]
         mc = None
         if any(it.mc_actions for it in items):
+            logits = self.teachers.logits(rows.input_ids, rows.attention_mask, routes)  # (B, L, V)
+            realized = token_logprobs(logits, rows.input_ids)  # (B, L)
             acts = _per_action(items, rows, "mc_actions", -1)  # (B, L, m)
             mc = action_logprobs(logits, acts)  # (B, L, m)
+        else:
+            realized = self.teachers.score(rows.input_ids, rows.attention_mask, routes)  # (B, L)
         for b, it in enumerate(items):
             n_p, n = len(it.prompt_ids), it.response_len
             it.teacher_logprobs = realized[b, n_p : n_p + n].tolist()

@@ -1,0 +1,233 @@
+"""An HTTP client for one teacher server (``model.teacher_backend: server``): batched, concurrent, bounded.
+
+The server is any OpenAI-compatible completions endpoint that scores prompt tokens (``vllm serve``, SGLang,
+``adwin teacher serve``); the request and answer forms are ``adwin.backends.teacher_protocol``. A call to
+``TeacherClient.score`` splits its sequences into requests of ``rows_per_request`` prompts, sends up to
+``concurrency`` at once over one keep-alive connection pool (httpx), and returns every row or raises:
+
+* ``TeacherUnavailable`` (a ``ConnectionError``) when a request still fails after ``retries`` retries with
+  exponential backoff: connection refused or reset, a timeout, HTTP 408/429/5xx;
+* ``TeacherRefused`` (a ``ValueError``) at once for any other HTTP error (a bad request, a wrong token);
+* ``TeacherAnswerError`` for an answer that cannot be trained on (``teacher_protocol``).
+
+Nothing partial is returned: one failed request fails the call, and the requests still queued are cancelled.
+The URL is an OpenAI base URL (``http://host:8000/v1``; a bare ``http://host:8000`` means ``/v1``); a fragment
+names the served model (``http://host:8000/v1#qwen-math``), otherwise the server must list exactly one.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Sequence
+from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import dataclass
+from typing import Any, Literal
+from urllib.parse import urlsplit, urlunsplit
+
+import httpx
+
+from adwin.backends.teacher_protocol import (
+    PROTOCOLS,
+    Protocol,
+    ScoredRow,
+    TeacherAnswerError,
+    completion_request,
+    parse_completion,
+)
+
+log = logging.getLogger(__name__)
+
+RETRY_STATUS = frozenset({408, 429, 500, 502, 503, 504})  # the server may answer later: retried
+MAX_BACKOFF_S = 30.0
+
+
+class TeacherUnavailable(ConnectionError):
+    """A teacher server did not answer after the retries; names the URL and the last failure."""
+
+    def __init__(self, url: str, message: str) -> None:
+        super().__init__(message)
+        self.url = url
+
+
+class TeacherRefused(ValueError):
+    """A teacher server refused a request (an HTTP error that no retry changes); names the URL and status."""
+
+    def __init__(self, url: str, status: int, detail: str) -> None:
+        super().__init__(f"teacher server {url} answered HTTP {status}: {detail}")
+        self.url, self.status, self.detail = url, status, detail
+
+
+@dataclass(frozen=True)
+class ClientSettings:
+    """How a client talks to its server (``model.teacher_server`` in a run's config)."""
+
+    protocol: Literal["auto", "prompt_logprobs", "echo"] = "auto"
+    timeout_s: float = 60.0
+    retries: int = 3
+    backoff_s: float = 0.5
+    concurrency: int = 4
+    rows_per_request: int = 8
+    max_tokens: int = 1
+    token: str | None = None
+
+
+def split_url(url: str) -> tuple[str, str | None]:
+    """``http://host:port/v1#name`` -> (``http://host:port/v1``, ``name``); a bare host gets ``/v1``."""
+    parts = urlsplit(url)
+    if parts.scheme not in ("http", "https") or not parts.netloc:
+        raise ValueError(f"{url!r} is not an http(s) URL of a teacher server (e.g. http://127.0.0.1:8000/v1)")
+    path = parts.path.rstrip("/") or "/v1"
+    return urlunsplit((parts.scheme, parts.netloc, path, parts.query, "")), parts.fragment or None
+
+
+def error_detail(response: httpx.Response) -> str:
+    """The message of an error answer: OpenAI's ``{"error": {"message"}}``, vLLM's older ``{"message"}``,
+    FastAPI's ``{"detail"}``, or the start of the text."""
+    try:
+        body = response.json()
+    except ValueError:
+        return response.text[:300]
+    if isinstance(body, dict):
+        err = body.get("error")
+        for value in (err.get("message") if isinstance(err, dict) else err, body.get("message"), body.get("detail")):
+            if value:
+                return str(value)[:300]
+    return str(body)[:300]
+
+
+class TeacherClient:
+    """One teacher server. ``transport``: an httpx transport for tests (``httpx.MockTransport``)."""
+
+    def __init__(self, url: str, settings: ClientSettings | None = None, *,
+                 transport: httpx.BaseTransport | None = None) -> None:
+        self.settings = s = settings or ClientSettings()
+        self.url, self.model = split_url(url)
+        self.protocol: Protocol | None = None if s.protocol == "auto" else s.protocol
+        self.info: dict[str, Any] = {}  # the server's /models entry for self.model
+        headers = {"Authorization": f"Bearer {s.token}"} if s.token else {}
+        self._http = httpx.Client(
+            timeout=httpx.Timeout(s.timeout_s, connect=min(s.timeout_s, 10.0)), headers=headers,
+            limits=httpx.Limits(max_connections=s.concurrency, max_keepalive_connections=s.concurrency),
+            transport=transport)
+        self._pool = ThreadPoolExecutor(max_workers=s.concurrency, thread_name_prefix="teacher-client")
+        self._lock = threading.Lock()
+        self.requests = 0  # requests sent, retries included
+        self.retried = 0  # requests sent again after a failure
+
+    def __repr__(self) -> str:
+        return f"TeacherClient({self.url!r}, model={self.model!r}, protocol={self.protocol!r})"
+
+    def close(self) -> None:
+        self._pool.shutdown(wait=False, cancel_futures=True)
+        self._http.close()
+
+    # --- HTTP with retries ---------------------------------------------------------------------------
+
+    def _call(self, method: str, path: str, body: dict[str, Any] | None = None) -> Any:
+        """One request, retried on transport errors and ``RETRY_STATUS`` with exponential backoff."""
+        s, url = self.settings, f"{self.url}{path}"
+        reason = ""
+        for attempt in range(s.retries + 1):
+            if attempt:
+                with self._lock:
+                    self.retried += 1
+                time.sleep(min(MAX_BACKOFF_S, s.backoff_s * 2 ** (attempt - 1)))
+            with self._lock:
+                self.requests += 1
+            try:
+                r = self._http.request(method, url, json=body)
+            except httpx.TransportError as e:  # refused, reset, timed out
+                reason = f"{type(e).__name__}: {e}" if str(e) else type(e).__name__
+                continue
+            if r.status_code == 200:
+                try:
+                    return r.json()
+                except ValueError as e:
+                    raise TeacherAnswerError(self.url, "body", f"not JSON ({e})") from e
+            if r.status_code not in RETRY_STATUS:
+                hint = " (set the token's environment variable, model.teacher_server.token_env)" \
+                    if r.status_code == 401 else ""
+                raise TeacherRefused(self.url, r.status_code, error_detail(r) + hint)
+            reason = f"HTTP {r.status_code}: {error_detail(r)}"
+        raise TeacherUnavailable(self.url, f"teacher server {self.url} did not answer {method} {path} after "
+                                           f"{s.retries + 1} attempts (last: {reason}); check that it runs, "
+                                           "or raise model.teacher_server.retries / timeout_seconds")
+
+    # --- start-up -------------------------------------------------------------------------------------
+
+    def connect(self, probe: Sequence[int]) -> ScoredRow:
+        """Find the served model (``GET /models``) and the protocol (``auto``: ``prompt_logprobs`` first, then
+        ``echo``) and score ``probe`` once; its answer feeds the tokenizer check."""
+        listing = self._call("GET", "/models")
+        data = listing.get("data") if isinstance(listing, dict) else None
+        if not isinstance(data, list) or not all(isinstance(m, dict) and isinstance(m.get("id"), str) for m in data):
+            raise TeacherAnswerError(self.url, "data", "GET /models did not list models ({'data': [{'id': ...}]})")
+        names = [m["id"] for m in data]
+        if self.model is None:
+            if len(names) != 1:
+                raise ValueError(f"teacher server {self.url} serves {names}: name one after '#' in its URL "
+                                 f"(e.g. {self.url}#{names[0] if names else 'NAME'})")
+            self.model = names[0]
+        elif self.model not in names:
+            raise ValueError(f"teacher server {self.url} does not serve {self.model!r} (it serves {names})")
+        self.info = next(m for m in data if m["id"] == self.model)
+        if self.protocol is not None:
+            return self._score_one(probe, self.protocol)
+        failures: list[TeacherRefused | TeacherAnswerError] = []
+        for protocol in PROTOCOLS:
+            try:
+                row = self._score_one(probe, protocol)
+            except (TeacherRefused, TeacherAnswerError) as e:
+                if isinstance(e, TeacherRefused) and e.status not in (400, 422):  # auth, not the form
+                    raise
+                failures.append(e)
+                continue
+            self.protocol = protocol
+            log.info("teacher server %s: model %r, protocol %s", self.url, self.model, protocol)
+            return row
+        if all(isinstance(e, TeacherRefused) for e in failures):  # both forms refused: the probe's ids, most likely
+            raise failures[-1]
+        raise TeacherAnswerError(self.url, "protocol", "answers neither form of prompt scoring; "
+                                 + "; ".join(f"{p}: {e}" for p, e in zip(PROTOCOLS, failures, strict=True)))
+
+    def _score_one(self, seq: Sequence[int], protocol: Protocol) -> ScoredRow:
+        body = completion_request(self._model(), [seq], protocol, 0, self.settings.max_tokens)
+        return parse_completion(self.url, self._call("POST", "/completions", body), [seq], protocol, 0)[0]
+
+    def _model(self) -> str:
+        if self.model is None:
+            raise RuntimeError(f"teacher client {self.url}: call connect() first")
+        return self.model
+
+    # --- scoring --------------------------------------------------------------------------------------
+
+    def submit(self, seqs: Sequence[Sequence[int]], k: int = 0) -> list[Future[list[ScoredRow]]]:
+        """Send ``seqs`` (whole sequences of token ids) in requests of ``rows_per_request``; ``collect`` waits."""
+        if self.protocol is None:
+            raise RuntimeError(f"teacher client {self.url}: call connect() first")
+        n = self.settings.rows_per_request
+        return [self._pool.submit(self._request, seqs[i : i + n], k) for i in range(0, len(seqs), n)]
+
+    def _request(self, seqs: Sequence[Sequence[int]], k: int) -> list[ScoredRow]:
+        assert self.protocol is not None
+        body = completion_request(self._model(), seqs, self.protocol, k, self.settings.max_tokens)
+        return parse_completion(self.url, self._call("POST", "/completions", body), seqs, self.protocol, k)
+
+    def score(self, seqs: Sequence[Sequence[int]], k: int = 0) -> list[ScoredRow]:
+        """Every sequence's scores, in order, or an error (nothing partial)."""
+        return collect(self.submit(seqs, k))
+
+
+def collect(futures: Sequence[Future[list[ScoredRow]]]) -> list[ScoredRow]:
+    """The rows of every request in order; the first failure cancels the requests not yet sent and is raised."""
+    rows: list[ScoredRow] = []
+    try:
+        for f in futures:
+            rows += f.result()
+    except BaseException:
+        for f in futures:
+            f.cancel()
+        raise
+    return rows

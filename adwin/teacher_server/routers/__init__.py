@@ -1,0 +1,1 @@
+"""The teacher server's routes, one module per resource under ``/v1``."""

@@ -1,0 +1,17 @@
+"""``GET /v1/models``: the one served model, as vLLM lists it (``max_model_len`` included)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from fastapi import APIRouter, Request
+
+router = APIRouter(prefix="/v1", tags=["models"])
+
+
+@router.get("/models")
+def list_models(request: Request) -> dict[str, Any]:
+    svc = request.app.state.teacher
+    return {"object": "list", "data": [{"id": svc.name, "object": "model", "created": svc.created,
+                                        "owned_by": "adwin", "root": svc.path, "max_model_len": svc.max_len,
+                                        "vocab_size": svc.vocab_size}]}

@@ -1,0 +1,79 @@
+"""What the routes of one teacher server share: the served model's name and limits, its token spellings and
+the batcher in front of it."""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+from adwin.teacher_server.scoring import Batcher, Scorer
+
+DEFAULT_MAX_LOGPROBS = 20  # vLLM's default cap on logprobs / prompt_logprobs
+
+
+class BadRequest(ValueError):
+    """A request the server cannot score (HTTP 400, or ``status``); ``param`` names the field."""
+
+    def __init__(self, message: str, param: str | None = None, status: int = 400) -> None:
+        super().__init__(message)
+        self.param, self.status = param, status
+
+
+def spellings(tokenizer: Any, vocab_size: int) -> tuple[list[str], list[str]]:
+    """Per id below ``vocab_size``: the token as the tokenizer stores it (``tokens`` of the echo form) and as it
+    decodes alone (``decoded_token``); ids the tokenizer does not know (padding rows of the model) are ''."""
+    known = len(tokenizer)
+    pieces = tokenizer.convert_ids_to_tokens(list(range(min(known, vocab_size))))
+    pieces = [p if isinstance(p, str) else "" for p in pieces] + [""] * max(0, vocab_size - known)
+    decoded = [tokenizer.decode([i]) for i in range(min(known, vocab_size))] + [""] * max(0, vocab_size - known)
+    return pieces, decoded
+
+
+@dataclass
+class TeacherService:
+    name: str  # the model name clients send (GET /v1/models)
+    path: str  # the checkpoint it was loaded from
+    scorer: Scorer
+    batcher: Batcher
+    pieces: list[str]
+    decoded: list[str]
+    max_len: int  # prompt tokens + max_tokens per sequence
+    max_logprobs: int = DEFAULT_MAX_LOGPROBS
+    created: int = field(default_factory=lambda: int(time.time()))
+
+    @classmethod
+    def of(cls, model: Any, tokenizer: Any, name: str, *, path: str = "", max_len: int | None = None,
+           max_logprobs: int = DEFAULT_MAX_LOGPROBS, **batching: Any) -> TeacherService:
+        """Serve ``model`` (a transformers causal LM) with ``tokenizer``'s spellings; ``batching``: ``Batcher``'s
+        limits. ``max_len`` defaults to the model's positions."""
+        positions = getattr(model.config, "max_position_embeddings", None)
+        max_len = max_len or positions or 4096
+        if positions and max_len > positions:
+            raise ValueError(f"--max-len {max_len} is over the model's {positions} positions")
+        scorer = Scorer(model, pad_id=int(tokenizer.pad_token_id or 0))
+        pieces, decoded = spellings(tokenizer, scorer.vocab_size)
+        return cls(name, path, scorer, Batcher(scorer.score, **batching), pieces, decoded, max_len, max_logprobs)
+
+    @property
+    def vocab_size(self) -> int:
+        return self.scorer.vocab_size
+
+    def check(self, model: str | None, seqs: list[list[int]], k: int, max_tokens: int) -> None:
+        """Refuse what the model cannot score, naming the field."""
+        if model is not None and model != self.name:
+            raise BadRequest(f"the model {model!r} does not exist; this server serves {self.name!r}", "model", 404)
+        if not seqs:
+            raise BadRequest("prompt: at least one sequence of token ids", "prompt")
+        if k > self.max_logprobs:
+            raise BadRequest(f"at most {self.max_logprobs} logprobs per token (--max-logprobs), got {k}", "logprobs")
+        for i, s in enumerate(seqs):
+            if not s:
+                raise BadRequest(f"prompt[{i}] is empty", f"prompt[{i}]")
+            if len(s) + max_tokens > self.max_len:
+                raise BadRequest(f"prompt[{i}] has {len(s)} tokens; with max_tokens {max_tokens} that is over this "
+                                 f"server's {self.max_len}", f"prompt[{i}]")
+            bad = next((j for j, t in enumerate(s) if not 0 <= t < self.vocab_size), None)
+            if bad is not None:
+                raise BadRequest(f"prompt[{i}][{bad}] = {s[bad]} is not a token id of this model (0 .. "
+                                 f"{self.vocab_size - 1})", f"prompt[{i}][{bad}]")
