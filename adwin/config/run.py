@@ -207,7 +207,8 @@ def check_oapl(cfg: TrainConfig) -> None:
 
 def check_engines(cfg: TrainConfig) -> None:
     """The inference engines a run starts (``rollout.backend``, ``model.teacher_backend``,
-    ``model.vllm_gpu_memory``) must fit together (docs/decisions.md, "Rollout engines")."""
+    ``model.vllm_gpu_memory``) must fit together, and with the student (``model.lora``) (docs/decisions.md,
+    "Rollout engines")."""
     m, r = cfg.model, cfg.rollout
     if m.teacher_backend == "vllm":
         if cfg.scheduler != "sync":
@@ -223,6 +224,10 @@ def check_engines(cfg: TrainConfig) -> None:
                          "student, not on the vLLM engine of rollout.backend: vllm; set probes.backend: inline "
                          "(probes extended by the rollout engine after each step), rollout (probe requests in the "
                          "rollout call) or rollout.backend: hf")
+    if m.lora is not None and r.backend == "vllm":
+        raise ValueError("model.lora: rollout.backend 'vllm' samples from weights synced by their checkpoint names; "
+                         "a LoRA student's adapters are not synced into vLLM (docs/limitations.md): set "
+                         "rollout.backend: hf or drop model.lora")
     engines = vllm_engine_count(cfg)
     if engines == 0 and m.vllm_gpu_memory != DEFAULT_VLLM_GPU_MEMORY:
         raise ValueError("model.vllm_gpu_memory: read only when rollout.backend or model.teacher_backend is "
