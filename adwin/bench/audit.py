@@ -18,6 +18,7 @@ method.
 from __future__ import annotations
 
 import argparse
+import copy
 import json
 import logging
 import os
@@ -29,7 +30,8 @@ from typing import Any
 
 log = logging.getLogger(__name__)
 
-METHODS = ("plain", "reference", "fast", "sketch", "fast-macro")
+LORA = "lora-"  # a method of this prefix runs on a LoRA copy of the model (--lora-r): the adapters are audited
+METHODS = ("plain", "reference", "fast", "sketch", "fast-macro", "lora-plain", "lora-fast", "lora-sketch")
 DEFAULT_METHODS = "plain,reference,fast,sketch"
 
 
@@ -52,6 +54,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     )
     p.add_argument("--repeats", type=int, default=3, help="timed runs per method (after one warm-up run)")
     p.add_argument("--sketch-dim", type=int, default=16384)
+    p.add_argument("--lora-r", type=int, default=16, help="adapter rank of the lora-* methods (model.lora defaults "
+                   "otherwise: alpha 32, the attention and MLP projections; peft's initialisation, B = 0)")
     p.add_argument("--threads", type=int, default=None, help="torch intra-op threads (default: torch's)")
     p.add_argument("--device", default="cpu", help="cpu or cuda")
     p.add_argument("--seed", type=int, default=0)
@@ -95,7 +99,7 @@ def _spawn(args: argparse.Namespace, method: str) -> dict[str, Any]:
     argv = [sys.executable, "-m", "adwin.cli", "bench", "audit", "--worker", method]
     for key in ("hidden", "layers", "heads", "intermediate", "vocab", "batch", "prompt_len", "response_len"):
         argv += [f"--{key.replace('_', '-')}", str(getattr(args, key))]
-    argv += ["--candidates", args.candidates, "--sketch-dim", str(args.sketch_dim)]
+    argv += ["--candidates", args.candidates, "--sketch-dim", str(args.sketch_dim), "--lora-r", str(args.lora_r)]
     argv += ["--device", args.device, "--seed", str(args.seed)]
     if args.threads is not None:
         argv += ["--threads", str(args.threads)]
@@ -157,6 +161,16 @@ def _build(args: argparse.Namespace) -> tuple[Any, Any]:
     return model, batch
 
 
+def _lora(args: argparse.Namespace, model: Any) -> Any:
+    """``model`` wrapped with adapters of rank ``--lora-r`` (in place: pass a copy to keep the plain model)."""
+    from adwin.config import LoraSection
+    from adwin.sampling.lora import apply_lora
+
+    return apply_lora(model, LoraSection(r=args.lora_r))
+
+
+
+
 def _runner(args: argparse.Namespace, method: str, cands: list[int], model: Any, batch: Any) -> Any:
     """A no-argument callable running ``method`` once; returns its cosines ({} for the plain pass)."""
     from adwin.audit.alignment import audit
@@ -173,9 +187,10 @@ def _runner(args: argparse.Namespace, method: str, cands: list[int], model: Any,
         return {}
 
     def run() -> dict[int, float]:
-        if method == "plain":
+        name = method.removeprefix(LORA)
+        if name == "plain":
             return plain()
-        name = "fast" if method == "fast-macro" else method
+        name = "fast" if name == "fast-macro" else name
         res = audit(
             model,
             batch,
@@ -206,6 +221,8 @@ def _measure_memory(args: argparse.Namespace, method: str, cands: list[int]) -> 
     if args.threads is not None:
         torch.set_num_threads(args.threads)
     model, batch = _build(args)
+    if method.startswith(LORA):
+        model = _lora(args, model)
     run = _runner(args, method, cands, model, batch)
     cuda = str(args.device).startswith("cuda")
     gc.collect()
@@ -228,6 +245,7 @@ def _measure_memory(args: argparse.Namespace, method: str, cands: list[int]) -> 
         "hwm_reset": reset_ok,
         "cosines": {str(k): v for k, v in cosines.items()},
         "params": sum(p.numel() for p in model.parameters()),
+        "trainable": sum(p.numel() for p in model.parameters() if p.requires_grad),
         "pid": os.getpid(),
     }
 
@@ -243,7 +261,8 @@ def _time_methods(
     if args.threads is not None:
         torch.set_num_threads(args.threads)
     model, batch = _build(args)
-    runs = {m: _runner(args, m, cands, model, batch) for m in methods}
+    lora = _lora(args, copy.deepcopy(model)) if any(m.startswith(LORA) for m in methods) else None
+    runs = {m: _runner(args, m, cands, lora if m.startswith(LORA) else model, batch) for m in methods}
     out: dict[str, dict[str, Any]] = {m: {"wall_s": [], "cpu_s": [], "cosines": {}} for m in methods}
     for i in tqdm(range(args.repeats + 1), desc="audit bench rounds", file=sys.stderr):
         for m in methods:
