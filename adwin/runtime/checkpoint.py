@@ -3,8 +3,8 @@
 ``<run>/checkpoint-<step>/`` holds the student (``save_pretrained``; a LoRA student: its adapter only), its
 tokenizer, ``trainer_state.pt`` (optimizer, scheduler, RNG states and whatever extra run state the caller
 passes: prompt stream position, probe pool, token ledger, fault counters), optional extra files (the embedded
-controller's database) and ``state.json`` (the step, the window policy's state, the run id). ``step`` counts the loop steps done, so
-a resumed run continues with step ``step``.
+controller's database) and ``state.json`` (the step, the window policy's state, the run id). ``step`` counts
+the loop steps done, so a resumed run continues with step ``step``.
 
 Atomicity: everything is written into a temporary sibling folder, fsynced, then renamed to
 ``checkpoint-<step>`` (a rename within one folder is atomic on POSIX). A crash mid-write leaves at most a

@@ -8,9 +8,10 @@ so a full fine-tuning student and a LoRA student go through the same code (docs/
 
 peft is an optional extra (``adwin[lora]``), imported only when a LoRA student is built or loaded: a missing
 install is a ``LoraUnavailable`` naming ``model.lora``. Checkpoints of a LoRA student hold the adapter only
-(``PeftModel.save_pretrained``: ``adapter_model.safetensors`` + ``adapter_config.json``); ``load_weights_into``
-reads either kind of folder back in place; ``export_lora`` writes the adapter and the merged student (peft's
-``merge_and_unload``, a plain transformers folder) at the end of a run.
+(``PeftModel.save_pretrained``: ``adapter_model.safetensors`` + ``adapter_config.json``); ``load_adapter``
+reads one back in place (``adwin.runtime.checkpoint.load_weights`` picks it for an adapter folder);
+``export_lora`` writes the adapter and the merged student (peft's ``merge_and_unload``, a plain transformers
+folder) at the end of a run.
 """
 
 from __future__ import annotations
