@@ -6,8 +6,9 @@ The model is a Llama built in code (random weights, nothing from a hub); the pro
 once to warm up, then ``--repeats`` timed times; the table shows medians.
 
 Peak memory on CPU is the resident-set high-water mark (VmHWM in /proc/self/status) minus the
-resident set just before the method first runs, measured by default in a fresh process per method
-(``--isolation subprocess``), so one method's allocator leftovers cannot hide another's peak.
+resident set just before the method runs (first, or after ``--warm-runs`` runs), measured by default in a
+fresh process per method (``--isolation subprocess``), so one method's allocator leftovers cannot hide
+another's peak.
 tracemalloc cannot see torch's allocations; VmHWM sees everything the process touched (including
 allocator slack), so it is an honest upper bound. ``--isolation inprocess`` runs every method in
 this process and resets the mark between methods through /proc/self/clear_refs (quicker, less
@@ -60,6 +61,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--device", default="cpu", help="cpu or cuda")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--isolation", choices=("subprocess", "inprocess"), default="subprocess")
+    p.add_argument("--warm-runs", type=int, default=0, help="runs of a method before its peak memory is measured "
+                   "(0: the cold first run, allocator growth included; 1: the steady state of a training loop)")
     p.add_argument("--tiny", action="store_true", help="a tiny model and batch (smoke test)")
     p.add_argument("--json", dest="json_path", default=None, help="also write the results here as JSON")
     p.add_argument("--worker", default=None, help=argparse.SUPPRESS)  # internal: run one method, print JSON
@@ -77,6 +80,8 @@ def main(args: argparse.Namespace) -> int:
     cands = [int(c) for c in args.candidates.split(",") if c.strip()]
     if args.repeats < 1:
         raise ValueError("--repeats must be >= 1")
+    if args.warm_runs < 0:
+        raise ValueError("--warm-runs must be >= 0")
     if args.worker is not None:
         sys.stdout.write(json.dumps(_measure_memory(args, args.worker, cands)) + "\n")
         return 0
@@ -100,7 +105,7 @@ def _spawn(args: argparse.Namespace, method: str) -> dict[str, Any]:
     for key in ("hidden", "layers", "heads", "intermediate", "vocab", "batch", "prompt_len", "response_len"):
         argv += [f"--{key.replace('_', '-')}", str(getattr(args, key))]
     argv += ["--candidates", args.candidates, "--sketch-dim", str(args.sketch_dim), "--lora-r", str(args.lora_r)]
-    argv += ["--device", args.device, "--seed", str(args.seed)]
+    argv += ["--device", args.device, "--seed", str(args.seed), "--warm-runs", str(args.warm_runs)]
     if args.threads is not None:
         argv += ["--threads", str(args.threads)]
     out = subprocess.run(argv, stdout=subprocess.PIPE, text=True, check=True)
@@ -225,6 +230,8 @@ def _measure_memory(args: argparse.Namespace, method: str, cands: list[int]) -> 
         model = _lora(args, model)
     run = _runner(args, method, cands, model, batch)
     cuda = str(args.device).startswith("cuda")
+    for _ in range(args.warm_runs):
+        run()
     gc.collect()
     reset_ok = True
     if cuda:
@@ -325,6 +332,7 @@ def _report(
         f"model: Llama {pm['params'] / 1e6:.1f}M params (hidden {args.hidden}, {args.layers} layers, vocab "
         f"{args.vocab}); batch {args.batch} x ({args.prompt_len} prompt + {args.response_len} response); "
         f"candidates {cands}; sketch_dim {args.sketch_dim}; device {args.device}; threads {threads}; "
-        f"times: median of {args.repeats} interleaved rounds (+1 warm-up); memory: {args.isolation}"
+        f"times: median of {args.repeats} interleaved rounds (+1 warm-up); memory: {args.isolation}, after "
+        f"{args.warm_runs} warm-up run(s)"
     )
     return {"setup": setup, "rows": rows, "table": setup + "\n" + "\n".join(lines)}

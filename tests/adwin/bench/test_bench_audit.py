@@ -77,7 +77,7 @@ def test_bench_audit_lora_rows_audit_the_adapters_of_the_same_model(tmp_path) ->
     pytest.importorskip("peft")
     out = tmp_path / "bench.json"
     rc = main(["bench", "audit", "--tiny", "--repeats", "1", "--isolation", "inprocess", "--threads", "1",
-               "--methods", "plain,fast,lora-plain,lora-fast", "--lora-r", "2", "--json", str(out)])
+               "--methods", "plain,fast,lora-plain,lora-fast", "--lora-r", "2", "--warm-runs", "1", "--json", str(out)])
     assert rc == 0
     rows = {r["method"]: r for r in json.loads(out.read_text())["rows"]}
     assert rows["lora-plain"]["trainable"] < rows["plain"]["trainable"] == rows["plain"]["params"]
