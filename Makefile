@@ -3,7 +3,7 @@ PY      ?= python3
 VENV    := .venv
 BIN     := $(VENV)/bin
 STAMP   := $(VENV)/.installed
-EXTRAS  := ray,wandb,trl,dev
+EXTRAS  := ray,wandb,trl,lora,dev
 SRC     := pyproject.toml constraints.txt
 
 .PHONY: run test setup lint browser clean

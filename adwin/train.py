@@ -129,10 +129,13 @@ def main(args: argparse.Namespace) -> int:
         return 2
     from adwin.backends import BackendUnavailable, check_backends
     from adwin.loop.sharding import check_data_parallel
+    from adwin.sampling.lora import require_peft
 
     try:
         check_backends(cfg)
         check_data_parallel(cfg, world)
+        if cfg.model.lora is not None:
+            require_peft()  # LoraUnavailable names model.lora
     except (BackendUnavailable, ValueError) as e:
         sys.stderr.write(f"adwin train: {e}\n")
         return 2

@@ -9,6 +9,7 @@ from dataclasses import dataclass
 import torch
 
 from adwin.probes.pool import Extension
+from adwin.sampling.lora import load_trained_state, trained_state
 from adwin.sampling.rollout import generate
 from adwin.sampling.static_decode import CompileSetting
 
@@ -31,11 +32,12 @@ class ModelExtender:
 
     def load(self, weights: Mapping[str, torch.Tensor]) -> None:
         """Move the replica to a published version (a step-boundary snapshot of the trainer's weights)."""
-        self.model.load_state_dict(weights)
+        load_trained_state(self.model, weights)
 
 
 def snapshot_weights(model: torch.nn.Module, device: str | torch.device = "cpu") -> dict[str, torch.Tensor]:
-    """A copy of ``model``'s state at a step boundary on ``device``: the trainer keeps updating its own
-    tensors. A thread worker on the same GPU takes it on the GPU (a device-to-device copy instead of a round
-    trip through host memory every step); a Ray actor takes it on the CPU."""
-    return {k: v.detach().to(device, copy=True) for k, v in model.state_dict().items()}
+    """A copy of what training changes in ``model`` (``trained_state``: the whole state, or a LoRA student's
+    adapters only; its replicas already hold the frozen base) at a step boundary on ``device``: the trainer
+    keeps updating its own tensors. A thread worker on the same GPU takes it on the GPU (a device-to-device
+    copy instead of a round trip through host memory every step); a Ray actor takes it on the CPU."""
+    return {k: v.detach().to(device, copy=True) for k, v in trained_state(model).items()}

@@ -21,6 +21,7 @@ from adwin.audit.job import AuditSettings
 from adwin.audit.schedule import AuditSchedule
 from adwin.config import AuditConfig, ProbeConfig, TrainConfig
 from adwin.probes.client import ProbeClient
+from adwin.sampling.lora import trainable_parameters
 
 log = logging.getLogger(__name__)
 
@@ -57,16 +58,26 @@ def param_count(model: Any) -> int | None:
     return sum(p.numel() for p in params()) if callable(params) else None
 
 
+def trainable_count(model: Any) -> int | None:
+    """The trainable parameters of a student with frozen ones (a LoRA student's adapters); None when every
+    parameter trains (or there are none to count)."""
+    n_all = param_count(model)
+    if n_all is None:
+        return None
+    n = sum(p.numel() for p in trainable_parameters(model))
+    return n if 0 < n < n_all else None
+
+
 def decision_budget(audit: AuditConfig, *, probe_batch: int, staleness_limit: int, offers_per_step: int, n_student: int,
                     n_teacher: int, max_prompt_len: int, max_response_len: int, min_window: int,
-                    drift: bool) -> DecisionBudget:
+                    drift: bool, n_trainable: int | None = None) -> DecisionBudget:
     """``audit.budget`` / ``audit.pool_max`` as the probe client's ``DecisionBudget`` (with ``audit.budget: null``
     one that only counts: ``decision/*`` is reported, offers and audits are as without it).
 
     The priors are upper bounds (an underestimate lets the rounds before the first audit overspend): a probe
     is at most the longest prompt plus the horizon, and its extension adds at most the horizon minus the
     smallest window."""
-    return DecisionBudget(audit.budget, FlopsModel(n_student, n_teacher), probe_batch=probe_batch,
+    return DecisionBudget(audit.budget, FlopsModel(n_student, n_teacher, n_trainable), probe_batch=probe_batch,
                           staleness_limit=staleness_limit, offer_cap=max(1, offers_per_step),
                           prior_probe_tokens=float(max_prompt_len + max_response_len),
                           prior_extension_tokens=float(max(0, max_response_len - min_window)),
@@ -85,7 +96,7 @@ def run_decision_budget(cfg: TrainConfig, student: Any, teachers: Any, *, drift:
     return decision_budget(cfg.audit, probe_batch=p.batch_size, staleness_limit=p.staleness_limit,
                            offers_per_step=p.offers_per_step, n_student=n_s, n_teacher=max(counts, default=n_s),
                            max_prompt_len=cfg.data.max_prompt_len, max_response_len=cfg.rollout.max_response_len,
-                           min_window=min(cfg.window.candidates), drift=drift)
+                           min_window=min(cfg.window.candidates), drift=drift, n_trainable=trainable_count(student))
 
 
 def configure_audits(client: ProbeClient, cfg: TrainConfig, teachers: Any, *, pad_id: int, student: Any,

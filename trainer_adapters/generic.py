@@ -89,7 +89,8 @@ class WindowClient:
     finished inside the window as complete probes, so a window most rollouts fit into keeps auditing;
     ``"at_horizon"`` is the paper's rule (unfinished prefixes only, finished ones at the full horizon).
     ``model_params``: the student's and the teacher's parameter counts, which the decision budget
-    (``audit.budget``, docs/decisions.md "Decision budget") needs; an ``audit`` with a budget and no
+    (``audit.budget``, docs/decisions.md "Decision budget") needs, and optionally the student's trainable ones
+    (a LoRA student's adapters: its backward is cheaper, ``FlopsModel``); an ``audit`` with a budget and no
     ``model_params`` is refused. Without ``audit``, no budget (every ready batch audited, as before). The loop
     tells the budget each step's training compute with ``record_step``; ``metrics()`` adds ``decision/*``.
     ``resume=True`` continues a run id registered with another spec instead of raising ``RunConflict``.
@@ -100,7 +101,7 @@ class WindowClient:
 
     def __init__(self, controller: ControllerAPI, run: str | RunIn, *, offer_finished: str = "always",
                  resume: bool = False, resilient_controller: bool = True, rollouts_per_step: int | None = None,
-                 audit: AuditConfig | None = None, model_params: tuple[int, int] | None = None) -> None:
+                 audit: AuditConfig | None = None, model_params: tuple[int, ...] | None = None) -> None:
         if offer_finished not in OFFER_FINISHED:
             raise ValueError(f"offer_finished must be one of {OFFER_FINISHED}, got {offer_finished!r}")
         self.offer_finished = offer_finished
@@ -125,7 +126,8 @@ class WindowClient:
                 self.audit_config, probe_batch=self.probe_batch_size, staleness_limit=min(self.staleness_limit, 1 << 20),
                 offers_per_step=int(out.spec.get("offers_per_step", 1)), n_student=model_params[0],
                 n_teacher=model_params[1], max_prompt_len=self.max_len, max_response_len=self.max_len,  # prompts unknown
-                min_window=min(self.candidates, default=self.max_len), drift=False)
+                min_window=min(self.candidates, default=self.max_len), drift=False,
+                n_trainable=model_params[2] if len(model_params) > 2 else None)
         self._extend: Extend | None = None  # the one extension rounds use: the last ``extend_probes`` call's
         self.probe_client.executor = AsyncProbeExecutor(self.probe_client.pool, lambda: InlineWorker(self._extender))
         self.probe_tokens = 0

@@ -64,7 +64,7 @@ from adwin.config import AuditConfig
 from adwin.controller.api import ControllerAPI
 from adwin.controller.schemas import AuditOut, PolicyIn, RunIn
 from adwin.probes.offers import OFFER_FINISHED
-from adwin.probes.settings import param_count
+from adwin.probes.settings import param_count, trainable_count
 from adwin.runtime.resilient_controller import controller_metrics
 from adwin.sampling.static_decode import CompileSetting
 from adwin.trainer_adapters.generic import WindowClient, hf_extender, teacher_scorer
@@ -150,8 +150,8 @@ class AdwinCallback(TrainerCallback):
         self.client = WindowClient(
             self.controller, run, offer_finished=self.offer_finished, resume=self.resume,
             resilient_controller=self.resilient_controller, audit=self.audit,
-            model_params=(param_count(trainer.accelerator.unwrap_model(trainer.model)) or 1,
-                          param_count(trainer.accelerator.unwrap_model(trainer.teacher_model)) or 1),
+            model_params=model_params(trainer.accelerator.unwrap_model(trainer.model),
+                                      trainer.accelerator.unwrap_model(trainer.teacher_model)),
             rollouts_per_step=min(rollouts, self.probe_count) if self.probe_count > 0 else 0,
         )
         if self.client.max_len != trainer.args.max_completion_length:
@@ -276,3 +276,10 @@ class AdwinCallback(TrainerCallback):
             # global_step already counts the step just logged; the row belongs to the step that used windows[t]
             self.client.report_step(state.global_step - 1, numeric)
 
+
+def model_params(student: Any, teacher: Any) -> tuple[int, ...]:
+    """The decision budget's parameter counts: student, teacher, and the student's trainable ones when some are
+    frozen (a PEFT student from TRL's ``peft_config``)."""
+    counts = (param_count(student) or 1, param_count(teacher) or 1)
+    n_trainable = trainable_count(student)
+    return counts if n_trainable is None else (*counts, n_trainable)

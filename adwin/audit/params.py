@@ -57,8 +57,10 @@ def audited_parameters(
     model: torch.nn.Module, spec: str = "all"
 ) -> list[tuple[str, torch.nn.Parameter]]:
     """``(name, parameter)`` pairs the audit differentiates for ``spec`` (``all`` | ``top:N``), model order."""
+    from adwin.sampling.lora import trainable_named_parameters  # torch stays out of the config's import
+
     n_top = parse_audit_params(spec)
-    named = [(n, p) for n, p in model.named_parameters() if p.requires_grad]
+    named = trainable_named_parameters(model)  # a LoRA student: its adapters (docs/decisions.md, "LoRA students")
     if n_top is None:
         return named
     blocks = transformer_blocks(model)

@@ -6,8 +6,9 @@ The model is a Llama built in code (random weights, nothing from a hub); the pro
 once to warm up, then ``--repeats`` timed times; the table shows medians.
 
 Peak memory on CPU is the resident-set high-water mark (VmHWM in /proc/self/status) minus the
-resident set just before the method first runs, measured by default in a fresh process per method
-(``--isolation subprocess``), so one method's allocator leftovers cannot hide another's peak.
+resident set just before the method runs (first, or after ``--warm-runs`` runs), measured by default in a
+fresh process per method (``--isolation subprocess``), so one method's allocator leftovers cannot hide
+another's peak.
 tracemalloc cannot see torch's allocations; VmHWM sees everything the process touched (including
 allocator slack), so it is an honest upper bound. ``--isolation inprocess`` runs every method in
 this process and resets the mark between methods through /proc/self/clear_refs (quicker, less
@@ -18,6 +19,7 @@ method.
 from __future__ import annotations
 
 import argparse
+import copy
 import json
 import logging
 import os
@@ -29,7 +31,8 @@ from typing import Any
 
 log = logging.getLogger(__name__)
 
-METHODS = ("plain", "reference", "fast", "sketch", "fast-macro")
+LORA = "lora-"  # a method of this prefix runs on a LoRA copy of the model (--lora-r): the adapters are audited
+METHODS = ("plain", "reference", "fast", "sketch", "fast-macro", "lora-plain", "lora-fast", "lora-sketch")
 DEFAULT_METHODS = "plain,reference,fast,sketch"
 
 
@@ -52,10 +55,14 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     )
     p.add_argument("--repeats", type=int, default=3, help="timed runs per method (after one warm-up run)")
     p.add_argument("--sketch-dim", type=int, default=16384)
+    p.add_argument("--lora-r", type=int, default=16, help="adapter rank of the lora-* methods (model.lora defaults "
+                   "otherwise: alpha 32, the attention and MLP projections; peft's initialisation, B = 0)")
     p.add_argument("--threads", type=int, default=None, help="torch intra-op threads (default: torch's)")
     p.add_argument("--device", default="cpu", help="cpu or cuda")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--isolation", choices=("subprocess", "inprocess"), default="subprocess")
+    p.add_argument("--warm-runs", type=int, default=0, help="runs of a method before its peak memory is measured "
+                   "(0: the cold first run, allocator growth included; 1: the steady state of a training loop)")
     p.add_argument("--tiny", action="store_true", help="a tiny model and batch (smoke test)")
     p.add_argument("--json", dest="json_path", default=None, help="also write the results here as JSON")
     p.add_argument("--worker", default=None, help=argparse.SUPPRESS)  # internal: run one method, print JSON
@@ -73,6 +80,8 @@ def main(args: argparse.Namespace) -> int:
     cands = [int(c) for c in args.candidates.split(",") if c.strip()]
     if args.repeats < 1:
         raise ValueError("--repeats must be >= 1")
+    if args.warm_runs < 0:
+        raise ValueError("--warm-runs must be >= 0")
     if args.worker is not None:
         sys.stdout.write(json.dumps(_measure_memory(args, args.worker, cands)) + "\n")
         return 0
@@ -95,8 +104,8 @@ def _spawn(args: argparse.Namespace, method: str) -> dict[str, Any]:
     argv = [sys.executable, "-m", "adwin.cli", "bench", "audit", "--worker", method]
     for key in ("hidden", "layers", "heads", "intermediate", "vocab", "batch", "prompt_len", "response_len"):
         argv += [f"--{key.replace('_', '-')}", str(getattr(args, key))]
-    argv += ["--candidates", args.candidates, "--sketch-dim", str(args.sketch_dim)]
-    argv += ["--device", args.device, "--seed", str(args.seed)]
+    argv += ["--candidates", args.candidates, "--sketch-dim", str(args.sketch_dim), "--lora-r", str(args.lora_r)]
+    argv += ["--device", args.device, "--seed", str(args.seed), "--warm-runs", str(args.warm_runs)]
     if args.threads is not None:
         argv += ["--threads", str(args.threads)]
     out = subprocess.run(argv, stdout=subprocess.PIPE, text=True, check=True)
@@ -157,6 +166,16 @@ def _build(args: argparse.Namespace) -> tuple[Any, Any]:
     return model, batch
 
 
+def _lora(args: argparse.Namespace, model: Any) -> Any:
+    """``model`` wrapped with adapters of rank ``--lora-r`` (in place: pass a copy to keep the plain model)."""
+    from adwin.config import LoraSection
+    from adwin.sampling.lora import apply_lora
+
+    return apply_lora(model, LoraSection(r=args.lora_r))
+
+
+
+
 def _runner(args: argparse.Namespace, method: str, cands: list[int], model: Any, batch: Any) -> Any:
     """A no-argument callable running ``method`` once; returns its cosines ({} for the plain pass)."""
     from adwin.audit.alignment import audit
@@ -173,9 +192,10 @@ def _runner(args: argparse.Namespace, method: str, cands: list[int], model: Any,
         return {}
 
     def run() -> dict[int, float]:
-        if method == "plain":
+        name = method.removeprefix(LORA)
+        if name == "plain":
             return plain()
-        name = "fast" if method == "fast-macro" else method
+        name = "fast" if name == "fast-macro" else name
         res = audit(
             model,
             batch,
@@ -206,8 +226,12 @@ def _measure_memory(args: argparse.Namespace, method: str, cands: list[int]) -> 
     if args.threads is not None:
         torch.set_num_threads(args.threads)
     model, batch = _build(args)
+    if method.startswith(LORA):
+        model = _lora(args, model)
     run = _runner(args, method, cands, model, batch)
     cuda = str(args.device).startswith("cuda")
+    for _ in range(args.warm_runs):
+        run()
     gc.collect()
     reset_ok = True
     if cuda:
@@ -228,6 +252,7 @@ def _measure_memory(args: argparse.Namespace, method: str, cands: list[int]) -> 
         "hwm_reset": reset_ok,
         "cosines": {str(k): v for k, v in cosines.items()},
         "params": sum(p.numel() for p in model.parameters()),
+        "trainable": sum(p.numel() for p in model.parameters() if p.requires_grad),
         "pid": os.getpid(),
     }
 
@@ -243,7 +268,8 @@ def _time_methods(
     if args.threads is not None:
         torch.set_num_threads(args.threads)
     model, batch = _build(args)
-    runs = {m: _runner(args, m, cands, model, batch) for m in methods}
+    lora = _lora(args, copy.deepcopy(model)) if any(m.startswith(LORA) for m in methods) else None
+    runs = {m: _runner(args, m, cands, lora if m.startswith(LORA) else model, batch) for m in methods}
     out: dict[str, dict[str, Any]] = {m: {"wall_s": [], "cpu_s": [], "cosines": {}} for m in methods}
     for i in tqdm(range(args.repeats + 1), desc="audit bench rounds", file=sys.stderr):
         for m in methods:
@@ -306,6 +332,7 @@ def _report(
         f"model: Llama {pm['params'] / 1e6:.1f}M params (hidden {args.hidden}, {args.layers} layers, vocab "
         f"{args.vocab}); batch {args.batch} x ({args.prompt_len} prompt + {args.response_len} response); "
         f"candidates {cands}; sketch_dim {args.sketch_dim}; device {args.device}; threads {threads}; "
-        f"times: median of {args.repeats} interleaved rounds (+1 warm-up); memory: {args.isolation}"
+        f"times: median of {args.repeats} interleaved rounds (+1 warm-up); memory: {args.isolation}, after "
+        f"{args.warm_runs} warm-up run(s)"
     )
     return {"setup": setup, "rows": rows, "table": setup + "\n" + "\n".join(lines)}

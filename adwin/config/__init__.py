@@ -36,6 +36,7 @@ from adwin.config.sections import (
     DataConfig,
     EvalConfig,
     LoggingConfig,
+    LoraSection,
     ModelConfig,
     OptimConfig,
     ProbeConfig,
@@ -48,7 +49,7 @@ from adwin.objectives.loss_table import ASYNCOPD_LOSSES, BEHAVIOR_LOSSES
 __all__ = [
     "ASYNCOPD_LOSSES", "BEHAVIOR_LOSSES", "DEFAULT_PRESET", "DEFAULT_VLLM_GPU_MEMORY", "MAX_VLLM_GPU_MEMORY",
     "AsyncOPDSection", "AuditConfig", "ConfigSource", "ControllerSection", "DataConfig", "EvalConfig",
-    "ISHighField", "ISLowField", "ISMethodField", "LoggingConfig", "LossConfig", "ModelConfig", "OAPLSection",
+    "ISHighField", "ISLowField", "ISMethodField", "LoggingConfig", "LoraSection", "LossConfig", "ModelConfig", "OAPLSection",
     "OptimConfig", "ProbeConfig", "RolloutConfig", "SurpriseSection", "TrainConfig", "UnknownPreset",
     "WindowSection", "_Strict", "apply_policy_spec", "check_engines", "check_is_bounds", "check_oapl",
     "default_config_path", "lag_of", "load_config", "load_source", "parse_set", "policy_overrides",

@@ -9,6 +9,7 @@ prints the page; tests/adwin/test_config_reference.py fails when docs/config.md 
 from __future__ import annotations
 
 import json
+import types
 import typing
 from collections.abc import Iterator
 from typing import Any
@@ -21,16 +22,34 @@ from adwin.config.run import SYNC_ONLY, TrainConfig
 
 
 def leaves(model: type[BaseModel], prefix: str = "") -> Iterator[tuple[str, FieldInfo, type[BaseModel]]]:
-    """(dotted name, field, owning section) of every non-section field, in declaration order."""
+    """(dotted name, field, owning section) of every non-section field, in declaration order; a section that may
+    be null (``model.lora``) is a row of its own (null: off) followed by its fields."""
     for name, f in model.model_fields.items():
         ann = f.annotation
         if isinstance(ann, type) and issubclass(ann, BaseModel):
             yield from leaves(ann, f"{prefix}{name}.")
-        else:
-            yield f"{prefix}{name}", f, model
+            continue
+        yield f"{prefix}{name}", f, model
+        optional = _optional_section(ann)
+        if optional is not None:
+            yield from leaves(optional, f"{prefix}{name}.")
+
+
+def _optional_section(ann: Any) -> type[BaseModel] | None:
+    """``S`` of an annotation ``S | None`` with ``S`` a section model, else None."""
+    args = [a for a in typing.get_args(ann) if a is not type(None)]
+    if type(None) in typing.get_args(ann) and len(args) == 1 and isinstance(args[0], type) \
+            and issubclass(args[0], BaseModel):
+        return args[0]
+    return None
 
 
 def _type_name(ann: Any) -> str:
+    if _optional_section(ann) is not None:
+        return "section \\| None"
+    args = typing.get_args(ann)
+    if args and type(None) not in args and typing.get_origin(ann) in (typing.Union, types.UnionType):
+        return " \\| ".join(_type_name(a) for a in args)  # e.g. list[str] | "all-linear"
     if typing.get_origin(ann) is typing.Literal:
         return " \\| ".join(f"`{a}`" for a in typing.get_args(ann))
     text = getattr(ann, "__name__", None) if isinstance(ann, type) else None
@@ -80,7 +99,7 @@ def render() -> str:
         head = dotted.rsplit(".", 1)[0] if "." in dotted else "run"
         if head != section:
             section = head
-            doc = (owner.__doc__ or "").strip().split("\n\n")[0].replace("\n", " ") if head != "run" else ""
+            doc = " ".join((owner.__doc__ or "").strip().split("\n\n")[0].split()) if head != "run" else ""
             lines += ["", f"## `{head}`" if head != "run" else "## The run", ""]
             if doc and owner is not TrainConfig:
                 lines += [doc, ""]

@@ -208,7 +208,8 @@ def check_oapl(cfg: TrainConfig) -> None:
 
 def check_engines(cfg: TrainConfig) -> None:
     """The inference engines a run starts (``rollout.backend``, ``model.teacher_backend``,
-    ``model.vllm_gpu_memory``) must fit together (docs/decisions.md, "Rollout engines")."""
+    ``model.vllm_gpu_memory``) must fit together, and with the student (``model.lora``) (docs/decisions.md,
+    "Rollout engines")."""
     m, r = cfg.model, cfg.rollout
     if m.teacher_backend == "vllm":
         if cfg.scheduler != "sync":
@@ -228,6 +229,10 @@ def check_engines(cfg: TrainConfig) -> None:
         raise ValueError("rollout.compile: true compiles transformers' decode step, and rollout.backend: vllm "
                          "decodes on vLLM (which compiles and captures its own graphs); set rollout.compile: auto "
                          "or false, or rollout.backend: hf")
+    if m.lora is not None and r.backend == "vllm":
+        raise ValueError("model.lora: rollout.backend 'vllm' samples from weights synced by their checkpoint names; "
+                         "a LoRA student's adapters are not synced into vLLM (docs/limitations.md): set "
+                         "rollout.backend: hf or drop model.lora")
     engines = vllm_engine_count(cfg)
     if engines == 0 and m.vllm_gpu_memory != DEFAULT_VLLM_GPU_MEMORY:
         raise ValueError("model.vllm_gpu_memory: read only when rollout.backend or model.teacher_backend is "

@@ -19,6 +19,30 @@ DEFAULT_VLLM_GPU_MEMORY = 0.3  # ModelConfig.vllm_gpu_memory's default
 MAX_VLLM_GPU_MEMORY = 0.95  # what all engines together may reserve: the learner needs the rest
 
 
+LLAMA_PROJECTIONS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
+
+
+class LoraSection(_Strict):
+    """LoRA adapters on the student through peft (``adwin.sampling.lora``): the base weights stay frozen and
+    only the adapters train, are audited and are saved (docs/decisions.md, "LoRA students")."""
+
+    r: int = Field(16, ge=1, le=65_536, description="adapter rank")
+    alpha: float = Field(32.0, gt=0.0, le=1e6, description="adapter scale numerator: the update is (alpha / r) B A")
+    dropout: float = Field(0.0, ge=0.0, lt=1.0, description="dropout on the adapters' input in the training "
+                           "forward only (rollouts, probes, audits and evaluation run without it)")
+    target_modules: list[str] | Literal["all-linear"] = Field(
+        default_factory=lambda: list(LLAMA_PROJECTIONS), description="module names (or name suffixes) that get "
+        "adapters; default: the attention and MLP projections of Llama/Qwen/Mistral models; all-linear: every "
+        "linear layer but the LM head. A name that matches no module fails at load")
+
+    @field_validator("target_modules")
+    @classmethod
+    def _names(cls, v: list[str] | str) -> list[str] | str:
+        if isinstance(v, list) and (not v or any(not n.strip() for n in v) or len(set(v)) != len(v)):
+            raise ValueError(f"model.lora.target_modules must be distinct non-empty module names, got {v!r}")
+        return v
+
+
 class ModelConfig(_Strict):
     """Student and teacher checkpoints. ``builtin`` means the built-in task's cached tiny models."""
 
@@ -45,6 +69,8 @@ class ModelConfig(_Strict):
     autocast: Literal["off", "bf16"] = Field("off", description="bf16 autocast of the student's training and "
                                              "audit forwards over float32 weights (cuda or cpu)")
     teacher_server: TeacherServerConfig = Field(default_factory=TeacherServerConfig)
+    lora: LoraSection | None = Field(None, description="LoRA adapters on the student (needs adwin[lora]); None = "
+                                     "every parameter trains")
 
     @model_validator(mode="after")
     def _autocast_over_float32(self) -> ModelConfig:

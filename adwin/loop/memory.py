@@ -1,7 +1,7 @@
 """Memory options of the training forward: micro-batch slices, activation checkpointing and autocast.
 
 ``optim.micro_batch_size`` splits a step's rows into micro-batches (``micro_slices``);
-``model.gradient_checkpointing`` and ``model.autocast`` wrap the student's training forward
+``model.gradient_checkpointing``, ``model.autocast`` and ``model.lora.dropout`` wrap the student's training forward
 (``training_forward``). Why checkpointing flips only the decoder layers' own ``training`` flag: see
 ``training_forward`` and docs/decisions.md, "Micro-batches and memory options".
 """
@@ -15,6 +15,7 @@ import torch
 
 from adwin.config import TrainConfig
 from adwin.objectives.precision import autocast
+from adwin.sampling.lora import lora_dropout_modules
 
 
 def micro_slices(n: int, size: int | None) -> list[slice]:
@@ -50,16 +51,24 @@ def training_forward(model: torch.nn.Module, cfg: TrainConfig) -> Iterator[None]
     HF checkpoints a decoder layer only while that layer is in training mode. The trainer computes in eval
     mode (no dropout: the update's logprobs must be those of the sampling policy), so only the checkpointed
     layers' own ``training`` flag is set, not their children's: dropout and attention dropout stay off, and
-    the forward computes exactly what it computes without the option. The flags are restored on exit, so
-    generation and the audit (which needs the KV cache HF disables under checkpointing) never see them.
+    the forward computes exactly what it computes without the option. ``model.lora.dropout`` switches on the
+    adapters' own dropout layers the same way (the one dropout that is asked for). The flags are restored on
+    exit, so generation and the audit (which needs the KV cache HF disables under checkpointing) never see them.
     """
     device = next(model.parameters()).device
     with contextlib.ExitStack() as stack:
         if cfg.model.gradient_checkpointing:
-            layers = enable_checkpointing(model)
-            was = [m.training for m in layers]
-            for m in layers:
-                m.training = True  # this module only (not .train()): see the docstring
-            stack.callback(lambda: [setattr(m, "training", w) for m, w in zip(layers, was, strict=True)])
+            _training_flag(enable_checkpointing(model), stack)
+        if cfg.model.lora is not None and cfg.model.lora.dropout > 0:
+            _training_flag(lora_dropout_modules(model), stack)
         stack.enter_context(autocast(cfg.model.autocast, device))
         yield
+
+
+def _training_flag(modules: list[torch.nn.Module], stack: contextlib.ExitStack) -> None:
+    """Set ``training`` on ``modules`` themselves (not ``.train()``: their children keep theirs) until ``stack``
+    closes."""
+    was = [m.training for m in modules]
+    for m in modules:
+        m.training = True
+    stack.callback(lambda: [setattr(m, "training", w) for m, w in zip(modules, was, strict=True)])

@@ -29,6 +29,7 @@ from adwin.sampling.data import (
     load_jsonl,
     match_answer,
 )
+from adwin.sampling.lora import apply_lora, trainable_parameters
 from adwin.sampling.served_teacher import ServedTeachers
 from adwin.sampling.teacher import EngineTeachers, Teachers, load_model, load_teachers, load_tokenizer
 
@@ -66,7 +67,7 @@ def load_parts(cfg: TrainConfig, profile: str = "default") -> Parts:
     student_path = assets.student_path if cfg.model.student == "builtin" and assets else cfg.model.student
     tok_path = assets.tokenizer_path if cfg.model.student == "builtin" and assets else student_path
     tokenizer = load_tokenizer(tok_path)
-    student = load_model(student_path, cfg.model.dtype, cfg.model.device)
+    student = load_student(cfg, student_path)
     check_context(cfg.data.max_prompt_len, cfg.rollout.max_response_len,
                   getattr(student.config, "max_position_embeddings", None))
     teacher_paths = resolve_teachers(cfg.model.teachers, assets)
@@ -79,6 +80,13 @@ def load_parts(cfg: TrainConfig, profile: str = "default") -> Parts:
     check_routes(train.route_examples() + eval_p, list(teachers.models))
     checker = builtin_checker() if cfg.data.task == "builtin" else match_answer
     return Parts(student, tokenizer, teachers, train, eval_p, checker)
+
+
+def load_student(cfg: TrainConfig, path: str | Path) -> torch.nn.Module:
+    """The student checkpoint at ``path``, wrapped with LoRA adapters when ``model.lora`` is set (teachers are
+    never wrapped: they stay the plain checkpoints)."""
+    student = load_model(path, cfg.model.dtype, cfg.model.device)
+    return student if cfg.model.lora is None else apply_lora(student, cfg.model.lora, seed=cfg.seed)
 
 
 def resolve_teachers(spec: dict[str, str], assets: Any) -> dict[str, str]:
@@ -134,7 +142,7 @@ def open_loggers(cfg: TrainConfig, run_dir: Path, controller: ControllerAPI, run
 def build_optimizer(cfg: TrainConfig, model: torch.nn.Module) -> tuple[torch.optim.Optimizer, Any]:
     """AdamW with linear warmup, then a constant, cosine or linear decay to zero at ``cfg.steps``."""
     o = cfg.optim
-    params = [p for p in model.parameters() if p.requires_grad]
+    params = trainable_parameters(model)  # a LoRA student: its adapters
     optimizer = torch.optim.AdamW(params, lr=o.lr, betas=o.betas, eps=o.eps, weight_decay=o.weight_decay)
 
     def factor(step: int) -> float:

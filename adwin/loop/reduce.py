@@ -31,12 +31,13 @@ class LocalReducer:
 
 def all_sum_grads(params: Iterable[torch.nn.Parameter], reducer: Reducer,
                   bucket: int = GRAD_BUCKET_ELEMENTS) -> None:
-    """Sum every parameter's ``.grad`` across ranks, in flat same-dtype buckets (few collectives, bounded copy).
+    """Sum the ``.grad`` of ``params`` (the trainable ones: ``adwin.sampling.lora.trainable_parameters``) across
+    ranks, in flat same-dtype buckets (few collectives, bounded copy).
 
     A parameter without a gradient contributes zeros and gets the summed gradient: every rank must send
     the same layout, whichever parameters its own micro-batches happened to reach.
     """
-    live = [p for p in params if p.requires_grad]
+    live = list(params)
     for p in live:
         if p.grad is None:
             p.grad = torch.zeros_like(p)

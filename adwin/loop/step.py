@@ -35,6 +35,7 @@ from adwin.objectives.losses import (
     upcast,
 )
 from adwin.runtime.guards import is_finite
+from adwin.sampling.lora import trainable_parameters
 from adwin.sampling.rollout import response_values
 from adwin.sampling.served_teacher import ServedTeachers
 from adwin.sampling.teacher import EngineTeachers, Teachers
@@ -163,9 +164,9 @@ def optimize(student: torch.nn.Module, optimizer: torch.optim.Optimizer, schedul
         if behavior is not None and any(k.startswith("loss/is_ratio_") for k in parts[0]):
             lm |= _ratio_percentiles(logprobs, behavior, loss_mask(rows.response_mask, window))
         if reducer is not None:
-            all_sum_grads(student.parameters(), reducer)
+            all_sum_grads(trainable_parameters(student), reducer)
     clip = cfg.optim.grad_clip if cfg.optim.grad_clip > 0 else float("inf")
-    grad_norm = torch.nn.utils.clip_grad_norm_(student.parameters(), clip)
+    grad_norm = torch.nn.utils.clip_grad_norm_(trainable_parameters(student), clip)  # LoRA: the adapters' norm
     skip = not is_finite(total, float(grad_norm))
     if skip:  # a NaN/Inf update would corrupt the weights and Adam's moments: drop it (adwin.runtime.guards)
         log.warning("non-finite loss %.4g or grad norm %.4g: optimizer step skipped", total, float(grad_norm))

@@ -40,6 +40,7 @@ from adwin.runtime.resume import (
     snapshot_controller,
     truncate_metrics,
 )
+from adwin.sampling.lora import LORA_EXPORT, export_lora, is_lora
 from adwin.sampling.static_decode import LEDGER as COMPILES
 
 
@@ -162,6 +163,8 @@ def train(cfg: TrainConfig, controller: ControllerAPI | None, parts: Parts | Non
         if on_step is not None:
             on_step(t, m)
     probes.close()
+    if dist.is_main and is_lora(parts.student):  # the adapter and the merged student, beside the last checkpoint
+        export_lora(parts.student, parts.tokenizer, run_dir / LORA_EXPORT)
     drain_controller(controller)  # degraded mode: deliver what is still buffered (bounded wait)
     sinks.close()
     return TrainResult(run_id, run_dir, initial, final, sinks.history, probes.totals())

@@ -1,10 +1,10 @@
 """Checkpoints in the run folder, written atomically.
 
-``<run>/checkpoint-<step>/`` holds the student (``save_pretrained``), its tokenizer, ``trainer_state.pt``
-(optimizer, scheduler, RNG states and whatever extra run state the caller passes: prompt stream position,
-probe pool, token ledger, fault counters), optional extra files (the embedded controller's database) and
-``state.json`` (the step, the window policy's state, the run id). ``step`` counts the loop steps done, so
-a resumed run continues with step ``step``.
+``<run>/checkpoint-<step>/`` holds the student (``save_pretrained``; a LoRA student: its adapter only), its
+tokenizer, ``trainer_state.pt`` (optimizer, scheduler, RNG states and whatever extra run state the caller
+passes: prompt stream position, probe pool, token ledger, fault counters), optional extra files (the embedded
+controller's database) and ``state.json`` (the step, the window policy's state, the run id). ``step`` counts
+the loop steps done, so a resumed run continues with step ``step``.
 
 Atomicity: everything is written into a temporary sibling folder, fsynced, then renamed to
 ``checkpoint-<step>`` (a rename within one folder is atomic on POSIX). A crash mid-write leaves at most a
@@ -154,10 +154,17 @@ def latest_checkpoint(run_dir: str | Path) -> Path | None:
 
 
 def load_weights(path: str | Path, model: torch.nn.Module) -> None:
-    """Load a ``save_pretrained`` folder's weights into ``model`` in place (the optimizer keeps its params)."""
+    """Load a ``save_pretrained`` folder's weights into ``model`` in place (the optimizer keeps its params); a
+    LoRA student's folder holds its adapter only (``adwin.sampling.lora``)."""
     from safetensors.torch import load_file
 
+    from adwin.sampling.lora import check_checkpoint_kind, is_adapter_folder, load_adapter
+
     path = Path(path)
+    check_checkpoint_kind(path, model)
+    if is_adapter_folder(path):
+        load_adapter(path, model)
+        return
     index = path / "model.safetensors.index.json"
     files = sorted(set(json.loads(index.read_text())["weight_map"].values())) if index.is_file() else ["model.safetensors"]
     state: dict[str, torch.Tensor] = {}

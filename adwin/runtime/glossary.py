@@ -76,7 +76,7 @@ KEYS: dict[str, str] = {
     "loss/topk_teacher_mass": "teacher probability mass of its top-k tokens (`forward_kl_topk`)",
     "loss/topk_student_mass": "student probability mass on the teacher's top-k tokens",
     # optim
-    "optim/grad_norm": "gradient norm before clipping",
+    "optim/grad_norm": "gradient norm before clipping (of the trainable parameters: a LoRA student's adapters)",
     "optim/lr": "learning rate of the step",
     "optim/skipped": "1 when the step was skipped for a non-finite loss or gradient",
     "optim/skipped_steps": "non-finite steps skipped so far",

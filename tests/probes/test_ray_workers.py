@@ -12,12 +12,14 @@ from client_rounds import advance
 from tiny_models import make_tiny_llama
 
 from adwin.cli import main
+from adwin.config import LoraSection
 from adwin.controller import Controller
 from adwin.controller.schemas import OfferIn, PolicyIn, ProbeOfferItem, RunIn
 from adwin.objectives.losses import token_logprobs
 from adwin.probes.async_executor import AsyncProbeExecutor
 from adwin.probes.executors import build_executor
 from adwin.probes.pool import Probe, ProbePool
+from adwin.sampling.lora import apply_lora, is_lora, trainable_named_parameters
 
 ray = pytest.importorskip("ray")
 
@@ -47,18 +49,27 @@ def _drain(ex: AsyncProbeExecutor) -> None:
 
 
 def _perturb(model: torch.nn.Module) -> None:
-    """Stand-in for an optimizer step: a visible change of the output distribution."""
+    """Stand-in for an optimizer step: a visible change of the output distribution (of what trains: a LoRA
+    student's adapters, whose base is frozen)."""
     with torch.no_grad():
-        model.lm_head.weight.mul_(3.0)
+        if is_lora(model):
+            for _, p in trainable_named_parameters(model):
+                p.add_(0.5)
+        else:
+            model.lm_head.weight.mul_(3.0)
 
 
+@pytest.mark.parametrize("lora", [False, True], ids=["full", "lora"])
 @pytest.mark.parametrize("backend", ["thread", "ray"])
 def test_worker_replica_samples_with_the_weights_published_at_the_step_boundary(
-        backend: str, request: pytest.FixtureRequest) -> None:
+        backend: str, lora: bool, request: pytest.FixtureRequest) -> None:
     if backend == "ray":
         request.getfixturevalue("ray_cluster")
     torch.manual_seed(0)
     student = make_tiny_llama(seed=0)
+    if lora:  # the replica is a copy of the peft model; each publish ships the adapters only
+        pytest.importorskip("peft")
+        student = apply_lora(student, LoraSection(r=4))
     ctl, run_id = _run()
     pool = ProbePool(MAX_LEN)
     ex = build_executor(backend, pool, student, eos=NO_EOS, pad_id=0)

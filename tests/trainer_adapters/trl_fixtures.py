@@ -23,8 +23,10 @@ def tokenizer():
     )
 
 
-def make_trainer(tmp_path: Path, steps: int, *, batch: int = 4, max_len: int = MAX_LEN, **overrides: Any):
-    """``batch`` rollouts per optimizer step (per device, one process); ``overrides`` go to ``DistillationConfig``."""
+def make_trainer(tmp_path: Path, steps: int, *, batch: int = 4, max_len: int = MAX_LEN, peft_config: Any = None,
+                 **overrides: Any):
+    """``batch`` rollouts per optimizer step (per device, one process); ``overrides`` go to ``DistillationConfig``;
+    ``peft_config`` to the trainer, which wraps the student with it (TRL's PEFT recipe)."""
     import datasets
     from trl import DistillationConfig, DistillationTrainer
 
@@ -40,6 +42,7 @@ def make_trainer(tmp_path: Path, steps: int, *, batch: int = 4, max_len: int = M
     return DistillationTrainer(
         model=make_tiny_llama(seed=0), teacher_model=make_tiny_llama(seed=1), args=args,
         train_dataset=datasets.Dataset.from_dict({"prompt": prompts}), processing_class=tokenizer(),
+        peft_config=peft_config,
     )
 
 

@@ -34,6 +34,7 @@ from typing import Any
 import torch
 
 from adwin.sampling.kv_cache import cache_keyword, returned_cache
+from adwin.sampling.lora import load_trained_state
 from adwin.sampling.rollout import left_pad
 from adwin.sampling.static_decode import CompileSetting, compile_wanted
 from adwin.trainer_adapters.asyncopd.items import StreamItem, TokenOut
@@ -124,7 +125,7 @@ class HFRolloutEngine:
         self._mask: torch.Tensor | None = None  # (b, T) 1 where a cache column holds a row's real token
 
     def load_weights(self, weights: dict[str, torch.Tensor], version: int) -> None:
-        self.model.load_state_dict(weights)
+        load_trained_state(self.model, weights)
         self.version = version
         self._reset()  # the prefix-cache reset: kept requests are re-encoded under the new weights
 

@@ -26,6 +26,7 @@ import torch
 from adwin.backends.logprob_gap import logprob_gap
 from adwin.objectives.loss_table import ASYNCOPD_TOKEN_LOSSES as LEARNER_LOSSES
 from adwin.objectives.losses import action_logprobs, opd_loss, token_logprobs
+from adwin.sampling.lora import trainable_parameters, trained_state
 from adwin.sampling.rollout import Rows, layout, response_values
 from adwin.sampling.served_teacher import ServedTeachers
 from adwin.sampling.teacher import Teachers
@@ -39,7 +40,7 @@ def clip_and_step(model: torch.nn.Module, optimizer: Any, lr_scheduler: Any, gra
     """Clip the gradient norm (``grad_clip <= 0``: no clipping, the norm is still measured), step the
     optimizer and the LR schedule; the pre-clip norm. Shared by the IS and the OAPL learners."""
     clip = grad_clip if grad_clip > 0 else math.inf
-    grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), clip)
+    grad_norm = torch.nn.utils.clip_grad_norm_(trainable_parameters(model), clip)
     optimizer.step()
     if lr_scheduler is not None:
         lr_scheduler.step()
@@ -149,4 +150,4 @@ class HFLearner:
 
     def weights(self) -> dict[str, torch.Tensor]:
         """A detached copy: the learner keeps training while workers load it."""
-        return {k: v.detach().clone() for k, v in self.student.state_dict().items()}
+        return {k: v.detach().clone() for k, v in trained_state(self.student).items()}  # LoRA: the adapters

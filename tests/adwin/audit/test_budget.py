@@ -192,6 +192,21 @@ def test_a_trained_token_costs_what_a_probe_token_costs_through_extension_scorin
 
 
 @settings(max_examples=100, deadline=None)
+@given(n_s=st.integers(2, 10**11), n_t=st.integers(1, 10**11), frac=st.floats(1e-6, 1.0), tokens=st.floats(0, 1e9))
+def test_a_lora_student_pays_input_gradients_everywhere_and_weight_gradients_on_its_adapters(
+        n_s: int, n_t: int, frac: float, tokens: float) -> None:
+    n_a = max(1, min(n_s, round(frac * n_s)))
+    full, lora = FlopsModel(n_s, n_t), FlopsModel(n_s, n_t, n_a)
+    assert lora.decision("audit", tokens) == pytest.approx((4.0 * n_s + 2.0 * n_a) * tokens)
+    assert lora.train(tokens) == pytest.approx(full.train(tokens) - 2.0 * (n_s - n_a) * tokens)
+    assert FlopsModel(n_s, n_t, n_s).train(tokens) == pytest.approx(full.train(tokens))  # all trainable: 6 N_s
+    for kind in ("extension", "scoring", "drift"):  # forwards: the adapters change nothing
+        assert lora.decision(kind, tokens) == full.decision(kind, tokens)
+    with pytest.raises(BudgetError, match="n_trainable"):
+        FlopsModel(n_s, n_t, n_s + 1)
+
+
+@settings(max_examples=100, deadline=None)
 @given(steps=st.lists(st.tuples(st.floats(0, 1e5), st.floats(0, 1e6), st.floats(0, 1e5), st.floats(0, 1e5)),
                       min_size=1, max_size=8),
        n_s=st.integers(1, 10**10), n_t=st.integers(1, 10**10), p=st.integers(1, 64))

@@ -71,3 +71,18 @@ def test_bench_audit_measures_each_method_in_its_own_process(tmp_path, capsys) -
 def test_bench_audit_rejects_an_unknown_method(capsys) -> None:
     assert main(["bench", "audit", "--tiny", "--methods", "plain,magic"]) == 2
     assert "magic" in capsys.readouterr().err
+
+
+def test_bench_audit_lora_rows_audit_the_adapters_of_the_same_model(tmp_path) -> None:
+    pytest.importorskip("peft")
+    out = tmp_path / "bench.json"
+    rc = main(["bench", "audit", "--tiny", "--repeats", "1", "--isolation", "inprocess", "--threads", "1",
+               "--methods", "plain,fast,lora-plain,lora-fast", "--lora-r", "2", "--warm-runs", "1", "--json", str(out)])
+    assert rc == 0
+    rows = {r["method"]: r for r in json.loads(out.read_text())["rows"]}
+    assert rows["lora-plain"]["trainable"] < rows["plain"]["trainable"] == rows["plain"]["params"]
+    assert rows["lora-fast"]["trainable"] == rows["lora-plain"]["trainable"]
+    assert rows["lora-plain"]["params"] > rows["plain"]["params"]  # the same model plus its adapters
+    lora, full = rows["lora-fast"]["cosines"], rows["fast"]["cosines"]
+    assert set(lora) == set(full) and all(-1.0 <= v <= 1.0 for v in lora.values())
+    assert lora != full  # another parameter space: not the full fine-tuning number

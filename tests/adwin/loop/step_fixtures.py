@@ -15,6 +15,7 @@ from adwin.loop.sampler import Batch
 from adwin.loop.step import TeacherSignal, optimize, score_teacher
 from adwin.objectives.losses import token_logprobs
 from adwin.sampling.data import Prompt
+from adwin.sampling.lora import apply_lora
 from adwin.sampling.rollout import layout
 from adwin.sampling.teacher import Teachers
 
@@ -56,10 +57,13 @@ def config(**overrides: Any) -> TrainConfig:
 
 def run_steps(cfg: TrainConfig, batches: list[Batch], *, student_seed: int = 3,
               reducer: Any = None) -> tuple[list[dict[str, float]], torch.nn.Module, list[torch.Tensor]]:
-    """``optimize`` once per batch on a fresh tiny student; returns the metrics, the student, the logprobs."""
+    """``optimize`` once per batch on a fresh tiny student (with ``model.lora``: its LoRA wrapper, as
+    ``adwin.loop.parts.load_student`` builds it); returns the metrics, the student, the logprobs."""
     with _BUILD:
         model = make_tiny_llama(seed=student_seed)
         t = teachers()
+        if cfg.model.lora is not None:
+            model = apply_lora(model, cfg.model.lora, seed=cfg.seed)
     optimizer, scheduler = build_optimizer(cfg, model)
     metrics, current = [], []
     for batch in batches:
