@@ -45,7 +45,6 @@ from adwin.controller.schemas import (
     AuditIn,
     AuditOut,
     OfferIn,
-    ProbeBatchOut,
     ProbeOfferItem,
     ProbePlanOut,
     ProbeReportIn,
@@ -62,6 +61,7 @@ from adwin.probes.auditors import (
 from adwin.probes.expiry import drop_overstale, evict_expired
 from adwin.probes.offers import OFFER_FINISHED, is_complete, offer_indices
 from adwin.probes.pool import Probe, ProbePool, Score
+from adwin.probes.pooling import Held, dispatch_held
 
 log = logging.getLogger(__name__)
 
@@ -101,7 +101,7 @@ class ProbeClient:
     _keys: Iterator[int] = field(default_factory=itertools.count)
     _batch_calls: dict[int, int] = field(default_factory=dict)
     _expiry_warned: bool = False
-    _held: list[tuple[ProbeBatchOut, list[Probe]]] = field(default_factory=list)  # ready batches awaiting their pool
+    _held: list[Held] = field(default_factory=list)  # ready batches awaiting their pool (``adwin.probes.pooling``)
     _budget_lock: threading.Lock = field(default_factory=threading.Lock)  # AsyncOPD offers from its feeder thread
 
     def __post_init__(self) -> None:
@@ -328,21 +328,7 @@ class ProbeClient:
         m: dict[str, float] = {}
         self._collect(m, version, block=False)
         if self._gating:
-            while (ready := self._next_batch(version)) is not None:
-                self._held.append(ready)
-            self._skip_overstale(version)
-            if release and self._held:
-                m["audit/released"] = float(len(self._held))
-                for ready, probes in self._held:
-                    self._skip(ready.audit_id, len(probes))
-                self._held = []
-            while self._held:
-                oldest = max(p.staleness(version) for _, probes in self._held for p in probes)
-                k = len(self._held) if flush else self._spend(lambda b, n=len(self._held), o=oldest: b.pool_size(n, o))
-                if not k:
-                    break
-                group, self._held = self._held[:k], self._held[k:]
-                self._dispatch(m, version, runner, group)
+            dispatch_held(self, m, version, runner, flush=flush, release=release)
         else:
             for _ in range(max_batches):
                 ready = self._next_batch(version)
@@ -352,19 +338,7 @@ class ProbeClient:
         self.evict(version)
         return self._collect(m, version, block=wait)  # an inline audit is back already
 
-    def _skip_overstale(self, version: int) -> None:
-        """Held batches past S (a loop that skipped ``audit`` calls) can no longer be audited: close them."""
-        keep = []
-        for ready, probes in self._held:
-            if max(p.staleness(version) for p in probes) <= self.staleness_limit:
-                keep.append((ready, probes))
-                continue
-            log.warning("audit %d: held past the staleness limit S=%d, closed unaudited", ready.audit_id,
-                        self.staleness_limit)
-            self._skip(ready.audit_id, len(probes))
-        self._held = keep
-
-    def _next_batch(self, version: int) -> tuple[ProbeBatchOut, list[Probe]] | None:
+    def _next_batch(self, version: int) -> Held | None:
         """The controller's next batch of P complete probes, taken out of the pool; None when none is ready."""
         n = self._batch_calls.get(version, -1) + 1
         self._batch_calls = {version: n}  # keys repeat nowhere: one counter per version, the current one
@@ -387,7 +361,7 @@ class ProbeClient:
             self._release(probes)
 
     def _dispatch(self, m: dict[str, float], version: int, runner: AuditRunner,
-                  group: Sequence[tuple[ProbeBatchOut, list[Probe]]]) -> None:
+                  group: Sequence[Held]) -> None:
         """Audit the union of ``group``'s batches as one job under the last batch's ``audit_id``; the others are
         closed as skipped with ``pooled_into`` naming it (docs/decisions.md, "Decision budget")."""
         probes = [p for _, batch in group for p in batch]
