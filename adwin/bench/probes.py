@@ -1,11 +1,13 @@
 """Wall time of probe workers (``adwin bench probes``): the same short run five ways.
 
-(a) ADWIN with inline probes and audits, (b) ADWIN with probe rounds riding the next step's rollout call
-(``rollout``: audits inline), (c) ADWIN with a thread worker, (d) ADWIN with a Ray actor (workers also compute
-the audits), then (e) a fixed window, no probes, at the mean window of the first ADWIN run measured (rounded):
-the run ADWIN's extra work is compared with. Each run starts from the same checkpoints,
+(a) A fixed window, no probes, at the config's initial window (``window.initial``; ``--fixed-window`` names
+another): the run ADWIN's extra work is compared with, run first so that a bench cut short still has what it
+divides by; then ADWIN with (b) inline probes and audits, (c) probe rounds riding the next step's rollout call
+(``rollout``: audits inline), (d) a thread worker, (e) a Ray actor (workers also compute the audits). Each
+run's row is appended to ``<out>/rows.jsonl`` (and ``--json`` rewritten) as soon as it finishes, so a cut bench
+still reports every run that finished. Each run starts from the same checkpoints,
 seed and prompts; its wall time excludes evaluation (equal for all). Reported: wall time as a ratio to
-(d), the learner-side share of probe and audit time (``time/probe`` + ``time/audit`` over the wall: what
+(a), the learner-side share of probe and audit time (``time/probe`` + ``time/audit`` over the wall: what
 the learner itself spends on probes, offers, teacher scoring of probe batches and waits), the time the
 step spent blocked on probes (``probe/blocked_s``: inline rounds, forced completions), probe tokens,
 audits, the mean window and window changes per audit; for ``rollout`` also the probe rows the rollout calls
@@ -28,7 +30,7 @@ from typing import Any
 
 log = logging.getLogger(__name__)
 
-VARIANTS = ("inline", "rollout", "thread", "ray", "fixed")
+VARIANTS = ("fixed", "inline", "rollout", "thread", "ray")  # the baseline first
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -37,12 +39,14 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--steps", type=int, default=8, help="optimizer steps per run")
     p.add_argument("--variants", default=",".join(VARIANTS), help=f"comma-separated subset of {','.join(VARIANTS)}")
     p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="extra config overrides (repeatable)")
+    p.add_argument("--fixed-window", type=int, default=None, metavar="W",
+                   help="the baseline's window (default: the config's window.initial)")
     p.add_argument("--out", default=None, help="folder for the runs (default: a temporary folder)")
     p.add_argument("--json", dest="json_path", default=None, help="also write the results here as JSON")
 
 
 def _config(args: argparse.Namespace, variant: str, out: Path, fixed_window: int | None = None) -> Any:
-    from adwin.config import load_config, resolve_config, parse_set, policy_overrides
+    from adwin.config import load_config, parse_set, policy_overrides, resolve_config
 
     ov = parse_set(args.set)
     ov |= {"steps": args.steps, "name": f"bench-{variant}", "out_dir": str(out), "eval.every": 0,
@@ -97,8 +101,9 @@ def main(args: argparse.Namespace) -> int:
     bad = [v for v in variants if v not in VARIANTS]
     if bad or "fixed" not in variants:
         raise ValueError(f"--variants must include 'fixed' and only name {VARIANTS}, got {args.variants!r}")
-    variants = [v for v in VARIANTS if v in variants]  # ADWIN first: the fixed run uses their mean window
+    variants = [v for v in VARIANTS if v in variants]  # the baseline first: a cut bench still has its divisor
     out = Path(args.out) if args.out else Path(tempfile.mkdtemp(prefix="adwin-bench-probes-"))
+    out.mkdir(parents=True, exist_ok=True)
     results: dict[str, dict[str, float]] = {}
     extra: dict[str, float] = {}
     for v in variants:
@@ -109,12 +114,10 @@ def main(args: argparse.Namespace) -> int:
             ensure_ray(None, 2)
             extra["ray_init_s"] = time.perf_counter() - t0
         log.info("bench probes: running %s", v)
-        adwin_runs = [r for k, r in results.items() if k != "fixed"]
-        fixed_window = round(adwin_runs[0]["mean_window"]) if adwin_runs else None
-        results[v] = run_variant(args, v, out, fixed_window)
-    base = results["fixed"]["wall_s"]
-    for r in results.values():
-        r["ratio"] = r["wall_s"] / base if base > 0 else float("nan")
+        results[v] = row = run_variant(args, v, out, args.fixed_window)
+        base = results["fixed"]["wall_s"]
+        row["ratio"] = row["wall_s"] / base if base > 0 else float("nan")
+        keep_row(out, args.json_path, v, row, results, _meta(args, extra))
     table = Table(title=f"adwin bench probes: profile {args.profile}, {args.steps} steps")
     cols = ("variant", "wall s", "x fixed", "learner probe+audit", "blocked s", "probe s", "audit s", "rollout s",
             "rider rows", "probe tokens", "audits", "mean W", "changes/audit", "max lag")
@@ -128,8 +131,19 @@ def main(args: argparse.Namespace) -> int:
                       f"{r['lag_max']:.0f}")
     Console(width=200).print(table)  # wide: a bench table read in logs must not wrap
     load = os.getloadavg()
-    meta = {"profile": args.profile, "steps": args.steps, "cpus": os.cpu_count(), "loadavg": list(load), **extra}
     Console().print(f"load average {load[0]:.2f} {load[1]:.2f} {load[2]:.2f} on {os.cpu_count()} CPUs; {extra}")
-    if args.json_path:
-        Path(args.json_path).write_text(json.dumps({"meta": meta, "results": results}, indent=2))
     return 0
+
+
+def _meta(args: argparse.Namespace, extra: dict[str, float]) -> dict[str, Any]:
+    return {"profile": args.profile, "steps": args.steps, "cpus": os.cpu_count(), "loadavg": list(os.getloadavg()),
+            **extra}
+
+
+def keep_row(out: Path, json_path: str | None, variant: str, row: dict[str, float],
+             results: dict[str, dict[str, float]], meta: dict[str, Any]) -> None:
+    """A finished run's row on disk now: one line appended to ``out/rows.jsonl``, and the whole ``--json`` so far."""
+    with (out / "rows.jsonl").open("a") as fh:
+        fh.write(json.dumps({"variant": variant, **row}) + "\n")
+    if json_path:
+        Path(json_path).write_text(json.dumps({"meta": meta, "results": results}, indent=2))
