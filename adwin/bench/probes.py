@@ -10,8 +10,9 @@ seed and prompts; its wall time excludes evaluation (equal for all). Reported: w
 (a), the learner-side share of probe and audit time (``time/probe`` + ``time/audit`` over the wall: what
 the learner itself spends on probes, offers, teacher scoring of probe batches and waits), the time the
 step spent blocked on probes (``probe/blocked_s``: inline rounds, forced completions), probe tokens,
-audits, the mean window and window changes per audit; for ``rollout`` also the probe rows the rollout calls
-carried and the wall of those calls (``probe/rider_rows``, ``probe/rider_s``: the learner pays for the probe rows
+audits, the mean window and window changes per audit, decode steps per training step (``rollout/decode_steps``
+and ``probe/decode_steps``: on a GPU a decode step costs about the same for 1 row or 64, so steps are what probe
+work adds there); for ``rollout`` also the probe rows the rollout calls carried and the wall of those calls (``probe/rider_rows``, ``probe/rider_s``: the learner pays for the probe rows
 inside ``time/rollout``, not ``time/probe``). Ray's cluster start-up is timed apart (once per process), not in (d).
 
 The runs share the machine with everything else on it; on 2 cores a worker competes with the trainer
@@ -84,7 +85,11 @@ def run_variant(args: argparse.Namespace, variant: str, out: Path, fixed_window:
             "changes_per_audit": changes / audits if audits else 0.0,
             "lag_max": max((float(r.get("audit/lag_steps", 0.0)) for r in h), default=0.0),
             "rollout_s": total("time/rollout"), "rider_rows": total("probe/rider_rows"),
-            "rider_s": total("probe/rider_s")}
+            "rider_s": total("probe/rider_s"),
+            # decode steps per training step: what costs on a GPU, where a step costs about the same for 1 row or 64
+            "rollout_decode_steps": total("rollout/decode_steps") / len(h),
+            "probe_decode_steps": total("probe/decode_steps") / len(h),
+            "decision_learner_share": float(h[-1].get("decision/learner_share", 0.0))}
 
 
 def main(args: argparse.Namespace) -> int:
@@ -120,13 +125,15 @@ def main(args: argparse.Namespace) -> int:
         keep_row(out, args.json_path, v, row, results, _meta(args, extra))
     table = Table(title=f"adwin bench probes: profile {args.profile}, {args.steps} steps")
     cols = ("variant", "wall s", "x fixed", "learner probe+audit", "blocked s", "probe s", "audit s", "rollout s",
-            "rider rows", "probe tokens", "audits", "mean W", "changes/audit", "max lag")
+            "rider rows", "decode steps/step rollout+probe", "probe tokens", "audits", "mean W", "changes/audit",
+            "max lag")
     for col in cols:
         table.add_column(col, justify="right")
     for v, r in results.items():
         table.add_row(v, f"{r['wall_s']:.2f}", f"{r['ratio']:.2f}", f"{100 * r['learner_share']:.1f} %",
                       f"{r['blocked_s']:.2f}", f"{r['probe_s']:.2f}", f"{r['audit_s']:.2f}", f"{r['rollout_s']:.2f}",
-                      f"{r['rider_rows']:.0f}", f"{r['probe_tokens']:.0f}",
+                      f"{r['rider_rows']:.0f}", f"{r['rollout_decode_steps']:.1f}+{r['probe_decode_steps']:.1f}",
+                      f"{r['probe_tokens']:.0f}",
                       f"{r['audits']:.0f}", f"{r['mean_window']:.1f}", f"{r['changes_per_audit']:.2f}",
                       f"{r['lag_max']:.0f}")
     Console(width=200).print(table)  # wide: a bench table read in logs must not wrap

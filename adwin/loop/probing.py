@@ -99,6 +99,7 @@ class ProbeSide:
             "probe/staleness_max": float(max(stale, default=0)),
             "probe/staleness_mean": float(np.mean(stale)) if stale else 0.0,
             "probe/blocked_s": stats.blocked_s, "probe/sync_s": stats.sync_s,
+            "probe/decode_steps": float(stats.decode_steps),
             "probe/in_flight": float(stats.in_flight),
             "probe/submitted": float(stats.submitted), "probe/reissued": float(stats.reissued),
             "probe/lost": float(stats.lost), "probe/worker_restarts": float(stats.restarts),
@@ -118,7 +119,8 @@ class ProbeSide:
         learner's rollout, teacher and update seconds) to the decision budget, and ``decision/*``."""
         self.client.window = window
         self.client.record_train(float(sum(map(len, batch.prompt_ids)) + sum(map(len, batch.response_ids))), learner_s)
-        return self.ledger.record(batch, window, self.pool.tokens_generated) | self.client.decision_metrics()
+        return self.ledger.record(batch, window, self.pool.tokens_generated) | self.client.decision_metrics() | {
+            "rollout/decode_steps": float(batch.decode_steps)}
 
     def totals(self) -> dict[str, float]:
         return self.ledger.totals(self.pool.tokens_generated)

@@ -29,6 +29,8 @@ def test_bench_probes_runs_every_variant_on_the_tiny_profile(tiny_home: Path, ra
     assert res["inline"]["blocked_s"] > 0  # inline rounds run in the step: all of it is blocking time
     assert res["rollout"]["rider_rows"] > 0 and res["rollout"]["audits"] >= 1  # rounds rode the rollout calls
     assert all(res[v]["rider_rows"] == 0 for v in res if v != "rollout")
+    assert res["fixed"]["probe_decode_steps"] == 0 and res["inline"]["probe_decode_steps"] > 0
+    assert all(0 < r["rollout_decode_steps"] <= 16 for r in res.values())  # never past the largest window
     assert all(r["wall_s"] > 0 and r["lost"] == 0 for r in res.values())
     assert all(0 <= r["learner_share"] < 1 and r["lag_max"] <= 2 for r in res.values())  # lag bounded by S=2
     rows = [json.loads(x) for x in (tmp_path / "runs" / "bench-fixed" / "metrics.jsonl").read_text().splitlines()]

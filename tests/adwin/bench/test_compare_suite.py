@@ -44,7 +44,7 @@ def test_the_suite_preset_is_proportioned_like_the_paper() -> None:
     assert base.probes.max_active >= base.probes.batch_size
     defaults = load_config(None, {})
     assert base.audit.budget == defaults.audit.budget == type(base.audit)().budget  # the budget at its default
-    assert base.probes.backend == type(base.probes)().backend  # the default probe backend, not compare's inline
+    assert base.probes.backend == defaults.probes.backend  # the default (auto) probe backend, not compare's inline
     assert "adwin bench compare --suite" in resolve_config(SUITE_CONFIG).path.read_text().splitlines()[0]
 
 
