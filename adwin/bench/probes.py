@@ -42,6 +42,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="extra config overrides (repeatable)")
     p.add_argument("--fixed-window", type=int, default=None, metavar="W",
                    help="the baseline's window (default: the config's window.initial)")
+    p.add_argument("--padding", action="store_true",
+                   help="instead of the runs: what riding probe rows cost one rollout generate call (adwin.bench.riding)")
     p.add_argument("--out", default=None, help="folder for the runs (default: a temporary folder)")
     p.add_argument("--json", dest="json_path", default=None, help="also write the results here as JSON")
 
@@ -102,6 +104,8 @@ def main(args: argparse.Namespace) -> int:
 
     hf_logging.disable_progress_bar()
     torch.set_num_threads(1)
+    if args.padding:
+        return _padding(args)
     variants = [v.strip() for v in args.variants.split(",") if v.strip()]
     bad = [v for v in variants if v not in VARIANTS]
     if bad or "fixed" not in variants:
@@ -139,6 +143,30 @@ def main(args: argparse.Namespace) -> int:
     Console(width=200).print(table)  # wide: a bench table read in logs must not wrap
     load = os.getloadavg()
     Console().print(f"load average {load[0]:.2f} {load[1]:.2f} {load[2]:.2f} on {os.cpu_count()} CPUs; {extra}")
+    return 0
+
+
+def _padding(args: argparse.Namespace) -> int:
+    from rich.console import Console
+    from rich.table import Table
+
+    from adwin.bench.riding import padding_cost
+    from adwin.loop.parts import load_parts
+
+    cfg = _config(args, "inline", Path("."))
+    student = load_parts(cfg, args.profile).student
+    res = padding_cost(student, pad_id=0)
+    table = Table(title=f"riding probe rows in one rollout call: {args.profile} student on {cfg.model.device} "
+                        "(128 rows of 20 tokens + 8 probe rows of 200, 64 steps)")
+    for col in ("cache", "alone s", "riding s", "separate s", "riding / alone", "(alone + separate) / alone",
+                "ms/step alone", "ms/step riding"):
+        table.add_column(col, justify="right")
+    for cache, r in res.items():
+        table.add_row(cache, f"{r['alone']:.3f}", f"{r['riding']:.3f}", f"{r['separate']:.3f}", f"{r['riding_x']:.2f}",
+                      f"{r['separate_x']:.2f}", f"{r['ms_per_step_alone']:.1f}", f"{r['ms_per_step_riding']:.1f}")
+    Console(width=200).print(table)
+    if args.json_path:
+        Path(args.json_path).write_text(json.dumps({"meta": _meta(args, {}), "padding": res}, indent=2))
     return 0
 
 

@@ -49,3 +49,25 @@ def test_the_baseline_runs_at_the_configs_initial_window_unless_told(tmp_path: P
     assert _config(args, "fixed", tmp_path).window.window == 64
     assert _config(args, "fixed", tmp_path, fixed_window=32).window.window == 32
     assert _config(args, "rollout", tmp_path).probes.backend == "rollout"
+
+
+def test_padding_cost_times_the_three_calls_per_cache_kind() -> None:
+    from tiny_models import make_tiny_llama
+
+    from adwin.bench.riding import CACHES, padding_cost
+
+    model = make_tiny_llama(vocab_size=64, seed=1).train()
+    res = padding_cost(model, rows=4, prompt_len=3, probe_rows=2, probe_len=12, window=4, repeats=1)
+    assert list(res) == list(CACHES) and model.training  # the model's mode is given back
+    for r in res.values():
+        assert min(r["alone"], r["riding"], r["separate"]) > 0
+        assert r["riding_x"] == r["riding"] / r["alone"] and r["ms_per_step_alone"] == 1000 * r["alone"] / 4
+
+
+def test_bench_probes_padding_prints_its_table(tiny_home: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                                capsys) -> None:
+    monkeypatch.setenv("ADWIN_HOME", str(tiny_home))
+    out = tmp_path / "padding.json"
+    assert main(["bench", "probes", "--profile", "tiny", "--padding", "--json", str(out)]) == 0
+    assert set(json.loads(out.read_text())["padding"]) == {"dynamic", "static"}
+    assert "riding / alone" in capsys.readouterr().out
