@@ -87,6 +87,7 @@ class ProbeClient:
     probe_batch_size: int = 1  # P, for the expiry warning
     on_completed: Callable[[Probe], None] | None = None  # a probe an extension round completed
     budget: DecisionBudget | None = None  # audit.budget: offers, pooled audits, decision/* (probes.settings)
+    clock: Callable[[], float] = time.perf_counter  # the learner's decision seconds (a fake one in tests)
     pending: deque[_Pending] = field(default_factory=deque)
     # window/changes_per_audit: audits whose decision differed from the window in use, over all decisions
     window: int | None = None
@@ -216,7 +217,7 @@ class ProbeClient:
             return self._advance(version, to_full, drop_unknown, plan_at)
 
     def _advance(self, version: int, to_full: bool, drop_unknown: bool, plan_at: int | None) -> AdvanceStats:
-        t0 = time.perf_counter()
+        t0 = self.clock()
         dropped = self.drop_overstale(version)
         sync_s = self.executor.publish(version)
         stats = self.executor.collect(version)  # reported before the plan is read: it depends on them
@@ -234,7 +235,7 @@ class ProbeClient:
         self._check_staleness(stats.staleness, version, "extended")
         self.counts["completed"] += stats.completed
         self.counts["forced"] += stats.forced
-        seconds = time.perf_counter() - t0  # the learner's: the workers' rounds overlap training
+        seconds = self.clock() - t0  # the learner's: the workers' rounds overlap training
         self._spend(lambda b: b.record_decision("extension", float(stats.tokens), seconds))
         self._release(stats.dropped)
         return stats
@@ -259,11 +260,11 @@ class ProbeClient:
     @contextmanager
     def _learner(self) -> Iterator[None]:
         """Time a learner-facing call for ``decision/learner_share`` (a worker's own time is not in it)."""
-        t0 = time.perf_counter()
+        t0 = self.clock()
         try:
             yield
         finally:
-            dt = time.perf_counter() - t0
+            dt = self.clock() - t0
             self._spend(lambda b: b.record_learner(dt))
 
     def _spend(self, call: Callable[[DecisionBudget], T]) -> T | None:

@@ -74,10 +74,11 @@ class ProbeSide:
         behavior: (B, L) the behaviour logprobs of the rollout rows, aligned with their input ids.
         """
         records = []
+        rows = behavior.tolist()  # one device-to-host copy for the batch, not one per row (each a GPU sync)
         for b in range(len(batch.response_ids)):
             n_p, n_r = len(batch.prompt_ids[b]), len(batch.response_ids[b])
             records.append(Probe(f"s{step}-{b}", list(batch.prompt_ids[b]), list(batch.response_ids[b]), [step] * n_r,
-                                 behavior[b, n_p : n_p + n_r].tolist(), batch.prompts[b].route, submitted_step=step,
+                                 rows[b][n_p : n_p + n_r], batch.prompts[b].route, submitted_step=step,
                                  prompt_id=batch.prompts[b].id))
         before = dict(self.client.counts)
         self.client.offer(step, records, batch.finished, window)
