@@ -3,13 +3,14 @@ on their own student replica, and what the trainer's inline backend runs on its 
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 from dataclasses import dataclass
 
 import torch
 
 from adwin.probes.pool import Extension
-from adwin.sampling.rollout import Generation, generate
+from adwin.sampling.rollout import generate
+from adwin.sampling.static_decode import CompileSetting
 
 
 @dataclass
@@ -21,25 +22,16 @@ class ModelExtender:
     pad_id: int
     temperature: float = 1.0
     top_p: float = 1.0
+    compile: CompileSetting = False  # rollout.compile, resolved on the replica's own device
 
     def __call__(self, contexts: list[list[int]], budgets: list[int]) -> Extension:
         g = generate(self.model, contexts, budgets, eos=self.eos, pad_id=self.pad_id, temperature=self.temperature,
-                     top_p=self.top_p, with_logprobs=True)
-        return Extension(g.response_ids, g.logprobs or [[] for _ in contexts], g.finished,
-                         decode_steps(g, budgets))
+                     top_p=self.top_p, with_logprobs=True, compile=self.compile)
+        return Extension(g.response_ids, g.logprobs or [[] for _ in contexts], g.finished, g.decode_steps)
 
     def load(self, weights: Mapping[str, torch.Tensor]) -> None:
         """Move the replica to a published version (a step-boundary snapshot of the trainer's weights)."""
         self.model.load_state_dict(weights)
-
-
-def decode_steps(g: Generation, budgets: Sequence[int]) -> int:
-    """Token positions a batched ``generate`` call decoded: it stops once every row emitted EOS, else at the
-    largest budget. Read off the rows cut to their budgets: exact when every row had the same budget (a rollout
-    call), else an upper bound (a row cut unfinished at a smaller budget may have emitted EOS before the largest)."""
-    if any(not f for f in g.finished):
-        return max(0, *budgets)
-    return max(map(len, g.response_ids), default=0)
 
 
 def snapshot_weights(model: torch.nn.Module, device: str | torch.device = "cpu") -> dict[str, torch.Tensor]:

@@ -15,7 +15,6 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from adwin.loop.distributed import LocalDist
-from adwin.probes.extender import decode_steps
 from adwin.probes.pool import Extension
 from adwin.sampling.rollout import Generation
 from adwin.sampling.seeding import context_keys, row_seed
@@ -49,7 +48,7 @@ class RoundExtender:
         seeds = self.row_seeds(contexts, version)
         g = self.generate(contexts[mine], budgets[mine], temperature=self.temperature, top_p=self.top_p,
                           with_logprobs=True, row_seeds=None if seeds is None else seeds[mine])
-        local = (g.response_ids, g.logprobs or [[] for _ in g.response_ids], g.finished, decode_steps(g, budgets[mine]))
+        local = (g.response_ids, g.logprobs or [[] for _ in g.response_ids], g.finished, g.decode_steps)
         parts = self.dist.all_gather_object(local)
         return Extension(*([x for part in parts for x in part[i]] for i in range(3)),
                          decode_steps=max(part[3] for part in parts))

@@ -12,7 +12,6 @@ from typing import Literal, Protocol
 from adwin.config import TrainConfig
 from adwin.loop.engine import HFEngine, RolloutEngine, VLLMEngine
 from adwin.loop.parts import Parts
-from adwin.probes.extender import decode_steps
 from adwin.sampling.data import Prompt
 from adwin.sampling.rollout import Generation, Rows, encode_prompts, eos_ids, layout, pad_id_of
 
@@ -97,15 +96,15 @@ class Sampler:
         if ride is None:
             g = self.generate(ctx, [window] * len(ctx), temperature=s.temperature, top_p=s.top_p,
                               with_logprobs=record, row_seeds=seeds)
-            steps = decode_steps(g, [window] * len(ctx))
         else:
-            g, steps = self._ride(ctx, window, ride, s.temperature, s.top_p, record, seeds)
-        return Batch(rep, ctx, g.response_ids, g.finished, layout(ctx, g.response_ids, self.pad), g.logprobs, steps)
+            g = self._ride(ctx, window, ride, s.temperature, s.top_p, record, seeds)
+        return Batch(rep, ctx, g.response_ids, g.finished, layout(ctx, g.response_ids, self.pad), g.logprobs,
+                     g.decode_steps)
 
     def _ride(self, ctx: list[list[int]], window: int, ride: tuple[list[list[int]], list[int], list[int] | None],
-              temperature: float, top_p: float, record: bool, seeds: list[int] | None) -> tuple[Generation, int]:
+              temperature: float, top_p: float, record: bool, seeds: list[int] | None) -> Generation:
         """One engine call over the rollout rows then the boarded probe rows (their budgets within ``window``); the
-        probe part lands on the rider. Returns the rollout rows' part and the call's decode steps."""
+        probe part lands on the rider, with the decode steps the call took beyond what the rollout rows needed."""
         assert self.rider is not None
         contexts, budgets, probe_seeds = ride
         if (seeds is None) != (probe_seeds is None):
@@ -116,18 +115,23 @@ class Sampler:
                           with_logprobs=True, row_seeds=None if seeds is None else seeds + probe_seeds)  # type: ignore[operator]
         seconds = time.perf_counter() - t0
         lp = g.logprobs or [[] for _ in g.response_ids]
-        mine = Generation(g.response_ids[:k], g.finished[:k], lp[:k] if record else None)
-        steps = decode_steps(g, [window] * k + budgets)
-        self.rider.land(Generation(g.response_ids[k:], g.finished[k:], lp[k:]), k + len(contexts), seconds,
-                        max(0, steps - decode_steps(mine, [window] * k)))  # what the rollout rows alone needed
-        return mine, steps
+        mine = Generation(g.response_ids[:k], g.finished[:k], lp[:k] if record else None, g.decode_steps)
+        self.rider.land(Generation(g.response_ids[k:], g.finished[k:], lp[k:], g.decode_steps), k + len(contexts),
+                        seconds, max(0, g.decode_steps - steps_needed(mine, window)))
+        return mine
+
+
+def steps_needed(g: Generation, window: int) -> int:
+    """Decode steps rows that all had the budget ``window`` needed: batched decoding stops once every row emitted
+    EOS, so ``window`` unless each of them ended before it, then its longest row."""
+    return window if not all(g.finished) else max(map(len, g.response_ids), default=0)
 
 
 def open_engine(backend: Backend, cfg: TrainConfig, parts: Parts, eos: set[int], pad_id: int) -> RolloutEngine:
     """``hf``: transformers on the trainer's student; ``vllm``: a vLLM engine on the student's checkpoint
     (folder or hub id; lazily imported: no vLLM or no CUDA fails here naming ``rollout.backend``)."""
     if backend == "hf":
-        return HFEngine(parts.student, eos, pad_id)
+        return HFEngine(parts.student, eos, pad_id, compile=cfg.rollout.compile)
     path = str(getattr(parts.student, "name_or_path", "") or "")
     if not path:  # the engine is built from a checkpoint (then synced with the trainer's weights before use)
         raise ValueError("rollout.backend: 'vllm' loads the student from its checkpoint (a folder or hub id); this "

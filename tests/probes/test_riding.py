@@ -231,7 +231,8 @@ class _EarlyEnd:
 
     def generate(self, contexts: Any, budgets: Any, **kw: Any) -> Generation:
         rows = [[5, 2] if i < self.k else [7] * b for i, b in enumerate(budgets)]
-        return Generation(rows, [i < self.k for i in range(len(rows))], [[-1.0] * len(r) for r in rows])
+        # batched decoding runs to the largest budget while a row has not ended
+        return Generation(rows, [i < self.k for i in range(len(rows))], [[-1.0] * len(r) for r in rows], max(budgets))
 
     def sync_weights(self, model: Any, version: int) -> None:
         return None
