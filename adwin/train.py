@@ -49,11 +49,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--resume", metavar="RUN_DIR",
                         help="continue RUN_DIR from its latest checkpoint (config from RUN_DIR/config.json; "
                              "flags still override, e.g. --steps to extend)")
-    parser.add_argument("--probe-backend", choices=["inline", "thread", "ray", "rollout"],
-                        help="where probe rounds run: thread (default: a background thread with its own student "
-                             "replica), inline (in the step; seeded runs reproduce exactly) or ray (Ray actors, "
-                             "separate processes: fastest on CPU with small models; local cluster unless "
-                             "--ray-address) or rollout (rows of the next step's rollout call)")
+    parser.add_argument("--probe-backend", choices=["auto", "inline", "thread", "ray", "rollout"],
+                        help="where probe rounds run: auto (default: rollout on CUDA, thread elsewhere), thread (a "
+                             "background thread with its own student replica), inline (in the step; seeded runs "
+                             "reproduce exactly), ray (Ray actors, separate processes: fastest on CPU with small "
+                             "models; local cluster unless --ray-address) or rollout (rows of the next step's "
+                             "rollout call, within its window)")
     parser.add_argument("--ray-address", metavar="ADDR", help="Ray cluster for --probe-backend ray (default: start a local one)")
     parser.add_argument("--scheduler", choices=["sync", "asyncopd"],
                         help="sync: the prefix-window trainer; asyncopd: streaming rollout/teacher/learner pipeline "

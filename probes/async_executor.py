@@ -56,6 +56,7 @@ class AdvanceStats(RoundStats):
     restarts: int = 0
     dropped_stale: int = 0  # unfinished probes past S dropped before the round (missed rounds)
     sync_s: float = 0.0  # the weights snapshot of the version (``publish``)
+    decode_steps: int = 0  # of the rounds applied (``Extension.decode_steps``)
     staleness: list[int] = field(default_factory=list)  # of the probes reported, at the version (the client's)
 
 
@@ -189,11 +190,12 @@ class AsyncProbeExecutor:
         probes = [self.pool.get(pid) for pid in job.probe_ids if pid in self.pool]
         keep = [i for i, pid in enumerate(job.probe_ids) if pid in self.pool]
         ext = Extension([ext.tokens[i] for i in keep], None if ext.logprobs is None else [ext.logprobs[i] for i in keep],
-                        [ext.finished[i] for i in keep])
+                        [ext.finished[i] for i in keep], ext.decode_steps)
         added = self.pool.apply(probes, ext, job.version, force=job.force)
         applied = RoundStats()
         record_round(applied, probes, added, self.version, job.version, force=job.force)
         self.totals["rounds"] += 1
+        stats.decode_steps += ext.decode_steps
         for k in ("extended", "forced", "completed", "tokens"):
             setattr(stats, k, getattr(stats, k) + getattr(applied, k))
         stats.reports += applied.reports

@@ -5,7 +5,6 @@ accepted -> the client's state and the step's ``audit/*`` metrics)."""
 
 from __future__ import annotations
 
-import time
 from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
@@ -26,19 +25,19 @@ def build_audit_job(client: ProbeClient, audit_id: int, version: int,
     diagnostics' metrics. The teacher scores every probe no teacher stage scored; the drift diagnostics read a
     sample of one batch of P of a pooled group (telemetry: the same curves at 1/k the cost)."""
     assert client.settings is not None  # the client audits only with settings
-    t0 = time.perf_counter()
+    t0 = client.clock()
     batch = probe_batch(probes, client.pad_id, client.score)
     tokens = float(batch.attention_mask.sum())  # prompt + response tokens of every probe
-    seconds = time.perf_counter() - t0
+    seconds = client.clock() - t0
     client._spend(lambda b: b.record_decision("scoring", tokens, seconds))
     rows = client.budget.drift_rows(len(probes)) if client.budget is not None else len(probes)
     m: dict[str, float] = {}
-    t0 = time.perf_counter()
+    t0 = client.clock()
     if client.drift is not None:
         m = client.drift(batch.input_ids[:rows], batch.attention_mask[:rows], batch.response_mask[:rows],
                          [p.route for p in probes[:rows]])
     if client.budget is not None and client.budget.drift:  # charged where the drift runs on another rank too
-        drift = (float(batch.attention_mask[:rows].sum()), time.perf_counter() - t0)
+        drift = (float(batch.attention_mask[:rows].sum()), client.clock() - t0)
         client._spend(lambda b: b.record_decision("drift", *drift))
     job = AuditJob(audit_id, version, batch, client.settings,
                    adam_moments=client.adam_moments() if client.adam_moments is not None else None)

@@ -46,7 +46,6 @@ from adwin.controller.schemas import (
     AuditIn,
     AuditOut,
     OfferIn,
-    ProbeBatchOut,
     ProbeOfferItem,
     ProbePlanOut,
     ProbeReportIn,
@@ -63,6 +62,7 @@ from adwin.probes.auditors import (
 from adwin.probes.expiry import drop_overstale, evict_expired
 from adwin.probes.offers import OFFER_FINISHED, is_complete, offer_indices
 from adwin.probes.pool import Probe, ProbePool, Score
+from adwin.probes.pooling import Held, dispatch_held
 
 log = logging.getLogger(__name__)
 
@@ -88,6 +88,7 @@ class ProbeClient:
     probe_batch_size: int = 1  # P, for the expiry warning
     on_completed: Callable[[Probe], None] | None = None  # a probe an extension round completed
     budget: DecisionBudget | None = None  # audit.budget: offers, pooled audits, decision/* (probes.settings)
+    clock: Callable[[], float] = time.perf_counter  # the learner's decision seconds (a fake one in tests)
     pending: deque[_Pending] = field(default_factory=deque)
     # window/changes_per_audit: audits whose decision differed from the window in use, over all decisions
     window: int | None = None
@@ -102,7 +103,7 @@ class ProbeClient:
     _keys: Iterator[int] = field(default_factory=itertools.count)
     _batch_calls: dict[int, int] = field(default_factory=dict)
     _expiry_warned: bool = False
-    _held: list[tuple[ProbeBatchOut, list[Probe]]] = field(default_factory=list)  # ready batches awaiting their pool
+    _held: list[Held] = field(default_factory=list)  # ready batches awaiting their pool (``adwin.probes.pooling``)
     _budget_lock: threading.Lock = field(default_factory=threading.Lock)  # AsyncOPD offers from its feeder thread
 
     def __post_init__(self) -> None:
@@ -217,7 +218,7 @@ class ProbeClient:
             return self._advance(version, to_full, drop_unknown, plan_at)
 
     def _advance(self, version: int, to_full: bool, drop_unknown: bool, plan_at: int | None) -> AdvanceStats:
-        t0 = time.perf_counter()
+        t0 = self.clock()
         dropped = self.drop_overstale(version)
         sync_s = self.executor.publish(version)
         stats = self.executor.collect(version)  # reported before the plan is read: it depends on them
@@ -235,7 +236,7 @@ class ProbeClient:
         self._check_staleness(stats.staleness, version, "extended")
         self.counts["completed"] += stats.completed
         self.counts["forced"] += stats.forced
-        seconds = time.perf_counter() - t0  # the learner's: the workers' rounds overlap training
+        seconds = self.clock() - t0  # the learner's: the workers' rounds overlap training
         self._spend(lambda b: b.record_decision("extension", float(stats.tokens), seconds))
         self._release(stats.dropped)
         return stats
@@ -260,11 +261,11 @@ class ProbeClient:
     @contextmanager
     def _learner(self) -> Iterator[None]:
         """Time a learner-facing call for ``decision/learner_share`` (a worker's own time is not in it)."""
-        t0 = time.perf_counter()
+        t0 = self.clock()
         try:
             yield
         finally:
-            dt = time.perf_counter() - t0
+            dt = self.clock() - t0
             self._spend(lambda b: b.record_learner(dt))
 
     def _spend(self, call: Callable[[DecisionBudget], T]) -> T | None:
@@ -329,21 +330,7 @@ class ProbeClient:
         m: dict[str, float] = {}
         self._collect(m, version, block=False)
         if self._gating:
-            while (ready := self._next_batch(version)) is not None:
-                self._held.append(ready)
-            self._skip_overstale(version)
-            if release and self._held:
-                m["audit/released"] = float(len(self._held))
-                for ready, probes in self._held:
-                    self._skip(ready.audit_id, len(probes))
-                self._held = []
-            while self._held:
-                oldest = max(p.staleness(version) for _, probes in self._held for p in probes)
-                k = len(self._held) if flush else self._spend(lambda b, n=len(self._held), o=oldest: b.pool_size(n, o))
-                if not k:
-                    break
-                group, self._held = self._held[:k], self._held[k:]
-                self._dispatch(m, version, runner, group)
+            dispatch_held(self, m, version, runner, flush=flush, release=release)
         else:
             for _ in range(max_batches):
                 ready = self._next_batch(version)
@@ -353,19 +340,7 @@ class ProbeClient:
         self.evict(version)
         return self._collect(m, version, block=wait)  # an inline audit is back already
 
-    def _skip_overstale(self, version: int) -> None:
-        """Held batches past S (a loop that skipped ``audit`` calls) can no longer be audited: close them."""
-        keep = []
-        for ready, probes in self._held:
-            if max(p.staleness(version) for p in probes) <= self.staleness_limit:
-                keep.append((ready, probes))
-                continue
-            log.warning("audit %d: held past the staleness limit S=%d, closed unaudited", ready.audit_id,
-                        self.staleness_limit)
-            self._skip(ready.audit_id, len(probes))
-        self._held = keep
-
-    def _next_batch(self, version: int) -> tuple[ProbeBatchOut, list[Probe]] | None:
+    def _next_batch(self, version: int) -> Held | None:
         """The controller's next batch of P complete probes, taken out of the pool; None when none is ready."""
         n = self._batch_calls.get(version, -1) + 1
         self._batch_calls = {version: n}  # keys repeat nowhere: one counter per version, the current one
@@ -388,7 +363,7 @@ class ProbeClient:
             self._release(probes)
 
     def _dispatch(self, m: dict[str, float], version: int, runner: AuditRunner,
-                  group: Sequence[tuple[ProbeBatchOut, list[Probe]]]) -> None:
+                  group: Sequence[Held]) -> None:
         """Audit the union of ``group``'s batches as one job under the last batch's ``audit_id``; the others are
         closed as skipped with ``pooled_into`` naming it (docs/decisions.md, "Decision budget")."""
         probes = [p for _, batch in group for p in batch]

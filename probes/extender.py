@@ -28,7 +28,7 @@ class ModelExtender:
     def __call__(self, contexts: list[list[int]], budgets: list[int]) -> Extension:
         g = generate(self.model, contexts, budgets, eos=self.eos, pad_id=self.pad_id, temperature=self.temperature,
                      top_p=self.top_p, with_logprobs=True, compile=self.compile)
-        return Extension(g.response_ids, g.logprobs or [[] for _ in contexts], g.finished)
+        return Extension(g.response_ids, g.logprobs or [[] for _ in contexts], g.finished, g.decode_steps)
 
     def load(self, weights: Mapping[str, torch.Tensor]) -> None:
         """Move the replica to a published version (a step-boundary snapshot of the trainer's weights)."""

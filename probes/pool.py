@@ -36,6 +36,9 @@ class Extension:
     tokens: list[list[int]]
     logprobs: list[list[float]] | None  # None: the sampler gives no behavior logprobs
     finished: list[bool]  # emitted EOS
+    # decode steps the round added to the run: its own call's (``Generation.decode_steps``); riding rows only
+    # those by which they lengthened the rollout call they rode (``adwin.probes.riding``); 0 where unknown
+    decode_steps: int = 0
 
 
 class Extender(Protocol):

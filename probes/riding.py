@@ -8,6 +8,14 @@ adds rows to a call the step makes anyway, not a call of its own; it needs no th
 learner's weights), and with ``rollout.seeding: per_sample`` a probe row is seeded exactly as the inline
 backend seeds it (``RoundExtender.row_seeds``), so the run is a pure function of its seed like ``inline``.
 
+Riding rows decode only within the call's own window: a boarded budget is capped at the rollout call's window
+(``board(window)``), so the call never decodes past the steps its rollout rows may take (a round planned at a
+longer window than the call's, e.g. before an audit shortened it, keeps the rest for a later round; the
+staleness limit still force-completes it at ``S``). On a GPU a decode step costs about the same for 1 row or
+64, so the rows ride nearly free and only extra decode *steps* would cost; ``land`` reports the steps the riders
+still added (the call's against what its rollout rows alone needed: they may run on after every rollout row
+emitted EOS) as the round's ``Extension.decode_steps``.
+
 Nothing waits on a rollout that may never come: a forced completion and an audit run at once on the
 trainer's model (as ``InlineWorker``), and a parked round whose result is asked for first (the executor
 waiting on it: forced completion of a parked probe, every worker busy) runs on its own right then. A parked
@@ -71,7 +79,8 @@ class RidingWorker:
         self.extend, self.audit, self.weights_version = extend, audit, weights_version
         self._parked: tuple[RoundJob, ParkedRound] | None = None
         self._boarded: tuple[RoundJob, ParkedRound] | None = None
-        self._rode = {"probe/rider_rows": 0.0, "probe/rider_share": 0.0, "probe/rider_s": 0.0}
+        self._rode = dict.fromkeys(("probe/rider_rows", "probe/rider_share", "probe/rider_s", "probe/rider_capped"), 0.0)
+        self._capped = 0
 
     # --- ProbeWorker ------------------------------------------------------------------------------
 
@@ -97,8 +106,9 @@ class RidingWorker:
 
     # --- the sampler's side (``adwin.loop.sampler.Rider``) ------------------------------------------
 
-    def board(self) -> tuple[list[list[int]], list[int], list[int] | None] | None:
-        """The parked round's contexts, budgets and row seeds for this rollout call (None: nothing parked)."""
+    def board(self, window: int) -> tuple[list[list[int]], list[int], list[int] | None] | None:
+        """The parked round's contexts, budgets (capped at the call's ``window``) and row seeds for this rollout
+        call (None: nothing parked)."""
         if self._parked is None:
             return None
         job, fut = self._parked
@@ -106,20 +116,24 @@ class RidingWorker:
         if self._stale(job, fut):
             return None
         self._boarded = (job, fut)
-        return job.contexts, job.budgets, self.extend.row_seeds(job.contexts, job.version)
+        budgets = [min(b, window) for b in job.budgets]
+        self._capped = sum(b < a for a, b in zip(job.budgets, budgets, strict=True))
+        return job.contexts, budgets, self.extend.row_seeds(job.contexts, job.version)
 
-    def land(self, g: Generation, rows: int, seconds: float) -> None:
-        """The boarded rows' part of the call (``rows`` rows in all, ``seconds`` its wall) resolves the round."""
+    def land(self, g: Generation, rows: int, seconds: float, added_steps: int = 0) -> None:
+        """The boarded rows' part of the call (``rows`` rows in all, ``seconds`` its wall; ``added_steps``: the
+        decode steps the riders added to it) resolves the round."""
         assert self._boarded is not None, "land without board"
         _, fut = self._boarded
         self._boarded = None
         n = len(g.response_ids)
         self._rode = {"probe/rider_rows": float(n), "probe/rider_share": n / rows if rows else 0.0,
-                      "probe/rider_s": seconds}
-        fut.set_result(Extension(g.response_ids, g.logprobs or [[] for _ in g.response_ids], g.finished))
+                      "probe/rider_s": seconds, "probe/rider_capped": float(self._capped)}
+        fut.set_result(Extension(g.response_ids, g.logprobs or [[] for _ in g.response_ids], g.finished, added_steps))
 
     def metrics(self) -> dict[str, float]:
-        """The last rollout call's probe rows, their share of its rows and its wall (then reset)."""
+        """The last rollout call's probe rows, their share of its rows, its wall and the rows whose budget the
+        call's window capped (then reset)."""
         out, self._rode = self._rode, dict.fromkeys(self._rode, 0.0)
         return out
 

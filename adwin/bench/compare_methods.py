@@ -43,7 +43,7 @@ def asyncopd_methods(samples_per_step: int, window_policy: str = "adwin") -> lis
     # wait_timeout_s: a shared machine may pause the whole process (SIGSTOP) for minutes; the pipeline's
     # stall detector counts that wall time, so it gets an hour here instead of ten minutes
     # probes.backend back to its default: compare's base picks inline probe workers, which the pipeline runs none of
-    common = window | {"scheduler": "asyncopd", "probes.backend": "thread", "asyncopd.queue_depth": 1,
+    common = window | {"scheduler": "asyncopd", "probes.backend": "auto", "asyncopd.queue_depth": 1,
                        "asyncopd.pad_to_horizon": False,
                        "asyncopd.wait_timeout_s": 3600.0,
                        "rollout.prompts_per_step": samples_per_step // g, "rollout.samples_per_prompt": g}

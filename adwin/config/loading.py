@@ -90,8 +90,8 @@ def load_config(path: str | Path | None = None, overrides: dict[str, Any] | None
                 world: int = 1) -> TrainConfig:
     """Load a YAML file (or defaults) and apply dotted overrides like ``{"window.threshold": 0.8}``.
 
-    ``world`` > 1 (a data-parallel run): a probing run whose file and overrides name no ``probes.backend``
-    extends probes on the ranks themselves (``inline``, the one backend that works with several ranks; logged).
+    ``world`` > 1 (a data-parallel run): a probing run whose file and overrides name no ``probes.backend`` (or
+    ``auto``) extends probes on the ranks themselves (``inline``, the one backend that works with several ranks; logged).
     It is chosen before validation, so the rules that need it (``rollout.seeding: per_sample``) see it. A
     backend that is named is kept, and ``check_data_parallel`` refuses one that cannot work, naming the fix.
     """
@@ -105,7 +105,7 @@ def load_config(path: str | Path | None = None, overrides: dict[str, Any] | None
                 raise ValueError(f"{dotted}: {'.'.join(parents[: i + 1])} is not a config section (got {node!r})")
         node[leaf] = value
     probes = data.get("probes", {})
-    if world > 1 and isinstance(probes, dict) and "backend" not in probes:
+    if world > 1 and isinstance(probes, dict) and probes.get("backend", "auto") == "auto":
         try:
             fitted = TrainConfig.model_validate(data | {"probes": probes | {"backend": "inline"}})
         except ValueError:  # invalid either way: the config as given says why

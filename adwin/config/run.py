@@ -71,6 +71,8 @@ class TrainConfig(_Strict):
 
     @model_validator(mode="after")
     def _check(self) -> TrainConfig:
+        if self.scheduler == "sync" and self.probes.backend == "auto":
+            self.probes.backend = auto_probe_backend(self)
         _window_fits_horizon(self)
         _loss_fits_scheduler(self)
         _asyncopd_needs_its_scheduler(self)
@@ -82,6 +84,22 @@ class TrainConfig(_Strict):
         check_read_settings(self)
         _round_fits_active(self)
         return self
+
+
+def auto_probe_backend(cfg: TrainConfig) -> str:
+    """What ``probes.backend: auto`` runs in the sync trainer (docs/decisions.md, "Default probe backend"): on CUDA
+    ``rollout`` (its rows ride the rollout call within its window: no decode steps of their own), elsewhere
+    ``thread``; but ``rollout`` with ``rollout.backend: vllm`` (its requests go into the engine's call), the
+    in-step backend of the device under ``rollout.seeding: per_sample`` (the only ones it seeds; ``inline`` off
+    CUDA), and ``thread`` with ``probes.workers`` > 1 (the in-step backends have no workers)."""
+    cuda = cfg.model.device.split(":")[0] == "cuda"
+    if cfg.rollout.backend == "vllm":
+        return "rollout"
+    if cfg.rollout.seeding == "per_sample":
+        return "rollout" if cuda else "inline"
+    if cfg.probes.workers > 1:
+        return "thread"
+    return "rollout" if cuda else "thread"
 
 
 def lag_of(cfg: TrainConfig) -> int:
@@ -155,7 +173,7 @@ SYNC_ONLY: dict[str, object] = {
     "optim.micro_batch_size": None,
     "model.gradient_checkpointing": False,
     "model.autocast": "off",
-    "probes.backend": "thread",
+    "probes.backend": "auto",
     "probes.workers": 1,
     "probes.ray_address": None,
     "probes.ray_num_cpus": 2,

@@ -174,10 +174,11 @@ class ProbeConfig(_Strict):
     staleness_limit: int = Field(5, ge=1, le=10_000, description="S: optimizer steps before forced completion")
     offers_per_step: int = Field(4, ge=0, le=65_536, description="unfinished prefixes the controller may take per step")
     max_active: int = Field(32, ge=1, le=1_000_000, description="probes in flight at most")
-    backend: Literal["inline", "thread", "ray", "rollout"] = Field(
-        "thread", description="where probe rounds and audits run: in the step (inline), a thread with its own "
+    backend: Literal["auto", "inline", "thread", "ray", "rollout"] = Field(
+        "auto", description="where probe rounds and audits run: in the step (inline), a thread with its own "
         "student replica, Ray actors, or (rollout; sync trainer, one process) as extra rows of the next step's "
-        "rollout generate call, audits in the step")
+        "rollout generate call within its window, audits in the step; auto: rollout on CUDA (no extra decode "
+        "steps), thread elsewhere (docs/decisions.md, \"Default probe backend\")")
     selection: Literal["uniform", "stratified"] = Field("uniform", description="which offers the controller "
                                                         "accepts: uniformly, or spread over prompts")
     offer_finished: Literal["at_horizon", "always"] = Field(

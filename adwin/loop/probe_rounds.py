@@ -42,11 +42,13 @@ class RoundExtender:
         return [row_seed(self.seed, "probe", version, k) for k in context_keys(contexts)]
 
     def run(self, contexts: list[list[int]], budgets: list[int], version: int) -> Extension:
-        """One round at weights ``version``: this rank's share, then every rank's extensions in rank order."""
+        """One round at weights ``version``: this rank's share, then every rank's extensions in rank order (its
+        decode steps: the most any rank decoded, the ranks decode side by side)."""
         mine = self.dist.shard(len(contexts))
         seeds = self.row_seeds(contexts, version)
         g = self.generate(contexts[mine], budgets[mine], temperature=self.temperature, top_p=self.top_p,
                           with_logprobs=True, row_seeds=None if seeds is None else seeds[mine])
-        local = (g.response_ids, g.logprobs or [[] for _ in g.response_ids], g.finished)
+        local = (g.response_ids, g.logprobs or [[] for _ in g.response_ids], g.finished, g.decode_steps)
         parts = self.dist.all_gather_object(local)
-        return Extension(*([x for part in parts for x in part[i]] for i in range(3)))
+        return Extension(*([x for part in parts for x in part[i]] for i in range(3)),
+                         decode_steps=max(part[3] for part in parts))

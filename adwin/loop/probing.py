@@ -74,10 +74,11 @@ class ProbeSide:
         behavior: (B, L) the behaviour logprobs of the rollout rows, aligned with their input ids.
         """
         records = []
+        rows = behavior.tolist()  # one device-to-host copy for the batch, not one per row (each a GPU sync)
         for b in range(len(batch.response_ids)):
             n_p, n_r = len(batch.prompt_ids[b]), len(batch.response_ids[b])
             records.append(Probe(f"s{step}-{b}", list(batch.prompt_ids[b]), list(batch.response_ids[b]), [step] * n_r,
-                                 behavior[b, n_p : n_p + n_r].tolist(), batch.prompts[b].route, submitted_step=step,
+                                 rows[b][n_p : n_p + n_r], batch.prompts[b].route, submitted_step=step,
                                  prompt_id=batch.prompts[b].id))
         before = dict(self.client.counts)
         self.client.offer(step, records, batch.finished, window)
@@ -99,6 +100,7 @@ class ProbeSide:
             "probe/staleness_max": float(max(stale, default=0)),
             "probe/staleness_mean": float(np.mean(stale)) if stale else 0.0,
             "probe/blocked_s": stats.blocked_s, "probe/sync_s": stats.sync_s,
+            "probe/decode_steps": float(stats.decode_steps),
             "probe/in_flight": float(stats.in_flight),
             "probe/submitted": float(stats.submitted), "probe/reissued": float(stats.reissued),
             "probe/lost": float(stats.lost), "probe/worker_restarts": float(stats.restarts),
@@ -118,7 +120,8 @@ class ProbeSide:
         learner's rollout, teacher and update seconds) to the decision budget, and ``decision/*``."""
         self.client.window = window
         self.client.record_train(float(sum(map(len, batch.prompt_ids)) + sum(map(len, batch.response_ids))), learner_s)
-        return self.ledger.record(batch, window, self.pool.tokens_generated) | self.client.decision_metrics()
+        return self.ledger.record(batch, window, self.pool.tokens_generated) | self.client.decision_metrics() | {
+            "rollout/decode_steps": float(batch.decode_steps)}
 
     def totals(self) -> dict[str, float]:
         return self.ledger.totals(self.pool.tokens_generated)

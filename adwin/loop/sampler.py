@@ -31,17 +31,20 @@ class Batch:
     # tokens by the old-to-current ratio (loss.is_method, the PPO clip): generation and training forward
     # differ numerically (kernels, padding, dtype), which those treatments correct
     behavior_logprobs: list[list[float]] | None = None
+    decode_steps: int = 0  # token positions the rollout call decoded (riding probe rows included)
 
 
 class Rider(Protocol):
     """Probe rows that ride a training rollout call (``adwin.probes.riding.RidingWorker``)."""
 
-    def board(self) -> tuple[list[list[int]], list[int], list[int] | None] | None:
-        """Contexts, token budgets and row seeds (None: batch RNG) to add to this call; None: nothing to add."""
+    def board(self, window: int) -> tuple[list[list[int]], list[int], list[int] | None] | None:
+        """Contexts, token budgets (at most the call's ``window``) and row seeds (None: batch RNG) to add to this
+        call; None: nothing to add."""
         ...
 
-    def land(self, g: Generation, rows: int, seconds: float) -> None:
-        """The boarded rows' part of the call's result (``rows``: the call's rows in all; ``seconds``: its wall)."""
+    def land(self, g: Generation, rows: int, seconds: float, added_steps: int) -> None:
+        """The boarded rows' part of the call's result (``rows``: the call's rows in all; ``seconds``: its wall;
+        ``added_steps``: decode steps the call took beyond what its rollout rows needed)."""
         ...
 
 
@@ -89,17 +92,19 @@ class Sampler:
         ctx = encode_prompts(self.parts.tokenizer, [p.prompt for p in rep], self.cfg.data.max_prompt_len)
         s = self.cfg.eval if evaluation else self.cfg.rollout
         record = self.cfg.loss.weights_by_behavior and not evaluation
-        ride = self.rider.board() if self.rider is not None and not evaluation else None
+        ride = self.rider.board(window) if self.rider is not None and not evaluation else None
         if ride is None:
             g = self.generate(ctx, [window] * len(ctx), temperature=s.temperature, top_p=s.top_p,
                               with_logprobs=record, row_seeds=seeds)
         else:
             g = self._ride(ctx, window, ride, s.temperature, s.top_p, record, seeds)
-        return Batch(rep, ctx, g.response_ids, g.finished, layout(ctx, g.response_ids, self.pad), g.logprobs)
+        return Batch(rep, ctx, g.response_ids, g.finished, layout(ctx, g.response_ids, self.pad), g.logprobs,
+                     g.decode_steps)
 
     def _ride(self, ctx: list[list[int]], window: int, ride: tuple[list[list[int]], list[int], list[int] | None],
               temperature: float, top_p: float, record: bool, seeds: list[int] | None) -> Generation:
-        """One engine call over the rollout rows then the boarded probe rows; the probe part lands on the rider."""
+        """One engine call over the rollout rows then the boarded probe rows (their budgets within ``window``); the
+        probe part lands on the rider, with the decode steps the call took beyond what the rollout rows needed."""
         assert self.rider is not None
         contexts, budgets, probe_seeds = ride
         if (seeds is None) != (probe_seeds is None):
@@ -110,9 +115,16 @@ class Sampler:
                           with_logprobs=True, row_seeds=None if seeds is None else seeds + probe_seeds)  # type: ignore[operator]
         seconds = time.perf_counter() - t0
         lp = g.logprobs or [[] for _ in g.response_ids]
+        mine = Generation(g.response_ids[:k], g.finished[:k], lp[:k] if record else None, g.decode_steps)
         self.rider.land(Generation(g.response_ids[k:], g.finished[k:], lp[k:], g.decode_steps), k + len(contexts),
-                        seconds)
-        return Generation(g.response_ids[:k], g.finished[:k], lp[:k] if record else None, g.decode_steps)
+                        seconds, max(0, g.decode_steps - steps_needed(mine, window)))
+        return mine
+
+
+def steps_needed(g: Generation, window: int) -> int:
+    """Decode steps rows that all had the budget ``window`` needed: batched decoding stops once every row emitted
+    EOS, so ``window`` unless each of them ended before it, then its longest row."""
+    return window if not all(g.finished) else max(map(len, g.response_ids), default=0)
 
 
 def open_engine(backend: Backend, cfg: TrainConfig, parts: Parts, eos: set[int], pad_id: int) -> RolloutEngine:

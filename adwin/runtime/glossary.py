@@ -47,6 +47,8 @@ KEYS: dict[str, str] = {
     "rollout/full_equiv_tokens_total": "`rollout/full_equiv_tokens` summed over the run so far",
     "rollout/truncated_frac": "share of the step's rollouts the window cut before they finished",
     "rollout/mean_len": "mean response length of the step's rollouts",
+    "rollout/decode_steps": "token positions the step's training rollout call decoded (its rows side by side; riding "
+                            "probe rows included): on a GPU a decode step costs about the same for 1 row or 64",
     "rollout/prompt_tokens": "prompt tokens of the step's rollouts (the FLOPs estimate counts them)",
     "rollout/logprob_gap_mean": "mean |log p_learner - log p_sampler| over the trained tokens: staleness plus any "
                                 "mismatch between the rollout engine and the learner",
@@ -108,6 +110,10 @@ KEYS: dict[str, str] = {
     "probe/rider_rows": "probes.backend rollout: probe rows the step's rollout generate call carried",
     "probe/rider_share": "probes.backend rollout: the probe rows' share of that call's rows",
     "probe/rider_s": "probes.backend rollout: wall seconds of the rollout call that carried probe rows (the whole call)",
+    "probe/rider_capped": "probes.backend rollout: riding rows whose round budget the rollout call's window capped "
+                          "(the rest of the probe continues in a later round)",
+    "probe/decode_steps": "decode steps probe work added in the step: rounds applied (inline, forced, a worker's), and "
+                          "the steps riding rows lengthened the rollout call by (`rollout/decode_steps` has the call)",
     "probe/submitted": "extension rounds handed to workers this step",
     "probe/reissued": "probes of a failed worker round issued again",
     "probe/lost": "probes dropped after `probes.max_reissues` failed rounds",

@@ -107,8 +107,31 @@ def test_several_ranks_extend_probes_inline_when_the_config_names_no_backend(cap
 
 def test_the_chosen_backend_is_what_per_sample_seeding_needs() -> None:
     with pytest.raises(ValidationError, match="probes.backend: inline"):
-        load_config(None, {"rollout.seeding": "per_sample"})
+        load_config(None, {"rollout.seeding": "per_sample", "probes.backend": "thread"})
+    assert load_config(None, {"rollout.seeding": "per_sample"}).probes.backend == "inline"  # auto, off CUDA
     assert load_config(None, {"rollout.seeding": "per_sample"}, world=2).probes.backend == "inline"
+
+
+@pytest.mark.parametrize(("overrides", "picked"), [
+    ({}, "thread"),
+    ({"model.device": "cuda"}, "rollout"),  # riding rows add no decode steps of their own
+    ({"model.device": "cuda:1", "rollout.seeding": "per_sample"}, "rollout"),
+    ({"model.device": "cuda", "probes.workers": 2}, "thread"),
+    ({"probes.workers": 2}, "thread"),
+    ({"rollout.backend": "vllm", "model.device": "cuda"}, "rollout"),
+])
+def test_auto_picks_the_probe_backend_from_the_device_and_what_the_run_needs(overrides: dict, picked: str) -> None:
+    cfg = load_config(None, {"probes.backend": "auto", **overrides})
+    assert cfg.probes.backend == picked
+    if "probes.workers" not in overrides:  # several ranks extend on the ranks, as when no backend is named
+        assert load_config(None, {"probes.backend": "auto", **overrides}, world=2).probes.backend == "inline"
+
+
+def test_auto_is_left_to_the_asyncopd_scheduler_which_runs_no_probe_workers() -> None:
+    cfg = load_config(None, {"scheduler": "asyncopd", "loss.name": "reverse_kl_mc", "model.device": "cuda"})
+    assert cfg.probes.backend == "auto"
+    with pytest.raises(ValidationError, match="probes.backend"):
+        load_config(None, {"scheduler": "asyncopd", "loss.name": "reverse_kl_mc", "probes.backend": "thread"})
 
 
 @pytest.mark.parametrize("named", ["thread", "ray"])

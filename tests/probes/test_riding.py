@@ -1,6 +1,8 @@
 """The ``rollout`` probe backend (``RidingWorker``): a parked round rides the next training rollout call as extra
 rows, leaves the rollout rows as a separate call makes them (per-sample seeding), extends exactly like the inline
-backend's separate call at the round's version, and never waits on a rollout that is not coming."""
+backend's separate call at the round's version, decodes only within the call's window (a longer round budget is
+capped, the rest continues in a later round or at the forced completion), reports the decode steps it added, and
+never waits on a rollout that is not coming."""
 
 from __future__ import annotations
 
@@ -22,6 +24,7 @@ from adwin.probes.pool import Probe, ProbePool
 from adwin.probes.riding import RidingWorker, StaleRound
 from adwin.probes.workers import RoundJob
 from adwin.sampling.data import Prompt
+from adwin.sampling.rollout import Generation
 from adwin.tasks.tokenizer import build_tokenizer
 
 PROMPTS = [Prompt("a", "1+2="), Prompt("b", "3+4=")]
@@ -48,12 +51,15 @@ def _rider(gen: Sampler, seed: int | None = SEED) -> RidingWorker:
     return rider
 
 
-def _count_calls(gen: Sampler) -> list[int]:
+def _count_calls(gen: Sampler, most: list[int] | None = None) -> list[int]:
+    """The rows of every engine call (and, into ``most``, its largest budget: the steps it may decode)."""
     calls: list[int] = []
     real = gen.engine.generate
 
     def counted(contexts: Any, budgets: Any, **kw: Any) -> Any:
         calls.append(len(contexts))
+        if most is not None:
+            most.append(max(budgets))
         return real(contexts, budgets, **kw)
 
     gen.engine.generate = counted  # type: ignore[method-assign]
@@ -182,3 +188,61 @@ def test_batch_seeded_riding_is_reproducible_from_the_global_seed() -> None:
         batch = gen.roll_out(PROMPTS, 2, 6)
         outs.append((batch.response_ids, fut.result()))
     assert outs[0] == outs[1]
+
+
+def test_a_round_planned_at_a_longer_window_rides_capped_at_the_calls_window() -> None:
+    gen = _sampler()
+    rider = _rider(gen)
+    want = rider.extend.run(CONTEXTS, [4, 3], 0)  # the round as if it had been planned at the call's window
+    fut = rider.submit(RoundJob(["p0", "p1"], CONTEXTS, [9, 3], version=0))  # planned before the window fell to 4
+    most: list[int] = []
+    calls = _count_calls(gen, most)
+    batch = gen.roll_out(PROMPTS, 2, 4, seeds=_seeds(4))
+    assert calls == [6] and most == [4]  # no decode step past the rollout rows' own window
+    got = fut.result()
+    assert got.tokens == want.tokens and got.finished == want.finished
+    assert rider.metrics()["probe/rider_capped"] == 1
+    assert got.decode_steps == 0 and batch.decode_steps <= 4  # riders within the window add no step
+
+
+def test_a_capped_probe_continues_in_a_later_round_and_the_staleness_limit_still_forces_it_complete() -> None:
+    gen = _sampler()
+    rider = _rider(gen)
+    pool = _pool_with(["p0"], max_len=12)
+    ex = build_executor("rollout", pool, gen.parts.student, eos=gen.eos, pad_id=gen.pad, rider=rider)
+    ex.advance(ProbePlanOut(step=0, extend_by=8, active=["p0"], force_complete=[]), 0)
+    gen.roll_out(PROMPTS, 1, 2, seeds=_seeds(2))  # a window of 2: the round's budget of 8 is capped
+    gen.sync_weights(1)
+    ex.collect(1)
+    p = pool.get("p0")
+    assert len(p.response_ids) <= 1 + 2
+    if p.finished:  # an EOS inside the window: nothing left to continue
+        return
+    stats = ex.advance(ProbePlanOut(step=1, extend_by=8, active=["p0"], force_complete=["p0"]), 1)  # at S
+    assert p.finished and p.forced and stats.forced == 1 and stats.decode_steps > 0  # a call of its own
+    assert len(p.response_ids) == 12 or p.response_ids[-1] in gen.eos  # to the horizon or its EOS
+
+
+class _EarlyEnd:
+    """An engine whose rollout rows (the first ``k``) emit EOS at their second token and probe rows never do."""
+
+    def __init__(self, k: int) -> None:
+        self.k = k
+
+    def generate(self, contexts: Any, budgets: Any, **kw: Any) -> Generation:
+        rows = [[5, 2] if i < self.k else [7] * b for i, b in enumerate(budgets)]
+        # batched decoding runs to the largest budget while a row has not ended
+        return Generation(rows, [i < self.k for i in range(len(rows))], [[-1.0] * len(r) for r in rows], max(budgets))
+
+    def sync_weights(self, model: Any, version: int) -> None:
+        return None
+
+
+def test_riding_rows_that_outlast_every_rollout_row_report_the_decode_steps_they_added() -> None:
+    gen = _sampler()
+    gen.engine = _EarlyEnd(k=4)  # type: ignore[assignment]
+    rider = _rider(gen)
+    fut = rider.submit(RoundJob(["p0", "p1"], CONTEXTS, [5, 3], version=0))
+    batch = gen.roll_out(PROMPTS, 2, 6, seeds=_seeds(4))
+    # the call ran to its largest budget (6, the window: a rider cut at 5 was still going); alone, 2 steps
+    assert batch.decode_steps == 6 and fut.result().decode_steps == 6 - 2

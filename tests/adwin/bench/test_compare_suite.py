@@ -44,7 +44,7 @@ def test_the_suite_preset_is_proportioned_like_the_paper() -> None:
     assert base.probes.max_active >= base.probes.batch_size
     defaults = load_config(None, {})
     assert base.audit.budget == defaults.audit.budget == type(base.audit)().budget  # the budget at its default
-    assert base.probes.backend == type(base.probes)().backend  # the default probe backend, not compare's inline
+    assert base.probes.backend == defaults.probes.backend  # the default (auto) probe backend, not compare's inline
     assert "adwin bench compare --suite" in resolve_config(SUITE_CONFIG).path.read_text().splitlines()[0]
 
 
@@ -230,7 +230,7 @@ def test_labels_of_neighbouring_points_at_one_regret_take_different_heights() ->
     points = [(0.05, 0.047), (0.08, 0.047), (0.17, 0.047), (0.18, 0.047), (0.48, 0.047), (0.37, 0.039)]
     offsets = label_offsets(points)
     same_row = sorted(p for p in points if p[1] == 0.047)
-    for a, b in zip(same_row, same_row[1:]):
+    for a, b in zip(same_row, same_row[1:], strict=False):
         if b[0] - a[0] < 0.15:
             assert offsets[a] != offsets[b], f"{a} and {b} would overprint"
     assert offsets[(0.48, 0.047)] == offsets[(0.37, 0.039)] == (5, 4)  # far from any neighbour: the default height

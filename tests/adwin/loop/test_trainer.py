@@ -41,6 +41,8 @@ def test_adwin_run_audits_applies_decisions_next_step_and_bounds_staleness(tmp_p
     for h in hist:  # no rollout longer than its window
         assert h["rollout/mean_len"] <= h["window/current"]
         assert h["rollout/full_equiv_tokens"] >= h["rollout/sync_tokens"]
+        assert h["rollout/mean_len"] <= h["rollout/decode_steps"] <= h["window/current"]
+    assert sum(h["probe/decode_steps"] for h in hist) > 0  # the thread worker's rounds, counted when applied
     # run folder: resolved config, one JSONL row per step, a checkpoint with the policy state
     run_dir = tmp_path / "runs" / "adw"
     assert json.loads((run_dir / "config.json").read_text())["window"]["policy"] == "adwin"
@@ -69,7 +71,7 @@ def test_schedule_policies_follow_their_schedule_without_probes(tmp_path: Path, 
     assert not any(k.startswith(("probe/active", "audit/")) for h in res.history for k in h)
     assert res.totals["probe_tokens"] == 0
     for h, w in zip(res.history, expected, strict=True):
-        assert h["rollout/mean_len"] <= w
+        assert h["rollout/mean_len"] <= h["rollout/decode_steps"] <= w
 
 
 def test_training_moves_the_student_only(tmp_path: Path) -> None:

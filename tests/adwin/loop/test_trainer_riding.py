@@ -33,6 +33,8 @@ def test_a_riding_run_is_a_pure_function_of_its_seed(tmp_path: Path, seeding: st
     two = _run(tmp_path, "two", **{"rollout.seeding": seeding})
     assert _plain(one) == _plain(two)
     assert sum(r["probe/rider_rows"] for r in one) > 0 and sum(r.get("audit/submitted", 0) for r in one) >= 1
+    # the riders decode within the call's window: the call never decodes more steps than its window
+    assert all(0 < r["rollout/decode_steps"] <= r["window/current"] for r in one)
 
 
 def test_rounds_ride_the_next_rollout_on_the_version_they_were_submitted_at(tmp_path: Path,
@@ -40,9 +42,9 @@ def test_rounds_ride_the_next_rollout_on_the_version_they_were_submitted_at(tmp_
     boarded: list[tuple[int, int]] = []
     real = riding.RidingWorker.board
 
-    def board(self: riding.RidingWorker) -> Any:
+    def board(self: riding.RidingWorker, window: int) -> Any:
         job = self._parked[0] if self._parked is not None else None
-        out = real(self)
+        out = real(self, window)
         if job is not None:
             boarded.append((job.version, self.weights_version()))
         return out
