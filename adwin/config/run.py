@@ -153,6 +153,7 @@ SYNC_ONLY: dict[str, object] = {
     "optim.micro_batch_size": None,
     "model.gradient_checkpointing": False,
     "model.autocast": "off",
+    "model.sharding": "ddp",
     "model.teacher_backend": "hf",
     "probes.backend": "thread",
     "probes.workers": 1,

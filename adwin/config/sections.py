@@ -41,6 +41,10 @@ class ModelConfig(_Strict):
                                          "(HF activation checkpointing): less activation memory, one more forward of the layers")
     autocast: Literal["off", "bf16"] = Field("off", description="bf16 autocast of the student's training and "
                                              "audit forwards over float32 weights (cuda or cpu)")
+    sharding: Literal["ddp", "fsdp"] = Field("ddp", description="how the ranks of --nproc N hold the student: ddp "
+                                             "= a whole replica each; fsdp = FSDP2 shards of weights, gradients "
+                                             "and Adam moments (1/N each), gathered for generation and the audit; "
+                                             "checkpoints in torch.distributed.checkpoint format")
 
     @model_validator(mode="after")
     def _autocast_over_float32(self) -> ModelConfig:

@@ -12,6 +12,7 @@ import logging
 import numpy as np
 import torch
 
+from adwin.backends.fsdp import full_weights
 from adwin.config import TrainConfig
 from adwin.loop.distributed import LocalDist
 from adwin.loop.engine import HFEngine
@@ -34,7 +35,7 @@ def evaluate(parts: Parts, cfg: TrainConfig, gen: Sampler, dist: LocalDist | Non
     the evaluation schedule, so a run extended with ``--resume --steps`` (whose shorter first run evaluated
     at its last step) continues exactly as a straight run.
     """
-    with torch.random.fork_rng():
+    with torch.random.fork_rng(), full_weights(parts.student):  # sharded: one gather for the whole evaluation
         torch.manual_seed(cfg.seed)
         return _evaluate(parts, cfg, gen, dist or LocalDist())
 

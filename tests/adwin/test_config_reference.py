@@ -16,6 +16,7 @@ OTHER: dict[str, dict[str, object]] = {
     "optim.micro_batch_size": {"optim.micro_batch_size": 4},
     "model.gradient_checkpointing": {"model.gradient_checkpointing": True},
     "model.autocast": {"model.autocast": "bf16"},
+    "model.sharding": {"model.sharding": "fsdp"},
     "model.teacher_backend": {"model.teacher_backend": "vllm"},
     "probes.backend": {"probes.backend": "inline"},
     "probes.workers": {"probes.workers": 2},
