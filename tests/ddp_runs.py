@@ -75,6 +75,24 @@ def resume_worker(rank: int, world: int, port: int, cfg_path: str, crash_after: 
 AUDIT_CANDIDATES = [4, 8, 16, 32]
 
 
+def _generate_with_an_empty_rank(model: Any, rank: int, wait_s: float = 120.0) -> int:
+    """Rank 0 decodes a row on the rollout engine, rank 1 none (a probe round smaller than the world): both must
+    return. Rows decoded on this rank; raises instead of hanging when a rank is left waiting."""
+    import threading
+
+    from adwin.loop.engine import HFEngine
+
+    rows = [[5, 6, 7]] if rank == 0 else []
+    out: list[int] = []
+    worker = threading.Thread(target=lambda: out.append(len(HFEngine(model, {2}, 0).generate(
+        rows, [4] * len(rows), temperature=1.0, top_p=1.0, with_logprobs=False).response_ids)), daemon=True)
+    worker.start()
+    worker.join(wait_s)
+    if not out:
+        raise RuntimeError(f"rank {rank}: generate did not return: a rank without rows left another waiting")
+    return out[0]
+
+
 def sharded_audit_worker(rank: int, world: int, port: int, out: str) -> None:
     """One rank: a tiny Llama trained two AdamW steps in one process (``ref``), the same weights and optimizer
     state sharded over the ranks (FSDP2), and the audit of one probe batch on both, for each method and metric;
@@ -122,7 +140,7 @@ def sharded_audit_worker(rank: int, world: int, port: int, out: str) -> None:
         shard_opt, _ = build_optimizer(cfg, shard)
         set_optimizer_state_dict(shard, shard_opt, get_optimizer_state_dict(ref, ref_opt),
                                  options=StateDictOptions(full_state_dict=True))
-        res: dict[str, Any] = {}
+        res: dict[str, Any] = {"generated": _generate_with_an_empty_rank(shard, rank)}
         ref.zero_grad()
         loss(ref, ids).backward()
         shard.zero_grad()

@@ -25,6 +25,7 @@ import torch
 RESHARD_LAYERS = True
 RESHARD_ROOT = False
 _DEPTH = "_adwin_full_weights_depth"  # nesting count on the root module: only the outermost entry gathers
+_MANAGED = "_is_fsdp_managed_module"
 
 
 def is_sharded(model: torch.nn.Module) -> bool:
@@ -58,9 +59,18 @@ def full_weights(model: torch.nn.Module) -> Iterator[None]:
         m.set_reshard_after_forward(False, recurse=False)
         m.set_reshard_after_backward(False, recurse=False)
     setattr(model, _DEPTH, 1)
+    # transformers' generate reads this flag (set by fully_shard) to step every rank in lock-step with an
+    # all-reduce per token (synced_gpus); on whole weights no rank needs another, and a rank with no rows to
+    # decode (adwin.sampling.rollout.generate returns before generate) would leave the others waiting
+    managed = model.__dict__.get(_MANAGED)
+    setattr(model, _MANAGED, False)
     try:
         yield
     finally:
+        if managed is None:
+            delattr(model, _MANAGED)
+        else:
+            setattr(model, _MANAGED, managed)
         setattr(model, _DEPTH, 0)
         for m in mods:
             m.set_reshard_after_forward(RESHARD_ROOT if m is model else RESHARD_LAYERS, recurse=False)

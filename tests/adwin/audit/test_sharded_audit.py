@@ -45,5 +45,9 @@ def test_a_sharded_gradient_norm_is_the_one_process_norm(ranks: dict) -> None:
     assert many == pytest.approx(one, rel=1e-6)
 
 
+def test_a_rank_with_no_rows_to_decode_leaves_no_other_rank_waiting(ranks: dict) -> None:
+    assert ranks["generated"] == 1  # rank 0's row; rank 1 had none and returned too (else the spawn fails)
+
+
 def test_the_audit_leaves_the_student_sharded_and_its_gradients_untouched(ranks: dict) -> None:
     assert ranks["after"] == {"dtensor_params": True, "grads": 0}
