@@ -166,7 +166,9 @@ def sharded_audit_worker(rank: int, world: int, port: int, out: str) -> None:
                 res[f"{method}-{metric}"] = {name: {"cos": {str(c): r.cosines[c] for c in AUDIT_CANDIDATES},
                                                     "gram": r.gram.tolist()} for name, r in (("one", one), ("many", many))}
         res["after"] = {"dtensor_params": all(type(p).__name__ == "DTensor" for p in shard.parameters()),
-                        "grads": sum(p.grad is not None for p in shard.parameters())}
+                        "grads": sum(p.grad is not None for p in shard.parameters()),
+                        "sharded_moments": all(type(s["exp_avg_sq"]).__name__ == "DTensor"
+                                               for s in shard_opt.state.values()) and len(shard_opt.state) > 0}
         if dist.is_main:
             Path(out).write_text(json.dumps(res))
     finally:

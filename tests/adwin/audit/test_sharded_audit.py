@@ -49,5 +49,5 @@ def test_a_rank_with_no_rows_to_decode_leaves_no_other_rank_waiting(ranks: dict)
     assert ranks["generated"] == 1  # rank 0's row; rank 1 had none and returned too (else the spawn fails)
 
 
-def test_the_audit_leaves_the_student_sharded_and_its_gradients_untouched(ranks: dict) -> None:
-    assert ranks["after"] == {"dtensor_params": True, "grads": 0}
+def test_the_audit_leaves_the_student_and_its_optimizer_sharded_and_its_gradients_untouched(ranks: dict) -> None:
+    assert ranks["after"] == {"dtensor_params": True, "grads": 0, "sharded_moments": True}
