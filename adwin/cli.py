@@ -23,6 +23,8 @@ COMMANDS: list[tuple[tuple[str, ...], str, str]] = [
     (("bench", "controller"), "adwin.bench.controller", "latency and throughput of the controller service"),
     (("bench", "probes"), "adwin.bench.probes", "wall time of fixed vs ADWIN with inline, thread and Ray probe workers"),
     (("bench", "scale"), "adwin.bench.scale", "steps/s on 1 and 2 data-parallel processes, and the audit combine's cost"),
+    (("bench", "memory"), "adwin.bench.memory",
+     "peak memory per rank of a replicated (DDP) and a sharded (FSDP) student, and the largest student each fits"),
     (("bench", "eval"), "adwin.bench.evaluation", "evaluation cost: transformers' generate vs the compacting sampler"),
     (("bench", "compare"), "adwin.bench.compare", "every window method side by side: accuracy, tokens, FLOPs, time"),
     (("bench", "teacher"), "adwin.bench.teacher",

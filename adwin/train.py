@@ -236,7 +236,7 @@ def _run(cfg: TrainConfig, profile: str, resume: Path | None, dist: Any) -> int:
     checkpoint = None
     if resume is not None:
         from adwin.runtime.checkpoint import latest_checkpoint
-        from adwin.runtime.rank_state import check_world_size
+        from adwin.runtime.rank_state import check_resumable
         from adwin.runtime.resume import check_extension
 
         checkpoint = latest_checkpoint(resume)
@@ -245,7 +245,7 @@ def _run(cfg: TrainConfig, profile: str, resume: Path | None, dist: Any) -> int:
         if cfg.scheduler != "sync":
             raise ValueError(f"--resume supports the sync scheduler only, not {cfg.scheduler!r}")
         check_extension(checkpoint, cfg.steps, cfg.optim.schedule)
-        check_world_size(checkpoint, dist.world)
+        check_resumable(checkpoint, dist.world, cfg.model.sharding, cfg.rollout.seeding)
     parts = load_parts(cfg, profile)  # loads and checks models, tokenizers and prompts before any training compute
     if not builtin_cpu:
         limit_threads(parts.student, cfg.model.device)
@@ -269,6 +269,9 @@ def _run(cfg: TrainConfig, profile: str, resume: Path | None, dist: Any) -> int:
         return 0
     summary = summarize(result.history, result.initial_eval, result.final_eval, result.totals)
     summary["run_id"] = result.run_id
+    student_dir = getattr(result, "student_dir", None)  # the AsyncOPD result has none
+    if student_dir is not None:
+        summary["student_dir"] = str(student_dir)
     if getattr(result, "asyncopd", None):
         summary["asyncopd"] = result.asyncopd
         summary["throughput_tokens_per_s"] = result.asyncopd.get("throughput_tokens_per_s")
@@ -276,6 +279,8 @@ def _run(cfg: TrainConfig, profile: str, resume: Path | None, dist: Any) -> int:
     (result.run_dir / "summary.json").write_text(json.dumps(summary, indent=2))
     render(summary, console)
     console.print(f"run folder: {result.run_dir}")
+    if student_dir is not None:
+        console.print(f"student (transformers folder, from_pretrained loads it): {student_dir}")
     return 0
 
 

@@ -24,6 +24,7 @@ import torch
 
 from adwin.audit.alignment import AuditResult, ProbeBatch, audit
 from adwin.audit.stale import stale_token_weights
+from adwin.backends.fsdp import full_tensor, full_weights, is_sharded
 
 
 @dataclass
@@ -76,8 +77,18 @@ def run_audit_job(model: torch.nn.Module, job: AuditJob, optimizer: Any = None) 
     stand in for it.
     """
     s = job.settings
+    if is_sharded(model):  # FSDP2: the audit runs on the gathered weights, Adam's moments gathered by name
+        moments = adam_snapshot(optimizer, model, device=None) if s.metric == "adam" and optimizer is not None \
+            else job.adam_moments
+        with full_weights(model):
+            return _run(model, job, None if moments is None else adam_view(model, moments))
     if s.metric == "adam" and optimizer is None and job.adam_moments is not None:
         optimizer = adam_view(model, job.adam_moments)
+    return _run(model, job, optimizer)
+
+
+def _run(model: torch.nn.Module, job: AuditJob, optimizer: Any) -> AuditOutcome:
+    s = job.settings
     weights, is_metrics = stale_token_weights(model, job.batch, s.is_method, s.is_low, s.is_high, job.version,
                                               level=s.is_level)
     result = audit(model, job.batch, s.candidates, method=s.method, metric=s.metric, optimizer=optimizer,
@@ -87,8 +98,13 @@ def run_audit_job(model: torch.nn.Module, job: AuditJob, optimizer: Any = None) 
     return AuditOutcome(job.audit_id, job.version, result, is_metrics)
 
 
-def adam_snapshot(optimizer: torch.optim.Optimizer, model: torch.nn.Module) -> dict[str, Any]:
-    """Name-keyed copy of what the ``adam`` metric reads: second moments, step, beta2, eps, amsgrad."""
+def adam_snapshot(optimizer: torch.optim.Optimizer, model: torch.nn.Module,
+                  device: str | None = "cpu") -> dict[str, Any]:
+    """Name-keyed copy of what the ``adam`` metric reads: second moments, step, beta2, eps, amsgrad.
+
+    A sharded optimizer's moments (DTensor shards, ``model.sharding: fsdp``) are gathered whole: an
+    all-gather per parameter, in the same order on every rank. ``device`` None keeps them where they are.
+    """
     name_of = {id(p): n for n, p in model.named_parameters()}
     out: dict[str, Any] = {}
     for group in optimizer.param_groups:
@@ -97,7 +113,10 @@ def adam_snapshot(optimizer: torch.optim.Optimizer, model: torch.nn.Module) -> d
             v = state.get("max_exp_avg_sq") if group.get("amsgrad") else state.get("exp_avg_sq")
             if v is None or "step" not in state or id(p) not in name_of:
                 continue
-            out[name_of[id(p)]] = {"v": v.detach().to("cpu", copy=True), "step": float(state["step"]),
+            live = v.detach()
+            w = full_tensor(live)  # a gathered DTensor is already a copy; a plain tensor must not alias the live state
+            out[name_of[id(p)]] = {"v": w.to(w.device if device is None else device, copy=w is live),
+                                   "step": float(full_tensor(torch.as_tensor(state["step"]))),
                                    "beta2": float(group["betas"][1]), "eps": float(group["eps"])}
     return out
 

@@ -50,8 +50,10 @@ MODES: dict[str, dict[str, Any]] = {
              "rollout.max_response_len": 16, "window.candidates": [4, 8, 12], "window.initial": None},
 }
 TINY_WINDOW = 8
-ASYNC_OVERRIDES: dict[str, Any] = {"scheduler": "asyncopd", "asyncopd.queue_depth": 4, "asyncopd.rollout_workers": 1,
-                                   "asyncopd.pad_to_horizon": False, "asyncopd.wait_timeout_s": 3600.0}
+# probes.backend back to auto: the shared base is a sync config, whose auto the sync scheduler resolved
+ASYNC_OVERRIDES: dict[str, Any] = {"scheduler": "asyncopd", "probes.backend": "auto", "asyncopd.queue_depth": 4,
+                                   "asyncopd.rollout_workers": 1, "asyncopd.pad_to_horizon": False,
+                                   "asyncopd.wait_timeout_s": 3600.0}
 GOAL_SPEEDUP = 1.2
 WORKER_WHERE = {"thread": "thread of this process", "ray": "Ray actor (its own process)"}
 

@@ -173,6 +173,7 @@ SYNC_ONLY: dict[str, object] = {
     "optim.micro_batch_size": None,
     "model.gradient_checkpointing": False,
     "model.autocast": "off",
+    "model.sharding": "ddp",
     "probes.backend": "auto",
     "probes.workers": 1,
     "probes.ray_address": None,

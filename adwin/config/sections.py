@@ -71,6 +71,10 @@ class ModelConfig(_Strict):
     teacher_server: TeacherServerConfig = Field(default_factory=TeacherServerConfig)
     lora: LoraSection | None = Field(None, description="LoRA adapters on the student (needs adwin[lora]); None = "
                                      "every parameter trains")
+    sharding: Literal["ddp", "fsdp"] = Field("ddp", description="how the ranks of --nproc N hold the student: ddp "
+                                             "= a whole replica each; fsdp = FSDP2 shards of weights, gradients "
+                                             "and Adam moments (1/N each), gathered for generation and the audit; "
+                                             "checkpoints in torch.distributed.checkpoint format")
 
     @model_validator(mode="after")
     def _autocast_over_float32(self) -> ModelConfig:

@@ -7,7 +7,8 @@ the engine samples from the student version the trainer just produced. Two imple
 
 - ``HFEngine`` (``rollout.backend: hf``): ``adwin.sampling.rollout.generate`` on the trainer's own
   student module, numerically what the trainer did before the engine existed; ``sync_weights`` has
-  nothing to copy (the engine *is* the trainer's module).
+  nothing to copy (the engine *is* the trainer's module). A sharded student (``model.sharding: fsdp``)
+  is gathered whole for each call (``adwin.backends.fsdp.full_weights``; docs/decisions.md, "Sharded students").
 - ``VLLMEngine`` (``rollout.backend: vllm``): ``adwin.backends.vllm_rollout.VLLMRollout`` (vLLM's
   offline ``LLM``), one request per context with its own ``max_tokens`` and seed; ``sync_weights``
   loads the student's tensors into the engine and drops its prefix cache. UNTESTED ON A GPU: the
@@ -23,6 +24,7 @@ from typing import Protocol
 
 import torch
 
+from adwin.backends.fsdp import full_weights
 from adwin.backends.vllm_rollout import VLLMRollout
 from adwin.config import TrainConfig
 from adwin.sampling.rollout import Generation, generate
@@ -59,8 +61,10 @@ class HFEngine:
 
     def generate(self, contexts: Sequence[Sequence[int]], budgets: Sequence[int], *, temperature: float,
                  top_p: float, with_logprobs: bool, row_seeds: Sequence[int] | None = None) -> Generation:
-        return generate(self.model, contexts, budgets, eos=self.eos, pad_id=self.pad_id, temperature=temperature,
-                        top_p=top_p, with_logprobs=with_logprobs, row_seeds=row_seeds, compile=self.compile)
+        with full_weights(self.model):  # a sharded student decodes on its gathered weights (adwin.backends.fsdp)
+            return generate(self.model, contexts, budgets, eos=self.eos, pad_id=self.pad_id,
+                            temperature=temperature, top_p=top_p, with_logprobs=with_logprobs, row_seeds=row_seeds,
+                            compile=self.compile)
 
     def sync_weights(self, model: torch.nn.Module, version: int) -> None:
         if model is not self.model:  # a second module would need a copy: nothing in the trainer builds that

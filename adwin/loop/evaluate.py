@@ -13,6 +13,7 @@ import math
 import numpy as np
 import torch
 
+from adwin.backends.fsdp import full_weights
 from adwin.backends.teacher_client import TeacherUnavailable
 from adwin.config import TrainConfig
 from adwin.loop.distributed import LocalDist
@@ -37,7 +38,7 @@ def evaluate(parts: Parts, cfg: TrainConfig, gen: Sampler, dist: LocalDist | Non
     at its last step) continues exactly as a straight run. A teacher server that does not answer leaves
     ``eval/teacher_kl`` NaN (the next step's scoring stops the run if it stays down).
     """
-    with torch.random.fork_rng():
+    with torch.random.fork_rng(), full_weights(parts.student):  # sharded: one gather for the whole evaluation
         torch.manual_seed(cfg.seed)
         return _evaluate(parts, cfg, gen, dist or LocalDist())
 

@@ -58,14 +58,9 @@ def load_parts(cfg: TrainConfig, profile: str = "default") -> Parts:
 
     ``builtin`` model paths come from the built-in task's prepared assets of ``profile`` (``tiny`` for tests).
     """
-    assets = None
     uses_builtin = cfg.model.student == "builtin" or "builtin" in cfg.model.teachers.values()
-    if uses_builtin:
-        from adwin import tasks
-
-        assets = tasks.ensure_prepared(profile=profile, seed=cfg.model.builtin_seed, task=cfg.data.builtin_task)
-    student_path = assets.student_path if cfg.model.student == "builtin" and assets else cfg.model.student
-    tok_path = assets.tokenizer_path if cfg.model.student == "builtin" and assets else student_path
+    assets = builtin_assets(cfg, profile) if uses_builtin else None
+    student_path, tok_path = student_paths(cfg, assets)
     tokenizer = load_tokenizer(tok_path)
     student = load_student(cfg, student_path)
     check_context(cfg.data.max_prompt_len, cfg.rollout.max_response_len,
@@ -87,6 +82,20 @@ def load_student(cfg: TrainConfig, path: str | Path) -> torch.nn.Module:
     never wrapped: they stay the plain checkpoints)."""
     student = load_model(path, cfg.model.dtype, cfg.model.device)
     return student if cfg.model.lora is None else apply_lora(student, cfg.model.lora, seed=cfg.seed)
+
+
+def builtin_assets(cfg: TrainConfig, profile: str) -> Any:
+    """The built-in task's prepared models of ``profile`` (prepared on first use)."""
+    from adwin import tasks
+
+    return tasks.ensure_prepared(profile=profile, seed=cfg.model.builtin_seed, task=cfg.data.builtin_task)
+
+
+def student_paths(cfg: TrainConfig, assets: Any) -> tuple[str, str]:
+    """The student's checkpoint and tokenizer folders (``builtin``: the prepared ones in ``assets``)."""
+    if cfg.model.student == "builtin" and assets is not None:
+        return str(assets.student_path), str(assets.tokenizer_path)
+    return cfg.model.student, cfg.model.student
 
 
 def resolve_teachers(spec: dict[str, str], assets: Any) -> dict[str, str]:

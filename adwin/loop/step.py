@@ -16,6 +16,7 @@ from typing import Any
 
 import torch
 
+from adwin.backends.fsdp import full_tensor, is_sharded
 from adwin.config import TrainConfig
 from adwin.controller.schemas import WindowOut
 from adwin.loop.memory import micro_slices, training_forward
@@ -119,7 +120,9 @@ def optimize(student: torch.nn.Module, optimizer: torch.optim.Optimizer, schedul
     forward and one backward), each micro-batch's loss normalised by the whole batch's count, so the
     accumulated gradient is the whole batch's. ``reducer`` (data parallelism, ``adwin.loop.reduce``) sums
     that count, the gradients and the metrics' sums across ranks; metrics are then global on every rank
-    except the ratio percentiles (``loss/is_ratio_*``), which are this rank's.
+    except the ratio percentiles (``loss/is_ratio_*``), which are this rank's. A sharded student
+    (``model.sharding: fsdp``) sums its gradients itself: each backward reduce-scatters them into this
+    rank's shards (``adwin.loop.fsdp``), so the reducer sums only the normaliser and the metrics.
 
     Returns the metrics and the student's per-token logprobs before the update (B, L): the behavior
     logprobs of this step's prefixes, which probes carry forward.
@@ -163,10 +166,11 @@ def optimize(student: torch.nn.Module, optimizer: torch.optim.Optimizer, schedul
         total, lm = _combined_metrics(losses, parts, reduce, device)
         if behavior is not None and any(k.startswith("loss/is_ratio_") for k in parts[0]):
             lm |= _ratio_percentiles(logprobs, behavior, loss_mask(rows.response_mask, window))
-        if reducer is not None:
+        if reducer is not None and not is_sharded(student):  # FSDP2 has reduce-scattered them in the backward
             all_sum_grads(trainable_parameters(student), reducer)
     clip = cfg.optim.grad_clip if cfg.optim.grad_clip > 0 else float("inf")
-    grad_norm = torch.nn.utils.clip_grad_norm_(trainable_parameters(student), clip)  # LoRA: the adapters' norm
+    # LoRA: the adapters' norm; a sharded student's is over every rank's shard (a replicated DTensor)
+    grad_norm = full_tensor(torch.nn.utils.clip_grad_norm_(trainable_parameters(student), clip))
     skip = not is_finite(total, float(grad_norm))
     if skip:  # a NaN/Inf update would corrupt the weights and Adam's moments: drop it (adwin.runtime.guards)
         log.warning("non-finite loss %.4g or grad norm %.4g: optimizer step skipped", total, float(grad_norm))

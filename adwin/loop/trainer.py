@@ -20,6 +20,7 @@ from adwin.controller.api import ControllerAPI
 from adwin.loop.accounting import Clock
 from adwin.loop.distributed import LocalDist
 from adwin.loop.evaluate import evaluate
+from adwin.loop.fsdp import shard_student
 from adwin.loop.outage import score_or_outage, step_start, stop_after_outage
 from adwin.loop.parts import Parts, build_optimizer, load_parts, open_loggers, run_spec, seed_everything
 from adwin.loop.probing import open_probe_side
@@ -30,7 +31,7 @@ from adwin.loop.step import optimize, window_metrics
 from adwin.policies.surprise import surprise_metrics
 from adwin.runtime.checkpoint import rng_state, save_checkpoint
 from adwin.runtime.guards import FaultCounter, NumericalFault
-from adwin.runtime.rank_state import check_world_size, restore_rank_rng, write_rank_rngs
+from adwin.runtime.rank_state import check_resumable, restore_rank_rng, write_rank_rngs
 from adwin.runtime.resilient_controller import controller_metrics, drain_controller
 from adwin.runtime.resume import (
     CONTROLLER_DB,
@@ -40,6 +41,7 @@ from adwin.runtime.resume import (
     snapshot_controller,
     truncate_metrics,
 )
+from adwin.runtime.sharded_checkpoint import export_student, stage_sharded
 from adwin.sampling.lora import LORA_EXPORT, export_lora, is_lora
 from adwin.sampling.static_decode import LEDGER as COMPILES
 
@@ -52,6 +54,7 @@ class TrainResult:
     final_eval: dict[str, float]
     history: list[dict[str, Any]]
     totals: dict[str, float] = field(default_factory=dict)
+    student_dir: Path | None = None  # the final student as a transformers save_pretrained folder
 
 
 def train(cfg: TrainConfig, controller: ControllerAPI | None, parts: Parts | None = None,
@@ -67,17 +70,22 @@ def train(cfg: TrainConfig, controller: ControllerAPI | None, parts: Parts | Non
     ``dist``: this process's rank of a data-parallel run (``adwin.loop.distributed``; ``controller`` is None on
     ranks > 0): each rank samples and differentiates its shard of the step's rows, rank 0 alone talks to the
     controller and logs, and every rank trains on the same window (docs/decisions.md, "Data-parallel training").
+    With ``model.sharding: fsdp`` the student is sharded over the ranks first (``adwin.loop.fsdp``), checkpoints
+    hold its shards, and the run ends by exporting it whole (``TrainResult.student_dir``; docs/decisions.md,
+    "Sharded students").
     """
     dist = dist or LocalDist()
     check_data_parallel(cfg, dist.world)
     parts = parts or load_parts(cfg)
+    sharded = cfg.model.sharding == "fsdp"  # before the optimizer: it must hold the shards (adwin.loop.fsdp)
+    shard_student(parts.student, cfg, dist)
     # batch seeding: ranks must not draw the same noise for different prompts; one process: unchanged
     seed_everything(cfg.seed + (dist.rank if cfg.rollout.seeding == "batch" else 0))
     ctl = controller if dist.world == 1 else RankZeroController(controller, dist)  # every rank's calls
     run_dir = Path(cfg.out_dir) / cfg.name
     state = read_state(resume) if resume else None
     if resume:
-        check_world_size(resume, dist.world)
+        check_resumable(resume, dist.world, cfg.model.sharding, cfg.rollout.seeding)
     run_id = state["run_id"] if state else ctl.register_run(run_spec(cfg)).run_id
     if state:
         if dist.is_main:
@@ -95,13 +103,16 @@ def train(cfg: TrainConfig, controller: ControllerAPI | None, parts: Parts | Non
         probes.drain(step)  # normally a no-op (drained before logging); the fault stop comes here directly
         rngs = dist.all_gather_object(rng_state())  # each rank's own streams (batch seeding differs per rank)
         saved = run_dir / f"checkpoint-{step}"
+        staged = stage_sharded(run_dir, step, parts.student, optimizer, dist) if sharded else None  # every rank's shards
         if dist.is_main:
             saved = save_checkpoint(
                 run_dir, step, parts.student, parts.tokenizer, optimizer, scheduler,
                 controller.get_run(run_id).policy_state,
                 extra=run_state(probes.pool, probes.ledger, parts.train_prompts, faults, probes.schedule, probes.budget),
-                meta={"run_id": run_id, "initial_eval": initial, "world_size": dist.world},
-                write_files=lambda d: (snapshot_controller(controller, d / CONTROLLER_DB), write_rank_rngs(d, rngs)))
+                meta={"run_id": run_id, "initial_eval": initial, "world_size": dist.world,
+                      "sharding": cfg.model.sharding},
+                write_files=lambda d: (snapshot_controller(controller, d / CONTROLLER_DB), write_rank_rngs(d, rngs)),
+                staged=staged)
         dist.barrier()  # no rank runs ahead of a checkpoint that is not on disk yet
         return saved
 
@@ -163,11 +174,15 @@ def train(cfg: TrainConfig, controller: ControllerAPI | None, parts: Parts | Non
         if on_step is not None:
             on_step(t, m)
     probes.close()
-    if dist.is_main and is_lora(parts.student):  # the adapter and the merged student, beside the last checkpoint
-        export_lora(parts.student, parts.tokenizer, run_dir / LORA_EXPORT)
+    # the last checkpoint is a transformers folder already, except a sharded student's (gathered on rank 0) and
+    # a LoRA student's (its adapter: the merged student is exported beside it)
+    student = export_student(run_dir, parts.student, parts.tokenizer, dist) if sharded \
+        else run_dir / f"checkpoint-{cfg.steps}"
+    if dist.is_main and is_lora(parts.student):
+        student = export_lora(parts.student, parts.tokenizer, run_dir / LORA_EXPORT)[1]
     drain_controller(controller)  # degraded mode: deliver what is still buffered (bounded wait)
     sinks.close()
-    return TrainResult(run_id, run_dir, initial, final, sinks.history, probes.totals())
+    return TrainResult(run_id, run_dir, initial, final, sinks.history, probes.totals(), student)
 
 
 def stop_after_faults(faults: FaultCounter, step: int, cfg: TrainConfig, saved: Path, probes: Any,

@@ -1,6 +1,7 @@
 """Checkpoints in the run folder, written atomically.
 
-``<run>/checkpoint-<step>/`` holds the student (``save_pretrained``; a LoRA student: its adapter only), its
+``<run>/checkpoint-<step>/`` holds the student (``save_pretrained``; a LoRA student: its adapter only; a sharded
+student's weights and optimizer state are DCP shards instead, ``adwin.runtime.sharded_checkpoint``), its
 tokenizer, ``trainer_state.pt`` (optimizer, scheduler, RNG states and whatever extra run state the caller
 passes: prompt stream position, probe pool, token ledger, fault counters), optional extra files (the embedded
 controller's database) and ``state.json`` (the step, the window policy's state, the run id). ``step`` counts
@@ -61,22 +62,24 @@ def save_checkpoint(
     extra: dict[str, Any] | None = None,
     meta: dict[str, Any] | None = None,
     write_files: Callable[[Path], None] | None = None,
+    staged: Path | None = None,
 ) -> Path:
     """Atomically write ``checkpoint-<step>`` and return its path.
 
     ``extra`` goes into ``trainer_state.pt`` (anything ``torch.save`` pickles), ``meta`` into ``state.json``
     (JSON), ``write_files(folder)`` may add files (e.g. a database snapshot) before the folder is published.
+    ``staged``: a ``staging_folder`` that already holds the model's and optimizer's state (a sharded student's,
+    ``adwin.runtime.sharded_checkpoint``); the rest is written into it and it is published.
     """
     run_dir = Path(run_dir)
-    run_dir.mkdir(parents=True, exist_ok=True)
-    remove_partial_checkpoints(run_dir)
-    tmp = Path(tempfile.mkdtemp(prefix=f"{_TMP_PREFIX}{step}.", suffix=".tmp", dir=run_dir))
+    tmp = staged if staged is not None else staging_folder(run_dir, step)
     try:
-        model.save_pretrained(tmp)  # type: ignore[operator]
+        blob: dict[str, Any] = {"scheduler": scheduler.state_dict(), "rng": rng_state(), "extra": extra or {}}
+        if staged is None:
+            model.save_pretrained(tmp)  # type: ignore[operator]
+            blob["optimizer"] = optimizer.state_dict()
         if tokenizer is not None and hasattr(tokenizer, "save_pretrained"):
             tokenizer.save_pretrained(tmp)
-        blob = {"optimizer": optimizer.state_dict(), "scheduler": scheduler.state_dict(), "rng": rng_state(),
-                "extra": extra or {}}
         torch.save(blob, tmp / "trainer_state.pt")
         if write_files is not None:
             write_files(tmp)
@@ -91,6 +94,15 @@ def save_checkpoint(
         raise
     log.debug("checkpoint written: %s", final)
     return final
+
+
+def staging_folder(run_dir: str | Path, step: int) -> Path:
+    """A fresh hidden folder in ``run_dir`` that ``save_checkpoint`` publishes as ``checkpoint-<step>`` (partial
+    folders of a crash removed first)."""
+    run_dir = Path(run_dir)
+    run_dir.mkdir(parents=True, exist_ok=True)
+    remove_partial_checkpoints(run_dir)
+    return Path(tempfile.mkdtemp(prefix=f"{_TMP_PREFIX}{step}.", suffix=".tmp", dir=run_dir))
 
 
 def _publish(tmp: Path, final: Path) -> None:
@@ -187,7 +199,8 @@ def load_checkpoint(path: str | Path, optimizer: torch.optim.Optimizer, schedule
     """
     path = Path(path)
     blob = torch.load(path / "trainer_state.pt", weights_only=False)
-    optimizer.load_state_dict(blob["optimizer"])
+    if "optimizer" in blob:  # a sharded checkpoint's optimizer state is in its shards (``load_sharded``)
+        optimizer.load_state_dict(blob["optimizer"])
     scheduler.load_state_dict(blob["scheduler"])
     set_rng_state(blob["rng"])
     state = json.loads((path / "state.json").read_text())

@@ -145,8 +145,12 @@ def resume_from(checkpoint: Path, model: Any, optimizer: Any, scheduler: Any, po
                 prompts: Any, faults: Any, schedule: Any = None, budget: Any = None) -> tuple[dict[str, float], int]:
     """Load everything back in place; RNG states last. Returns the run's initial evaluation and the next step."""
     from adwin.runtime.checkpoint import load_checkpoint, load_weights
+    from adwin.runtime.sharded_checkpoint import is_sharded_checkpoint, load_sharded
 
-    load_weights(checkpoint, model)
+    if is_sharded_checkpoint(checkpoint):  # every rank reads its shards (any world size)
+        load_sharded(checkpoint, model, optimizer)
+    else:
+        load_weights(checkpoint, model)
     state = load_checkpoint(checkpoint, optimizer, scheduler)
     restore_run_state(state["extra"], pool, ledger, prompts, faults, schedule, budget)
     log.info("resumed from %s at step %d (%d probes restored)", checkpoint, state["step"], len(pool))

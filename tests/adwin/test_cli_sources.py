@@ -67,3 +67,17 @@ def test_an_unknown_preset_stops_the_command_before_compute_listing_the_presets(
     assert len(err.splitlines()) == 1 and "no-such-preset" in err
     assert all(name in err for name in ("default", "fixed", "qwen3-4b-math"))
     assert not (tmp_path / "runs").exists()
+
+
+def test_the_default_task_trains_sharded_on_two_processes_and_resumes(home: Path, tmp_path: Path) -> None:
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(ROOT), "ADWIN_HOME": str(home)}
+    run_dir = tmp_path / "runs" / "adwin-builtin"
+    for args in (["--steps", "2", *SMALL, "--set", "model.sharding=fsdp", "--out", str(tmp_path / "runs")],
+                 ["--resume", str(run_dir), "--steps", "3", "--profile", "tiny", "--no-progress"]):  # one step more
+        done = subprocess.run([sys.executable, "-m", "adwin", "train", "--nproc", "2", *args], cwd=tmp_path, env=env,
+                              capture_output=True, text=True, timeout=300)
+        assert done.returncode == 0, done.stderr[-3000:]
+    assert [json.loads(x)["step"] for x in (run_dir / "metrics.jsonl").read_text().splitlines()] == [0, 1, 2]
+    assert (run_dir / "checkpoint-2" / "sharded").is_dir() and (run_dir / "checkpoint-3" / "sharded").is_dir()
+    assert json.loads((run_dir / "summary.json").read_text())["student_dir"] == str(run_dir / "student")
+    assert (run_dir / "student" / "model.safetensors").is_file()

@@ -82,12 +82,16 @@ def test_presets_validate_and_start_with_their_command(path: Path) -> None:
     load_config(path)
 
 
-def test_paper_preset_uses_vllm_rollouts_inline_probes_sketch_audits_and_launches_on_8_processes() -> None:
+def test_paper_preset_shards_the_student_over_8_processes_with_inline_probes_and_sketch_audits() -> None:
+    from adwin.loop.sharding import check_data_parallel
+
     path = next(p for p in CONFIGS if p.name == "qwen3-4b-math.yaml")
     first = path.read_text().splitlines()[0]
     assert "--nproc 8" in first and "torchrun --nproc_per_node 8 -m adwin train" in first
-    cfg = load_config(path)
-    assert (cfg.rollout.backend, cfg.probes.backend, cfg.audit.method) == ("vllm", "inline", "sketch")
+    cfg = load_config(path, world=8)
+    check_data_parallel(cfg, 8)  # what its header command launches is accepted
+    assert (cfg.model.sharding, cfg.model.dtype, cfg.model.autocast) == ("fsdp", "float32", "bf16")
+    assert (cfg.rollout.backend, cfg.probes.backend, cfg.audit.method) == ("hf", "inline", "sketch")
     assert (cfg.rollout.prompts_per_step, cfg.rollout.samples_per_prompt, cfg.rollout.max_response_len) == (128, 8, 8192)
 
 

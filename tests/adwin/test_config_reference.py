@@ -16,6 +16,7 @@ OTHER: dict[str, dict[str, object]] = {
     "optim.micro_batch_size": {"optim.micro_batch_size": 4},
     "model.gradient_checkpointing": {"model.gradient_checkpointing": True},
     "model.autocast": {"model.autocast": "bf16"},
+    "model.sharding": {"model.sharding": "fsdp"},
     "probes.backend": {"probes.backend": "inline"},
     "probes.workers": {"probes.workers": 2},
     "probes.ray_address": {"probes.backend": "ray", "probes.ray_address": "127.0.0.1:6379"},
