@@ -27,15 +27,9 @@ def micro_slices(n: int, size: int | None) -> list[slice]:
 
 
 def _checkpointed_layers(model: torch.nn.Module) -> list[torch.nn.Module]:
-    """The modules whose own ``gradient_checkpointing`` and ``training`` flags decide whether HF checkpoints.
+    """The decoder layers that checkpoint: HF reads each one's own ``gradient_checkpointing`` and ``training``."""
+    from transformers.modeling_layers import GradientCheckpointingLayer  # heavy; only this option needs it
 
-    transformers >= 4.52 checks them in each decoder layer (``GradientCheckpointingLayer``); earlier releases
-    check them in the model body that loops over its layers (e.g. ``LlamaModel``), which is then the one module.
-    """
-    try:
-        from transformers.modeling_layers import GradientCheckpointingLayer  # heavy; only this option needs it
-    except ImportError:  # transformers < 4.52: the flag lives on the model body
-        return [m for m in model.modules() if getattr(m, "gradient_checkpointing", False) is True]
     return [m for m in model.modules() if isinstance(m, GradientCheckpointingLayer) and m.gradient_checkpointing]
 
 
