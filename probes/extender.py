@@ -10,6 +10,7 @@ import torch
 
 from adwin.probes.pool import Extension
 from adwin.sampling.rollout import generate
+from adwin.sampling.static_decode import CompileSetting
 
 
 @dataclass
@@ -21,10 +22,11 @@ class ModelExtender:
     pad_id: int
     temperature: float = 1.0
     top_p: float = 1.0
+    compile: CompileSetting = False  # rollout.compile, resolved on the replica's own device
 
     def __call__(self, contexts: list[list[int]], budgets: list[int]) -> Extension:
         g = generate(self.model, contexts, budgets, eos=self.eos, pad_id=self.pad_id, temperature=self.temperature,
-                     top_p=self.top_p, with_logprobs=True)
+                     top_p=self.top_p, with_logprobs=True, compile=self.compile)
         return Extension(g.response_ids, g.logprobs or [[] for _ in contexts], g.finished)
 
     def load(self, weights: Mapping[str, torch.Tensor]) -> None:

@@ -55,11 +55,11 @@ def _actor_class() -> Any:
     @ray.remote
     class ProbeActor:
         def __init__(self, model: torch.nn.Module, eos: list[int], pad_id: int, temperature: float,
-                     top_p: float) -> None:
+                     top_p: float, compile: bool | str = False) -> None:
             from adwin.probes.extender import ModelExtender
 
             torch.set_num_threads(1)  # small models: one intra-op thread; the trainer needs the other core
-            self.extender = ModelExtender(model.eval(), set(eos), pad_id, temperature, top_p)
+            self.extender = ModelExtender(model.eval(), set(eos), pad_id, temperature, top_p, compile)  # type: ignore[arg-type]
 
         def extend(self, contexts: list[list[int]], budgets: list[int],
                    weights: dict[str, torch.Tensor] | None) -> Extension:
@@ -86,9 +86,9 @@ class RayWorker:
     synchronous = False
 
     def __init__(self, model_ref: Any, eos: set[int], pad_id: int, temperature: float = 1.0,
-                 top_p: float = 1.0, num_cpus: float = 1.0) -> None:
+                 top_p: float = 1.0, num_cpus: float = 1.0, compile: bool | str = False) -> None:
         self.actor = _actor_class().options(num_cpus=num_cpus, max_restarts=0).remote(
-            model_ref, sorted(eos), pad_id, temperature, top_p)
+            model_ref, sorted(eos), pad_id, temperature, top_p, compile)
 
     def submit(self, job: RoundJob) -> Future[Extension]:
         return self.actor.extend.remote(job.contexts, job.budgets, job.weights).future()

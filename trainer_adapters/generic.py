@@ -45,6 +45,7 @@ from adwin.probes.settings import audit_schedule, audit_settings, decision_budge
 from adwin.probes.workers import InlineWorker
 from adwin.runtime.resilient_controller import controller_metrics, drain_controller
 from adwin.sampling.rollout import generate
+from adwin.sampling.static_decode import CompileSetting
 from adwin.trainer_adapters.registration import check_feasible, register, resilient
 
 Extend = Callable[[list[list[int]], list[int]], tuple[list[list[int]], list[bool]]]
@@ -379,18 +380,20 @@ def hf_extender(
     pad_id: int,
     eos_ids: Iterable[int],
     generation_kwargs: dict[str, Any] | None = None,
+    compile: CompileSetting = "auto",
 ) -> Extend:
     """``Extend`` from an HF causal LM: one ``adwin.sampling.rollout.generate`` call per round.
 
     Sampling follows ``generation_kwargs`` (HF ``generate`` arguments, e.g. the host trainer's
     ``temperature``/``top_p``/``top_k``) over ``do_sample=True`` and the model's generation config. Each
-    context is cut to its own budget and just after its first EOS (kept: it is a trained token).
+    context is cut to its own budget and just after its first EOS (kept: it is a trained token). ``compile``:
+    decode on a static cache with transformers' compiled step (``auto``: on CUDA; ``rollout.compile``).
     """
     eos = {int(e) for e in eos_ids}
     sampling = {"do_sample": True, **(generation_kwargs or {})}
 
     def extend(contexts: list[list[int]], budgets: list[int]) -> tuple[list[list[int]], list[bool]]:
-        g = generate(model, contexts, budgets, eos=eos, pad_id=pad_id, sampling=sampling)
+        g = generate(model, contexts, budgets, eos=eos, pad_id=pad_id, sampling=sampling, compile=compile)
         return g.response_ids, g.finished
 
     return extend

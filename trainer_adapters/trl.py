@@ -66,6 +66,7 @@ from adwin.controller.schemas import AuditOut, PolicyIn, RunIn
 from adwin.probes.offers import OFFER_FINISHED
 from adwin.probes.settings import param_count
 from adwin.runtime.resilient_controller import controller_metrics
+from adwin.sampling.static_decode import CompileSetting
 from adwin.trainer_adapters.generic import WindowClient, hf_extender, teacher_scorer
 
 logger = logging.getLogger(__name__)
@@ -101,6 +102,7 @@ class AdwinCallback(TrainerCallback):
         resume: bool = False,
         resilient_controller: bool = True,
         drain_timeout_s: float = 30.0,
+        compile: CompileSetting = "auto",
     ) -> None:
         if probe_every < 1 or probe_count < 0:
             raise ValueError(f"probe_every must be >= 1 and probe_count >= 0, got {probe_every}, {probe_count}")
@@ -112,6 +114,7 @@ class AdwinCallback(TrainerCallback):
         self.threshold = threshold
         self.probe_every = probe_every
         self.probe_count = probe_count
+        self.compile = compile  # probe extension's decoding (adwin.sampling.static_decode; auto: on CUDA)
         # one declaration of the audit; the callback knows both models, so the default budget can count FLOPs
         self.audit = audit or AuditConfig(method=audit_method, metric=audit_metric)
         self.report_steps = report_steps
@@ -221,6 +224,7 @@ class AdwinCallback(TrainerCallback):
         extend = hf_extender(
             student, pad_id=tr._tokenizer.pad_token_id, eos_ids=tr.eos_token_ids,
             generation_kwargs={"temperature": tr.temperature, "top_p": tr.top_p, "top_k": tr.top_k},
+            compile=self.compile,
         )
         tokens = client.extend_probes(version, extend, version=version, to_full=True)
         gen_s = time.perf_counter() - t0

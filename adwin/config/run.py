@@ -223,6 +223,10 @@ def check_engines(cfg: TrainConfig) -> None:
                          "student, not on the vLLM engine of rollout.backend: vllm; set probes.backend: inline "
                          "(probes extended by the rollout engine after each step), rollout (probe requests in the "
                          "rollout call) or rollout.backend: hf")
+    if r.backend == "vllm" and r.compile is True:
+        raise ValueError("rollout.compile: true compiles transformers' decode step, and rollout.backend: vllm "
+                         "decodes on vLLM (which compiles and captures its own graphs); set rollout.compile: auto "
+                         "or false, or rollout.backend: hf")
     engines = vllm_engine_count(cfg)
     if engines == 0 and m.vllm_gpu_memory != DEFAULT_VLLM_GPU_MEMORY:
         raise ValueError("model.vllm_gpu_memory: read only when rollout.backend or model.teacher_backend is "

@@ -26,6 +26,7 @@ import torch
 from adwin.backends.vllm_rollout import VLLMRollout
 from adwin.config import TrainConfig
 from adwin.sampling.rollout import Generation, generate
+from adwin.sampling.static_decode import CompileSetting
 
 log = logging.getLogger(__name__)
 
@@ -54,11 +55,12 @@ class HFEngine:
     eos: set[int]
     pad_id: int
     version: int = 0
+    compile: CompileSetting = False  # rollout.compile
 
     def generate(self, contexts: Sequence[Sequence[int]], budgets: Sequence[int], *, temperature: float,
                  top_p: float, with_logprobs: bool, row_seeds: Sequence[int] | None = None) -> Generation:
         return generate(self.model, contexts, budgets, eos=self.eos, pad_id=self.pad_id, temperature=temperature,
-                        top_p=top_p, with_logprobs=with_logprobs, row_seeds=row_seeds)
+                        top_p=top_p, with_logprobs=with_logprobs, row_seeds=row_seeds, compile=self.compile)
 
     def sync_weights(self, model: torch.nn.Module, version: int) -> None:
         if model is not self.model:  # a second module would need a copy: nothing in the trainer builds that
@@ -111,7 +113,9 @@ class VLLMEngine:
             stop = next((i for i, tok in enumerate(ids) if tok in self.eos), None)  # the same cut as transformers
             cut = len(ids) if stop is None else stop + 1
             responses[b], logprobs[b], finished[b] = ids[:cut], c.logprobs[:cut], stop is not None
-        return Generation(responses, finished, logprobs if with_logprobs else None)
+        # vLLM decodes a request until it stops: the batch's positions are its longest request's tokens
+        steps = max((len(c.token_ids) for c in comps), default=0)
+        return Generation(responses, finished, logprobs if with_logprobs else None, decode_steps=steps)
 
     def sync_weights(self, model: torch.nn.Module, version: int) -> None:
         self.rollout.sync_weights(model.state_dict().items())

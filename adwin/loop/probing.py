@@ -153,7 +153,7 @@ def open_probe_side(cfg: TrainConfig, controller: ControllerAPI, run_id: str, pa
                                      temperature=r.temperature, top_p=r.top_p, extend=extend, workers=p.workers,
                                      ray_address=p.ray_address, ray_num_cpus=p.ray_num_cpus,
                                      fault_policy=p.fault_policy, max_reissues=p.max_reissues, optimizer=optimizer,
-                                     rider=side.rider)
+                                     rider=side.rider, compile=r.compile)
     configure_audits(client, cfg, parts.teachers, pad_id=pad_id_of(parts.tokenizer, eos_ids(parts.student, parts.tokenizer)),
                      student=parts.student, drift=dist.is_main)  # drift/*: rank 0's (it alone logs)
     if dist.world > 1:

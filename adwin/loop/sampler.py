@@ -110,15 +110,16 @@ class Sampler:
                           with_logprobs=True, row_seeds=None if seeds is None else seeds + probe_seeds)  # type: ignore[operator]
         seconds = time.perf_counter() - t0
         lp = g.logprobs or [[] for _ in g.response_ids]
-        self.rider.land(Generation(g.response_ids[k:], g.finished[k:], lp[k:]), k + len(contexts), seconds)
-        return Generation(g.response_ids[:k], g.finished[:k], lp[:k] if record else None)
+        self.rider.land(Generation(g.response_ids[k:], g.finished[k:], lp[k:], g.decode_steps), k + len(contexts),
+                        seconds)
+        return Generation(g.response_ids[:k], g.finished[:k], lp[:k] if record else None, g.decode_steps)
 
 
 def open_engine(backend: Backend, cfg: TrainConfig, parts: Parts, eos: set[int], pad_id: int) -> RolloutEngine:
     """``hf``: transformers on the trainer's student; ``vllm``: a vLLM engine on the student's checkpoint
     (folder or hub id; lazily imported: no vLLM or no CUDA fails here naming ``rollout.backend``)."""
     if backend == "hf":
-        return HFEngine(parts.student, eos, pad_id)
+        return HFEngine(parts.student, eos, pad_id, compile=cfg.rollout.compile)
     path = str(getattr(parts.student, "name_or_path", "") or "")
     if not path:  # the engine is built from a checkpoint (then synced with the trainer's weights before use)
         raise ValueError("rollout.backend: 'vllm' loads the student from its checkpoint (a folder or hub id); this "

@@ -39,6 +39,7 @@ from adwin.runtime.resume import (
     snapshot_controller,
     truncate_metrics,
 )
+from adwin.sampling.static_decode import LEDGER as COMPILES
 
 
 @dataclass
@@ -148,6 +149,7 @@ def train(cfg: TrainConfig, controller: ControllerAPI | None, parts: Parts | Non
                 final = evaluate(parts, cfg, gen, dist=dist)
             m |= final
         m |= controller_metrics(controller)  # controller/degraded etc. (degraded-mode wrapper only)
+        m |= COMPILES.step_metrics()  # rollout.compile: compile seconds apart from the decode time
         m |= clock.metrics() | {"optim/lr": scheduler.get_last_lr()[0], "time/wall": time.perf_counter() - started}
         sinks.log(t, m)
         if save:

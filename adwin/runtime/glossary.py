@@ -52,6 +52,9 @@ KEYS: dict[str, str] = {
                                 "mismatch between the rollout engine and the learner",
     "rollout/logprob_gap_tokens": "tokens the gap was measured on",
     "rollout/logprob_gap_<q>": "percentile q (p50, p90, p99) or the max of that gap",
+    "rollout/compile_s": "seconds torch spent compiling the student's decode step since the previous step "
+                         "(`rollout.compile`; rollouts, probe rounds, evaluation: the whole process)",
+    "rollout/compiled_shapes": "distinct (rows, cache columns) shapes the student's decoders compiled so far",
     "rollout/surprise_horizon": "the teacher-surprise horizon of the step (the `surprise` policy's input)",
     "rollout/surprise_position_q": "quantile (`window.surprise.quantile`) over samples of the position of the "
                                    "rank-th token the teacher finds surprising",

@@ -40,6 +40,7 @@ def generate_compacting(model: torch.nn.Module, contexts: Sequence[Sequence[int]
     device = next(model.parameters()).device
     ids, mask = left_pad(contexts, pad_id, device)  # (B, T)
     pick = _sampler(temperature, top_p, row_seeds, device)
+    steps = 0  # token positions decoded (the loop's count)
     live = torch.arange(n, device=device)  # (b,) original row of each batch row
     positions = (mask.sum(dim=1) - 1).clamp_min(0)  # (b,) position of each row's last token
     was_training = model.training
@@ -54,6 +55,7 @@ def generate_compacting(model: torch.nn.Module, contexts: Sequence[Sequence[int]
         eos_t = torch.tensor(sorted(eos), device=device)
         cache_kw = cache_keyword(model)  # looked up once, not per token
         for step in range(budget):
+            steps = step + 1
             tokens = pick(logits, live)  # (b,)
             for row, tok in zip(live.tolist(), tokens.tolist(), strict=True):
                 responses[row].append(tok)
@@ -72,7 +74,7 @@ def generate_compacting(model: torch.nn.Module, contexts: Sequence[Sequence[int]
                            **{cache_kw: cache}, use_cache=True).logits[:, -1]  # (b, V)
     finally:
         model.train(was_training)
-    return Generation(responses, finished, None)
+    return Generation(responses, finished, None, decode_steps=steps)
 
 
 def _sampler(temperature: float, top_p: float, row_seeds: Sequence[int] | None, device: torch.device):

@@ -14,6 +14,14 @@ from typing import Any
 
 import torch
 
+from adwin.sampling.static_decode import (
+    CompileSetting,
+    compile_wanted,
+    generate_kwargs,
+    pad_rows,
+    stop_dummy_rows,
+)
+
 
 @dataclass
 class Generation:
@@ -22,6 +30,7 @@ class Generation:
     response_ids: list[list[int]]  # generated tokens, EOS included when emitted
     finished: list[bool]  # emitted EOS within the budget
     logprobs: list[list[float]] | None = None  # log p(token) under the generating weights (temperature 1)
+    decode_steps: int = 0  # token positions the call decoded for its batch (before rows are cut to their budgets)
 
 
 @dataclass
@@ -137,6 +146,7 @@ def generate(
     with_logprobs: bool = False,
     sampling: Mapping[str, Any] | None = None,
     row_seeds: Sequence[int] | None = None,
+    compile: CompileSetting = False,
 ) -> Generation:
     """Continue each context by at most ``budgets[b]`` tokens (batched ``generate``, left-padded).
 
@@ -147,7 +157,9 @@ def generate(
     cut at their first EOS (kept) or their budget. ``row_seeds`` (one per context) gives every row its own
     sampling noise (``adwin.sampling.seeding``: ``rollout.seeding: per_sample``), so a row's tokens do not
     depend on the rest of the batch; without it HF draws the batch's noise from the global RNG. The model samples in eval mode (no dropout: tokens come
-    from the policy the loss and the audit evaluate) and gets its previous mode back.
+    from the policy the loss and the audit evaluate) and gets its previous mode back. ``compile``
+    (``rollout.compile``; ``auto``: on CUDA) decodes on a static cache with transformers' compiled step, the
+    batch filled with dummy rows to its bucket (``adwin.sampling.static_decode``).
     """
     if sampling is not None and (temperature != 1.0 or top_p != 1.0 or row_seeds is not None):
         raise ValueError("give temperature/top_p (and row_seeds) or sampling (HF generate arguments), not both")
@@ -160,7 +172,12 @@ def generate(
     if max_new <= 0:
         return Generation([[] for _ in range(n)], [False] * n, [[] for _ in range(n)] if with_logprobs else None)
     device = next(model.parameters()).device
+    static = compile_wanted(compile, device)
+    if static:  # the batch's bucket: dummy rows after the real ones
+        contexts, budgets, row_seeds = pad_rows(contexts, budgets, row_seeds, pad_id)
     ids, mask = left_pad(contexts, pad_id, device)  # (B, T)
+    compiled = generate_kwargs(model, len(contexts), ids.shape[1], max_new) | {
+        "stopping_criteria": stop_dummy_rows(n, len(contexts), device)} if static else {}
     if sampling is None and row_seeds is not None and temperature > 0:
         from transformers import LogitsProcessorList
 
@@ -177,7 +194,7 @@ def generate(
     try:
         out = model.generate(  # type: ignore[operator]
             input_ids=ids, attention_mask=mask,
-            **{**sampling, "max_new_tokens": max_new, "pad_token_id": pad_id, "eos_token_id": sorted(eos),
+            **{**sampling, **compiled, "max_new_tokens": max_new, "pad_token_id": pad_id, "eos_token_id": sorted(eos),
                "return_dict_in_generate": True, "output_logits": with_logprobs},
         )
     finally:
@@ -189,7 +206,7 @@ def generate(
         step_lp = torch.log_softmax(logits, dim=-1).gather(-1, out.sequences[:, ids.shape[1] :, None]).squeeze(-1)
         step_lp = step_lp.tolist()  # (B, n_new)
     responses, finished, logprobs = [], [], []
-    for b in range(n):
+    for b in range(n):  # dummy rows (b >= n) are dropped
         row = new[b][: max(budgets[b], 0)]
         stop = next((i for i, tok in enumerate(row) if tok in eos), None)
         cut = row if stop is None else row[: stop + 1]
@@ -197,4 +214,4 @@ def generate(
         finished.append(stop is not None)
         if step_lp is not None:
             logprobs.append(step_lp[b][: len(cut)])
-    return Generation(responses, finished, logprobs if with_logprobs else None)
+    return Generation(responses, finished, logprobs if with_logprobs else None, decode_steps=len(new[0]))

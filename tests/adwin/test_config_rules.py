@@ -143,6 +143,8 @@ def test_a_config_invalid_either_way_fails_with_its_own_error() -> None:
      "rollout.backend: hf"),
     ({"data.task": "jsonl", "data.path": "p.jsonl", "data.n_eval": 65, "eval.n_problems": 64}, "data.n_eval",
      "data.n_eval <= 64"),
+    ({"rollout.compile": True, "rollout.backend": "vllm", "probes.backend": "inline"}, "rollout.compile",
+     "rollout.backend: hf"),
 ])
 def test_a_setting_no_loop_reads_is_refused_naming_field_value_and_fix(override, field, fix) -> None:
     with pytest.raises(ValidationError) as e:
@@ -158,6 +160,8 @@ def test_a_setting_no_loop_reads_is_refused_naming_field_value_and_fix(override,
     {"eval.compact": False},
     {"data.task": "jsonl", "data.path": "p.jsonl", "data.n_eval": 64, "eval.n_problems": 64},
     {"data.task": "jsonl", "data.path": "p.jsonl"},
+    {"rollout.compile": True},
+    {"rollout.compile": "auto", "rollout.backend": "vllm", "probes.backend": "inline"},
 ])
 def test_the_same_settings_where_a_loop_reads_them_load(ok: dict[str, object]) -> None:
     load_config(None, ok)

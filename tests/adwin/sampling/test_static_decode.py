@@ -1,0 +1,96 @@
+"""Compiled decoding (``rollout.compile``): buckets, the ``auto`` rule, ``generate`` on a static cache with
+transformers' compiled step giving the eager path's tokens, and a bounded number of compiled shapes.
+
+CPU compiles with inductor's default mode (CUDA graphs need CUDA); the compiled tests share one module-scoped
+model, so each shape compiles once per test run."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from hypothesis import given
+from hypothesis import strategies as st
+from tiny_models import make_tiny_llama
+
+from adwin.sampling.compact import generate_compacting
+from adwin.sampling.rollout import generate
+from adwin.sampling.seeding import row_seed
+from adwin.sampling.static_decode import LEDGER, MIN_CACHE, batch_bucket, cache_bucket, compile_wanted
+
+EOS = {2}
+CONTEXTS = [[1, 5, 6, 7], [1, 9], [1, 3, 4, 5, 6, 7, 8]]
+
+
+@pytest.fixture(scope="module")
+def model() -> torch.nn.Module:
+    m = make_tiny_llama(seed=0)
+    with torch.no_grad():  # EOS likely enough that rows stop at different lengths
+        m.lm_head.weight[2] += 0.3 * m.lm_head.weight.norm(dim=1).mean()
+    return m
+
+
+@given(st.integers(1, 5000))
+def test_a_batch_bucket_is_the_next_power_of_two(n: int) -> None:
+    b = batch_bucket(n)
+    assert n <= b < 2 * n and b & (b - 1) == 0
+
+
+@given(st.integers(0, 100_000))
+def test_a_cache_bucket_holds_the_tokens_and_is_a_power_of_two(n: int) -> None:
+    c = cache_bucket(n)
+    assert c >= max(n, MIN_CACHE) and c & (c - 1) == 0 and (c == MIN_CACHE or c < 2 * n)
+
+
+def test_auto_compiles_on_cuda_only_and_true_or_false_are_taken_as_said() -> None:
+    assert compile_wanted("auto", "cuda:1") and not compile_wanted("auto", "cpu")
+    assert compile_wanted(True, "cpu") and not compile_wanted(False, "cuda")
+
+
+def test_decode_steps_count_the_call_s_positions_before_budgets_cut_rows(model) -> None:
+    g = generate(model, CONTEXTS, [3, 12, 5], eos=set(), pad_id=0, temperature=0.0)  # no EOS: the longest budget
+    assert g.decode_steps == 12 and [len(r) for r in g.response_ids] == [3, 12, 5]
+    c = generate_compacting(model, CONTEXTS, 9, eos=set(), pad_id=0, temperature=0.0)
+    assert c.decode_steps == 9
+    stopped = generate_compacting(model, CONTEXTS, 60, eos=EOS, pad_id=0, temperature=0.0)
+    assert stopped.decode_steps == max(len(r) for r in stopped.response_ids) < 60  # the loop ended at the last EOS
+
+
+@pytest.mark.parametrize("seeding", ["greedy", "per_sample"])
+def test_compiled_generate_gives_the_eager_tokens_and_logprobs(model, seeding: str) -> None:
+    kw = {"temperature": 0.0} if seeding == "greedy" else {
+        "temperature": 0.9, "top_p": 0.8, "row_seeds": [row_seed(1, "rollout", 0, i) for i in range(len(CONTEXTS))]}
+    eager = generate(model, CONTEXTS, [20, 6, 20], eos=EOS, pad_id=0, with_logprobs=True, **kw)
+    compiled = generate(model, CONTEXTS, [20, 6, 20], eos=EOS, pad_id=0, with_logprobs=True, compile=True, **kw)
+    assert compiled.response_ids == eager.response_ids and compiled.finished == eager.finished
+    assert compiled.decode_steps == eager.decode_steps  # the dummy row stopped at once: it never kept the call going
+    for a, b in zip(compiled.logprobs, eager.logprobs, strict=True):
+        assert a == pytest.approx(b, abs=1e-4)
+    if seeding == "greedy":  # some rows stop, some use their budget
+        assert any(not f for f in eager.finished) and any(eager.finished)
+
+
+def test_batch_seeding_draws_the_eager_noise_when_the_batch_fills_its_bucket(model) -> None:
+    """HF draws a batch's noise from the global RNG: with no dummy row the compiled call draws the same numbers
+    (with dummy rows it draws for more rows, so the samples differ but follow the same distribution)."""
+    ctx = CONTEXTS + [[1, 20, 21]]  # 4 rows: a bucket
+    torch.manual_seed(5)
+    eager = generate(model, ctx, [15] * 4, eos=EOS, pad_id=0)
+    torch.manual_seed(5)
+    compiled = generate(model, ctx, [15] * 4, eos=EOS, pad_id=0, compile=True)
+    assert compiled.response_ids == eager.response_ids
+
+
+def test_changing_windows_and_batch_sizes_compile_one_shape_per_bucket(model) -> None:
+    """Windows (budgets), prompt lengths and batch sizes inside a bucket change the steps, never a shape."""
+    LEDGER.hook()
+    before_shapes, before = LEDGER.count(), LEDGER.compiles
+    generate(model, CONTEXTS, [4, 4, 4], eos=EOS, pad_id=0, compile=True)  # (4 rows, 64 columns): compiled once
+    warm = LEDGER.compiles
+    for window in (2, 7, 16, 31, 40):
+        for rows in (3, 4):
+            ctx = [[1, *range(5, 5 + (window % 9) + r)] for r in range(rows)]
+            generate(model, ctx, [window] * rows, eos=EOS, pad_id=0, temperature=0.0, compile=True)
+    assert LEDGER.compiles == warm, "a window, prompt length or batch size inside a bucket recompiled the step"
+    assert LEDGER.count() - before_shapes <= 1 and warm - before <= 1
+    metrics = LEDGER.step_metrics()
+    assert metrics["rollout/compiled_shapes"] >= 1 and metrics["rollout/compile_s"] >= 0.0
