@@ -242,8 +242,8 @@ def report(result: dict[str, Any]) -> str:
                  _f(r.get("audits"), "{:.0f}"), _f(r.get("mean_window"), "{:.0f}")] for r in result["runs"]]
         lines += ["Runs (wall per step without evaluation and compile seconds)", "", markdown_table(cols, body),
                   *[f"- {r['variant']}: {r['note']}" for r in result["runs"] if r.get("note")], ""]
-    g = result["goals"]
-    lines += ["Goals: " + "; ".join(
-        f"{name} <= {v['goal']}: " + ", ".join(f"{k} {_f(x)}" for k, x in v.items() if k != "goal")
-        for name, v in g.items())]
+    def measured(v: dict[str, Any]) -> str:
+        return ", ".join(f"{k} {_f(x)}" for k, x in v.items() if k != "goal") or "not measured"
+
+    lines += ["Goals: " + "; ".join(f"{name} <= {v['goal']}: {measured(v)}" for name, v in result["goals"].items())]
     return "\n".join(lines) + "\n"

@@ -1,16 +1,17 @@
 """Decode ms per step, part c of ``adwin bench gpu``: adwin's rollout engine against transformers' own
 static-cache ``generate`` on the same model, rows, prompts and number of new tokens.
 
-Three paths, in this order, each called once to warm up (that call's seconds and the compile seconds torch
-reports during it are kept apart) and then ``calls`` times, timed:
+Three paths, in this order (the reference first, the uncompiled engine, slowest, last), each called once to warm
+up (that call's seconds and the compile seconds torch reports during it are kept apart) and then ``calls``
+times, timed:
 
-- ``engine``: ``adwin.loop.engine.HFEngine`` (``adwin.sampling.rollout.generate``) with ``rollout.compile`` false:
-  transformers' ``generate`` on a dynamic KV cache;
 - ``static``: ``model.generate(cache_implementation="static")`` called directly, as a user of transformers would,
   with the engine's sampling arguments (temperature 1, top-p 1, top-k off, the raw logits kept: the engine keeps
-  them for the behaviour logprobs);
-- ``engine compiled``: the engine with ``rollout.compile`` true (a static cache and transformers' compiled step,
-  the batch bucketed: ``adwin.sampling.static_decode``).
+  them for the behaviour logprobs); transformers compiles its decode step on CUDA only;
+- ``engine compiled``: ``adwin.loop.engine.HFEngine`` (``adwin.sampling.rollout.generate``) with
+  ``rollout.compile`` true: a static cache and transformers' compiled step, the batch bucketed
+  (``adwin.sampling.static_decode``);
+- ``engine``: the same engine with ``rollout.compile`` false: ``generate`` on a dynamic KV cache.
 
 ms per step = a call's seconds over the positions it decoded (``Generation.decode_steps``; new columns for
 ``static``), the median over the timed calls; the ratio divides each by ``static``'s. The random prompts avoid the
@@ -29,7 +30,7 @@ from typing import Any
 
 log = logging.getLogger(__name__)
 
-PATHS = ("engine", "static", "engine compiled")
+PATHS = ("static", "engine compiled", "engine")
 
 
 def run_decode(student: str, dtype: str, device: str, rows: int, prompt_len: int, new_tokens: int, calls: int,
@@ -78,7 +79,8 @@ def run_decode(student: str, dtype: str, device: str, rows: int, prompt_len: int
         sync(device)
         return time.perf_counter() - t0, steps, LEDGER.seconds - compiled_before
 
-    for name, fn in zip(PATHS, (engine(False), static, engine(True)), strict=True):
+    for name, fn in zip(PATHS, (static, engine(True), engine(False)), strict=True):
+        torch.manual_seed(seed)  # the same draws for every path
         first_s, _, compile_s = timed(fn)
         warm = [timed(fn) for _ in range(calls)]
         ms = statistics.median(1000 * s / max(steps, 1) for s, steps, _ in warm)
