@@ -15,7 +15,7 @@ d. runs: the fixed window (``window.initial``) and full-rollout OPD first, then 
 
 Every part's result is appended to ``OUT/parts.jsonl`` as it finishes (a run's the moment it ends), the whole to
 ``OUT/gpu-bench.json`` and ``OUT/gpu-bench.md``, with the commit, the device and the versions. ``--quick`` runs
-the same parts with a tiny model, on the CPU unless ``--device`` says otherwise, in about a minute.
+the same parts with a tiny model, on the CPU unless ``--device`` says otherwise, in a few minutes.
 """
 
 from __future__ import annotations
