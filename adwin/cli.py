@@ -29,6 +29,7 @@ COMMANDS: list[tuple[tuple[str, ...], str, str]] = [
     (("bench", "compare"), "adwin.bench.compare", "every window method side by side: accuracy, tokens, FLOPs, time"),
     (("bench", "teacher"), "adwin.bench.teacher",
      "training steps/s with the teacher in process vs behind a server; the server's tokens/s under concurrent clients"),
+    (("bench", "gpu"), "adwin.bench.gpu", "check a GPU setup and measure decode speed and ADWIN's overhead in 8 minutes"),
     (("bench", "async"), "adwin.bench.asyncopd", "sync trainer vs AsyncOPD streaming: tokens/s, staleness, paired accuracy"),
 ]
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import ast
+import re
 import subprocess
 import sys
 import zipfile
@@ -106,12 +107,17 @@ def test_every_package_directory_is_listed_in_pyproject():
 
 
 @pytest.mark.slow
-def test_wheel_has_no_generic_top_level_modules(tmp_path):
-    subprocess.run(
-        [sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "-q", "-w", str(tmp_path), str(ROOT)],
+def test_wheel_has_no_generic_top_level_modules_and_builds_without_warnings(tmp_path):
+    proc = subprocess.run(
+        [sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "-v", "-w", str(tmp_path), str(ROOT)],
         check=True,
         capture_output=True,
+        text=True,
     )
+    # a Python warning from the build backend prints as "FILE.py:LINE: Category: message" (e.g. setuptools'
+    # "Package ... is absent from the `packages` configuration" for a data folder)
+    warned = [line for line in (proc.stdout + proc.stderr).splitlines() if re.search(r"\.py:\d+: \w+: ", line)]
+    assert not warned
     wheel = next(tmp_path.glob("adwin-*.whl"))
     tops = {n.split("/")[0] for n in zipfile.ZipFile(wheel).namelist()}
     assert "adwin" in tops
@@ -120,3 +126,13 @@ def test_wheel_has_no_generic_top_level_modules(tmp_path):
     assert "adwin/controller/api.py" in names and "adwin/probes/__init__.py" in names
     presets = {n for n in names if n.startswith("adwin/configs/") and n.endswith(".yaml")}
     assert presets == {f"adwin/configs/{p.name}" for p in (ROOT / "configs").glob("*.yaml")}  # shipped presets
+
+
+def test_the_transformers_floor_is_the_version_ci_tests() -> None:
+    """pyproject's oldest transformers is the one .ci/run reruns the model-touching tests on."""
+    import tomllib
+
+    deps = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["dependencies"]
+    floor = next(d for d in deps if d.startswith("transformers"))
+    pins = [x for x in (ROOT / ".ci" / "transformers-floor.txt").read_text().splitlines() if x.startswith("transformers")]
+    assert pins == [floor.replace(">=", "==")]

@@ -28,19 +28,29 @@ def micro_slices(n: int, size: int | None) -> list[slice]:
 
 
 def _checkpointed_layers(model: torch.nn.Module) -> list[torch.nn.Module]:
+    """The decoder layers that checkpoint: HF reads each one's own ``gradient_checkpointing`` and ``training``."""
     from transformers.modeling_layers import GradientCheckpointingLayer  # heavy; only this option needs it
 
-    return [m for m in model.modules() if isinstance(m, GradientCheckpointingLayer)]
+    return [m for m in model.modules() if isinstance(m, GradientCheckpointingLayer) and m.gradient_checkpointing]
 
 
 def enable_checkpointing(model: torch.nn.Module) -> list[torch.nn.Module]:
-    """Turn on HF activation checkpointing (non-reentrant) once; returns the checkpointed decoder layers."""
+    """Turn on HF activation checkpointing (non-reentrant) once; returns the modules that checkpoint.
+
+    transformers 5.24 renamed ``gradient_checkpointing_enable`` (deprecated there, with a warning per call) to
+    ``activation_checkpointing_enable``; earlier releases have only the first.
+    """
     layers = _checkpointed_layers(model)
-    if not layers or not hasattr(model, "activation_checkpointing_enable"):
+    if layers:
+        return layers
+    enable = getattr(model, "activation_checkpointing_enable", None) or getattr(model, "gradient_checkpointing_enable",
+                                                                              None)
+    if enable is not None and getattr(model, "supports_gradient_checkpointing", False):
+        enable({"use_reentrant": False})
+        layers = _checkpointed_layers(model)
+    if not layers:
         raise ValueError(f"model.gradient_checkpointing: {type(model).__name__} has no HF checkpointing layers; "
                          "set model.gradient_checkpointing: false")
-    if not any(getattr(m, "gradient_checkpointing", False) for m in layers):
-        model.activation_checkpointing_enable({"use_reentrant": False})
     return layers
 
 

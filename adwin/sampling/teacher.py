@@ -102,6 +102,10 @@ def teacher_tokenizers(paths: Mapping[str, str | Path]) -> dict[str, object | No
     check of ``check_tokenizers`` remains)."""
     toks: dict[str, object | None] = {}
     for k, p in paths.items():
+        if Path(p).is_dir() and not (Path(p) / "tokenizer_config.json").exists():
+            # every saved HF tokenizer writes this file; without it transformers 4.57 fails inside its converter
+            toks[k] = None
+            continue
         try:
             toks[k] = load_tokenizer(p)
         except (OSError, ValueError):

@@ -15,7 +15,7 @@ from adwin.probes.executors import build_executor
 from adwin.probes.pool import ProbePool
 from adwin.probes.workers import ThreadWorker
 
-pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")]
 
 
 def _perturb(model: torch.nn.Module, seed: int) -> None:
