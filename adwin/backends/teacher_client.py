@@ -6,9 +6,12 @@ The server is any OpenAI-compatible completions endpoint that scores prompt toke
 ``concurrency`` at once over one keep-alive connection pool (httpx), and returns every row or raises:
 
 * ``TeacherUnavailable`` (a ``ConnectionError``) when a request still fails after ``retries`` retries with
-  exponential backoff: connection refused or reset, a timeout, HTTP 408/429/5xx;
+  exponential backoff, or the wait a 429/503 asks for in ``Retry-After`` when that is longer (at most
+  ``MAX_BACKOFF_S``): connection refused or reset, an answer not complete within ``timeout_s`` (the whole
+  request, not each read: a server that trickles bytes times out too), HTTP 408/429/5xx;
 * ``TeacherRefused`` (a ``ValueError``) at once for any other HTTP error (a bad request, a wrong token);
-* ``TeacherAnswerError`` for an answer that cannot be trained on (``teacher_protocol``).
+* ``TeacherAnswerError`` for an answer that cannot be trained on (``teacher_protocol``): not JSON (an HTML page,
+  a truncated body), an error body under HTTP 200, more than ``MAX_ANSWER_BYTES``, or a malformed answer.
 
 Nothing partial is returned: one failed request fails the call, and the requests still queued are cancelled.
 The URL is an OpenAI base URL (``http://host:8000/v1``; a bare ``http://host:8000`` means ``/v1``); a fragment
@@ -17,10 +20,13 @@ names the served model (``http://host:8000/v1#qwen-math``), otherwise the server
 
 from __future__ import annotations
 
+import email.utils
+import json
 import logging
+import math
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any, Literal
@@ -40,7 +46,8 @@ from adwin.backends.teacher_protocol import (
 log = logging.getLogger(__name__)
 
 RETRY_STATUS = frozenset({408, 429, 500, 502, 503, 504})  # the server may answer later: retried
-MAX_BACKOFF_S = 30.0
+MAX_BACKOFF_S = 30.0  # the longest wait between attempts, Retry-After included
+MAX_ANSWER_BYTES = 1 << 30  # 8 rows of 4096 tokens with top-100 are ~0.3 GB; more is a server gone wrong
 
 
 class TeacherUnavailable(ConnectionError):
@@ -82,13 +89,14 @@ def split_url(url: str) -> tuple[str, str | None]:
     return urlunsplit((parts.scheme, parts.netloc, path, parts.query, "")), parts.fragment or None
 
 
-def error_detail(response: httpx.Response) -> str:
+def error_detail(raw: bytes) -> str:
     """The message of an error answer: OpenAI's ``{"error": {"message"}}``, vLLM's older ``{"message"}``,
     FastAPI's ``{"detail"}``, or the start of the text."""
+    text = raw[:100_000].decode("utf-8", "replace")
     try:
-        body = response.json()
-    except ValueError:
-        return response.text[:300]
+        body = json.loads(text)
+    except (ValueError, RecursionError):
+        return text[:300]
     if isinstance(body, dict):
         err = body.get("error")
         for value in (err.get("message") if isinstance(err, dict) else err, body.get("message"), body.get("detail")):
@@ -97,12 +105,44 @@ def error_detail(response: httpx.Response) -> str:
     return str(body)[:300]
 
 
+def retry_after(headers: Mapping[str, str]) -> float:
+    """Seconds a ``Retry-After`` header asks to wait (delay-seconds or an HTTP date); 0 when absent or unreadable."""
+    value = headers.get("retry-after", "").strip()
+    if not value.isascii():  # float() reads other scripts' digits
+        return 0.0
+    try:
+        seconds = float(value)
+    except ValueError:
+        try:
+            when = email.utils.parsedate_to_datetime(value)
+        except (TypeError, ValueError, IndexError):
+            return 0.0
+        seconds = when.timestamp() - time.time()
+    return seconds if math.isfinite(seconds) and seconds > 0 else 0.0
+
+
+def _json_answer(url: str, path: str, raw: bytes) -> Any:
+    """A 200 answer's JSON, or a ``TeacherAnswerError``: not JSON, or an error body (vLLM's older servers and some
+    proxies answer errors with 200)."""
+    try:
+        body = json.loads(raw)
+    except (ValueError, RecursionError) as e:  # HTML, a truncated body, invalid UTF-8, nesting past the recursion limit
+        shown = raw[:80].decode("utf-8", "replace")
+        raise TeacherAnswerError(url, "body", f"the answer to {path} is not JSON ({type(e).__name__}; it starts "
+                                 f"{shown!r})") from e
+    if isinstance(body, dict) and "choices" not in body and "data" not in body and (
+            "error" in body or body.get("object") == "error"):
+        raise TeacherAnswerError(url, "error", f"HTTP 200 with an error body: {error_detail(raw)}")
+    return body
+
+
 class TeacherClient:
     """One teacher server. ``transport``: an httpx transport for tests (``httpx.MockTransport``)."""
 
-    def __init__(self, url: str, settings: ClientSettings | None = None, *,
+    def __init__(self, url: str, settings: ClientSettings | None = None, *, vocab_size: int | None = None,
                  transport: httpx.BaseTransport | None = None) -> None:
         self.settings = s = settings or ClientSettings()
+        self.vocab_size = vocab_size  # top-k ids must be below it (the student's rows); None: not checked
         self.url, self.model = split_url(url)
         self.protocol: Protocol | None = None if s.protocol == "auto" else s.protocol
         self.info: dict[str, Any] = {}  # the server's /models entry for self.model
@@ -126,34 +166,51 @@ class TeacherClient:
     # --- HTTP with retries ---------------------------------------------------------------------------
 
     def _call(self, method: str, path: str, body: dict[str, Any] | None = None) -> Any:
-        """One request, retried on transport errors and ``RETRY_STATUS`` with exponential backoff."""
+        """One request, retried on transport errors, timeouts and ``RETRY_STATUS`` with exponential backoff (or
+        the server's ``Retry-After``, when longer)."""
         s, url = self.settings, f"{self.url}{path}"
-        reason = ""
+        reason, wait = "", 0.0
         for attempt in range(s.retries + 1):
             if attempt:
                 with self._lock:
                     self.retried += 1
-                time.sleep(min(MAX_BACKOFF_S, s.backoff_s * 2 ** (attempt - 1)))
+                time.sleep(wait)
             with self._lock:
                 self.requests += 1
+            wait = min(MAX_BACKOFF_S, s.backoff_s * 2 ** attempt)
             try:
-                r = self._http.request(method, url, json=body)
+                status, headers, raw = self._exchange(method, url, body)
             except httpx.TransportError as e:  # refused, reset, timed out
                 reason = f"{type(e).__name__}: {e}" if str(e) else type(e).__name__
                 continue
-            if r.status_code == 200:
-                try:
-                    return r.json()
-                except ValueError as e:
-                    raise TeacherAnswerError(self.url, "body", f"not JSON ({e})") from e
-            if r.status_code not in RETRY_STATUS:
+            if status == 200:
+                return _json_answer(self.url, path, raw)
+            if status not in RETRY_STATUS:
                 hint = " (set the token's environment variable, model.teacher_server.token_env)" \
-                    if r.status_code == 401 else ""
-                raise TeacherRefused(self.url, r.status_code, error_detail(r) + hint)
-            reason = f"HTTP {r.status_code}: {error_detail(r)}"
+                    if status == 401 else ""
+                raise TeacherRefused(self.url, status, error_detail(raw) + hint)
+            reason = f"HTTP {status}: {error_detail(raw)}"
+            wait = min(MAX_BACKOFF_S, max(wait, retry_after(headers)))
         raise TeacherUnavailable(self.url, f"teacher server {self.url} did not answer {method} {path} after "
                                            f"{s.retries + 1} attempts (last: {reason}); check that it runs, "
                                            "or raise model.teacher_server.retries / timeout_seconds")
+
+    def _exchange(self, method: str, url: str, body: dict[str, Any] | None) -> tuple[int, httpx.Headers, bytes]:
+        """Status, headers and body of one request, all within ``timeout_s`` from the start (httpx's timeouts
+        bound each read, so a server that trickles bytes would never time out) and at most ``MAX_ANSWER_BYTES``."""
+        deadline = time.monotonic() + self.settings.timeout_s
+        with self._http.stream(method, url, json=body) as r:
+            chunks, size = [], 0
+            for chunk in r.iter_bytes():
+                chunks.append(chunk)
+                size += len(chunk)
+                if size > MAX_ANSWER_BYTES:
+                    raise TeacherAnswerError(self.url, "body", f"the answer is over {MAX_ANSWER_BYTES} bytes (lower "
+                                             "model.teacher_server.rows_per_request)")
+                if time.monotonic() > deadline:
+                    raise httpx.ReadTimeout(f"no complete answer within {self.settings.timeout_s} s",
+                                            request=r.request)
+            return r.status_code, r.headers, b"".join(chunks)
 
     # --- start-up -------------------------------------------------------------------------------------
 
@@ -194,7 +251,8 @@ class TeacherClient:
 
     def _score_one(self, seq: Sequence[int], protocol: Protocol) -> ScoredRow:
         body = completion_request(self._model(), [seq], protocol, 0, self.settings.max_tokens)
-        return parse_completion(self.url, self._call("POST", "/completions", body), [seq], protocol, 0)[0]
+        return parse_completion(self.url, self._call("POST", "/completions", body), [seq], protocol, 0,
+                                vocab_size=self.vocab_size)[0]
 
     def _model(self) -> str:
         if self.model is None:
@@ -213,7 +271,8 @@ class TeacherClient:
     def _request(self, seqs: Sequence[Sequence[int]], k: int) -> list[ScoredRow]:
         assert self.protocol is not None
         body = completion_request(self._model(), seqs, self.protocol, k, self.settings.max_tokens)
-        return parse_completion(self.url, self._call("POST", "/completions", body), seqs, self.protocol, k)
+        return parse_completion(self.url, self._call("POST", "/completions", body), seqs, self.protocol, k,
+                                vocab_size=self.vocab_size)
 
     def score(self, seqs: Sequence[Sequence[int]], k: int = 0) -> list[ScoredRow]:
         """Every sequence's scores, in order, or an error (nothing partial)."""

@@ -70,9 +70,10 @@ def completion_request(model: str, prompts: Sequence[Sequence[int]], protocol: P
     return body
 
 
-def parse_completion(url: str, body: Any, seqs: Sequence[Sequence[int]], protocol: Protocol,
-                     k: int) -> list[ScoredRow]:
-    """The answer to ``completion_request(.., seqs, protocol, k, ..)``: one ``ScoredRow`` per sequence, in order."""
+def parse_completion(url: str, body: Any, seqs: Sequence[Sequence[int]], protocol: Protocol, k: int, *,
+                     vocab_size: int | None = None) -> list[ScoredRow]:
+    """The answer to ``completion_request(.., seqs, protocol, k, ..)``: one ``ScoredRow`` per sequence, in order.
+    ``vocab_size``: top-k ids must be below it (they index the student's logits)."""
     if not isinstance(body, dict) or not isinstance(body.get("choices"), list):
         raise TeacherAnswerError(url, "choices", "the answer has no choices list")
     by_index: dict[int, dict[str, Any]] = {}
@@ -84,22 +85,36 @@ def parse_completion(url: str, body: Any, seqs: Sequence[Sequence[int]], protoco
     if len(by_index) != len(seqs):
         raise TeacherAnswerError(url, "choices", f"{len(by_index)} choices for {len(seqs)} prompts (n must be 1)")
     parse = _prompt_logprobs_row if protocol == "prompt_logprobs" else _echo_row
-    return [parse(url, f"choices[{i}]", seq, by_index[i], k) for i, seq in enumerate(seqs)]
+    rows = [parse(url, f"choices[{i}]", seq, by_index[i], k) for i, seq in enumerate(seqs)]
+    if vocab_size is not None:
+        for i, row in enumerate(rows):
+            for j, ids in enumerate(row.topk_ids, start=1):
+                if ids and max(ids) >= vocab_size:
+                    raise TeacherAnswerError(url, f"choices[{i}].{_SCORES[protocol]}[{j}]", f"top-k token id "
+                                             f"{max(ids)} is not below the student's vocabulary size {vocab_size}")
+    return rows
+
+
+_SCORES = {"prompt_logprobs": "prompt_logprobs", "echo": "logprobs.top_logprobs"}
 
 
 def _logprob(url: str, field: str, value: Any) -> float:
     if isinstance(value, bool) or not isinstance(value, (int, float)):
-        raise TeacherAnswerError(url, field, f"{value!r} is not a number")
-    if not math.isfinite(value) or value > MAX_LOGPROB:
-        raise TeacherAnswerError(url, field, f"{value!r} is not a finite log-probability (<= 0)")
-    return float(value)
+        raise TeacherAnswerError(url, field, f"{str(value)[:40]!r} is not a number")
+    try:
+        number = float(value)
+    except OverflowError:  # an integer of hundreds of digits
+        number = math.inf
+    if not math.isfinite(number) or number > MAX_LOGPROB:
+        raise TeacherAnswerError(url, field, f"{str(value)[:40]} is not a finite log-probability (<= 0)")
+    return number
 
 
 def _token_id(url: str, field: str, key: Any) -> int:
     text = str(key)
     text = text[len(TOKEN_ID_PREFIX):] if text.startswith(TOKEN_ID_PREFIX) else text
-    if not text.isdigit():
-        raise TeacherAnswerError(url, field, f"key {key!r} is not a token id (top-k needs ids: use protocol "
+    if not (text.isascii() and text.isdigit()):  # str.isdigit takes '²' and '٣', which int() refuses or reads
+        raise TeacherAnswerError(url, field, f"key {text[:40]!r} is not a token id (top-k needs ids: use protocol "
                                  "prompt_logprobs, or a server that sets return_tokens_as_token_ids)")
     return int(text)
 

@@ -84,7 +84,8 @@ class ServedTeachers:
              transport: httpx.BaseTransport | None = None) -> ServedTeachers:
         """Connect to every server and check it (module docstring) before any compute. ``context``: prompt +
         response tokens a row may have; ``transport``: an httpx transport for tests."""
-        clients = one_per_checkpoint(urls, lambda u: TeacherClient(str(u), settings, transport=transport))
+        clients = one_per_checkpoint(urls, lambda u: TeacherClient(str(u), settings, vocab_size=student_vocab_size,
+                                                                   transport=transport))
         needed = max(int(max(student_tok.get_vocab().values())) + 1, 2)
         if needed > student_vocab_size:
             raise TokenizerMismatch(f"the student's tokenizer has ids up to {needed - 1} but its model only "

@@ -4,7 +4,8 @@ Routes live in ``adwin.teacher_server.routers``; this module adds what cuts acro
 every ``/v1`` route when a token is set (as ``vllm serve --api-key``), the request-body limit, and errors in
 OpenAI's shape (``{"error": {"message", "type", "param", "code"}}``): 400 for a body that is not JSON, a field of
 the wrong type or out of range (``param`` names it), 401, 404 (an unknown model or route), 405, 413, 503 when
-the batcher's queue is full (clients retry it). ``/healthz`` answers without auth.
+the batcher's queue is full (clients retry it). The health routes answer without auth. The OpenAPI schema
+declares these error bodies (``ErrorOut``) instead of FastAPI's 422, which this app never answers.
 """
 
 from __future__ import annotations
@@ -21,12 +22,16 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from adwin.controller.app import bearer_authorized
 from adwin.controller.json_guard import safe_text
-from adwin.teacher_server.routers import completions, models
+from adwin.teacher_server.routers import completions, health, models
 from adwin.teacher_server.schemas import error_body
 from adwin.teacher_server.scoring import Overloaded
 from adwin.teacher_server.service import BadRequest, TeacherService
+from adwin.teacher_server.strict_json import BodyError
 
 DEFAULT_MAX_BODY_BYTES = 64 << 20  # 64 MiB: thousands of long token-id sequences
+_OPEN_PATHS = frozenset({"/v1/health"})  # under /v1 but without auth, as /health
+_DOUBLE_V1_HINT = (" (the path repeats /v1: this client wants the server's root URL, e.g. http://HOST:PORT, and "
+                   "adds /v1 itself)")
 
 
 class _Guard:
@@ -36,7 +41,7 @@ class _Guard:
         self.app, self.token, self.max_body = app, token, max_body_bytes
 
     async def __call__(self, scope: dict, receive: Callable, send: Callable) -> None:
-        if scope["type"] != "http" or not scope["path"].startswith("/v1"):
+        if scope["type"] != "http" or not scope["path"].startswith("/v1") or scope["path"] in _OPEN_PATHS:
             await self.app(scope, receive, send)
             return
         if self.token is not None and not bearer_authorized(scope, self.token):
@@ -106,18 +111,39 @@ def create_app(service: TeacherService, *, token: str | None = None,
             f"{param}: {safe_text(str(first.get('msg', 'invalid')))}"
         return JSONResponse(error_body(400, message, param), status_code=400)
 
+    @app.exception_handler(Exception)
+    async def _failed(request: Request, exc: Exception) -> JSONResponse:  # logged by the batcher or by uvicorn
+        return JSONResponse(error_body(500, f"the server failed: {type(exc).__name__}"), status_code=500)
+
+    @app.exception_handler(BodyError)
+    async def _body(request: Request, exc: BodyError) -> JSONResponse:
+        return JSONResponse(error_body(400, str(exc.detail), exc.param), status_code=400)
+
     @app.exception_handler(StarletteHTTPException)
     async def _http(request: Request, exc: StarletteHTTPException) -> JSONResponse:
-        return JSONResponse(error_body(exc.status_code, safe_text(str(exc.detail))), status_code=exc.status_code,
-                            headers=getattr(exc, "headers", None))
+        hint = _DOUBLE_V1_HINT if exc.status_code == 404 and request.url.path.startswith("/v1/v1/") else ""
+        return JSONResponse(error_body(exc.status_code, safe_text(str(exc.detail)) + hint),
+                            status_code=exc.status_code, headers=getattr(exc, "headers", None))
 
-    @app.get("/healthz", tags=["service"])
-    def healthz() -> dict[str, Any]:
-        stats = service.batcher.stats
-        return {"status": "ok", "model": service.name, "queued_rows": service.batcher.queued_rows,
-                "batches": stats.batches, "rows": stats.rows, "tokens": stats.tokens, "busy_s": stats.busy_s}
-
-    for module in (models, completions):
+    for module in (health, models, completions):
         app.include_router(module.router)
     app.add_middleware(_Guard, token=token, max_body_bytes=max_body_bytes)  # type: ignore[arg-type]
+    _declare_errors_not_422(app)
     return app
+
+
+def _declare_errors_not_422(app: FastAPI) -> None:
+    """Drop FastAPI's generated 422 entries from the OpenAPI schema: validation errors are 400s here."""
+    generate = app.openapi
+
+    def openapi() -> dict[str, Any]:
+        if app.openapi_schema is None:
+            schema = generate()
+            for operation in (op for path in schema.get("paths", {}).values() for op in path.values()):
+                operation.get("responses", {}).pop("422", None)
+            for name in ("HTTPValidationError", "ValidationError"):
+                schema.get("components", {}).get("schemas", {}).pop(name, None)
+            app.openapi_schema = schema
+        return app.openapi_schema
+
+    app.openapi = openapi  # type: ignore[method-assign]

@@ -39,7 +39,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"], help="weights' dtype")
     parser.add_argument("--max-len", type=int, default=None,
                         help="tokens per sequence, prompt + max_tokens (default: the model's positions)")
-    parser.add_argument("--max-logprobs", type=int, default=20, help="most logprobs / prompt_logprobs a request may ask")
+    parser.add_argument("--max-logprobs", type=int, default=20, help="most logprobs / prompt_logprobs a request may "
+                        "ask (-1: the whole vocabulary, as vLLM's --max-logprobs -1)")
     parser.add_argument("--max-batch-rows", type=int, default=64, help="sequences per forward")
     parser.add_argument("--max-batch-tokens", type=int, default=16384, help="padded tokens per forward")
     parser.add_argument("--max-wait-ms", type=float, default=5.0,
@@ -75,8 +76,10 @@ def build_service(args: argparse.Namespace) -> Any:
     if args.threads:
         torch.set_num_threads(args.threads)
     for flag in ("max_logprobs", "max_batch_rows", "max_batch_tokens", "max_queue_rows", "max_body_bytes"):
-        if getattr(args, flag) is not None and getattr(args, flag) < 1:
-            raise ValueError(f"--{flag.replace('_', '-')} must be >= 1, got {getattr(args, flag)}")
+        value = getattr(args, flag)
+        if value is not None and value < 1 and not (flag == "max_logprobs" and value == -1):
+            raise ValueError(f"--{flag.replace('_', '-')} must be >= 1{' or -1' if flag == 'max_logprobs' else ''}, "
+                             f"got {value}")
     path, tok_path = _checkpoint(args)
     return TeacherService.of(load_model(path, args.dtype, args.device), load_tokenizer(tok_path),
                              args.served_model_name or args.model, path=path, max_len=args.max_len,

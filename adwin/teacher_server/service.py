@@ -39,7 +39,7 @@ class TeacherService:
     pieces: list[str]
     decoded: list[str]
     max_len: int  # prompt tokens + max_tokens per sequence
-    max_logprobs: int = DEFAULT_MAX_LOGPROBS
+    max_logprobs: int = DEFAULT_MAX_LOGPROBS  # -1: the whole vocabulary (vLLM's --max-logprobs -1)
     created: int = field(default_factory=lambda: int(time.time()))
 
     @classmethod
@@ -59,14 +59,15 @@ class TeacherService:
     def vocab_size(self) -> int:
         return self.scorer.vocab_size
 
-    def check(self, model: str | None, seqs: list[list[int]], k: int, max_tokens: int) -> None:
+    def check(self, model: str | None, seqs: list[list[int]], max_tokens: int) -> None:
         """Refuse what the model cannot score, naming the field."""
         if model is not None and model != self.name:
             raise BadRequest(f"the model {model!r} does not exist; this server serves {self.name!r}", "model", 404)
         if not seqs:
             raise BadRequest("prompt: at least one sequence of token ids", "prompt")
-        if k > self.max_logprobs:
-            raise BadRequest(f"at most {self.max_logprobs} logprobs per token (--max-logprobs), got {k}", "logprobs")
+        if len(seqs) > self.batcher.max_queue_rows:  # would wait for a queue it can never fit in: not a 503
+            raise BadRequest(f"prompt has {len(seqs)} sequences; this server takes at most "
+                             f"{self.batcher.max_queue_rows} per request (--max-queue-rows): split it", "prompt")
         for i, s in enumerate(seqs):
             if not s:
                 raise BadRequest(f"prompt[{i}] is empty", f"prompt[{i}]")
@@ -77,3 +78,17 @@ class TeacherService:
             if bad is not None:
                 raise BadRequest(f"prompt[{i}][{bad}] = {s[bad]} is not a token id of this model (0 .. "
                                  f"{self.vocab_size - 1})", f"prompt[{i}][{bad}]")
+
+    def logprob_count(self, field: str, value: int | None) -> int:
+        """``logprobs`` / ``prompt_logprobs`` as a number of tokens per position (-1: the whole vocabulary, as
+        vLLM reads it; absent: 0), within the vocabulary and ``max_logprobs`` (-1: no cap but the vocabulary)."""
+        if value is None:
+            return 0
+        k = self.vocab_size if value == -1 else value
+        if k > self.vocab_size:
+            raise BadRequest(f"{field} = {value} is over the model's vocabulary of {self.vocab_size} tokens (-1 asks "
+                             "for all of them)", field)
+        if self.max_logprobs != -1 and k > self.max_logprobs:
+            raise BadRequest(f"{field} = {value}: this server gives at most {self.max_logprobs} logprobs per token "
+                             "(--max-logprobs)", field)
+        return k

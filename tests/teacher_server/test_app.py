@@ -95,8 +95,9 @@ def test_a_token_protects_every_v1_route(locked_server: str) -> None:
     ({"prompt": [[1, 2], [3, 2.5]]}, "prompt[1][1]"),
     ({"prompt": [1, 2], "max_tokens": 2}, "max_tokens"),  # it scores, it does not generate
     ({"prompt": [1, 2], "max_tokens": "1"}, "max_tokens"),
-    ({"prompt": [1, 2], "prompt_logprobs": 9}, "logprobs"),  # over --max-logprobs
-    ({"prompt": [1, 2], "logprobs": -1}, "logprobs"),
+    ({"prompt": [1, 2], "prompt_logprobs": 9}, "prompt_logprobs"),  # over --max-logprobs
+    ({"prompt": [1, 2], "logprobs": -1}, "logprobs"),  # the whole vocabulary: over --max-logprobs too
+    ({"prompt": [1, 2], "logprobs": -2}, "logprobs"),
     ({"prompt": [1, 2], "echo": "yes"}, "echo"),
     ({"prompt": [1, 2], "n": 2}, "n"),
     ({"prompt": [1, 2], "stream": True}, "stream"),
@@ -135,14 +136,22 @@ def test_a_body_over_the_limit_is_a_413(server: str) -> None:
     assert r.status_code == 413
 
 
-def test_a_full_queue_answers_503_which_clients_retry() -> None:
+def test_a_full_queue_answers_503_which_clients_retry_and_a_request_over_it_a_400() -> None:
     svc = tiny_service(max_queue_rows=2)
+    gate, score = threading.Event(), svc.batcher._score
+    svc.batcher._score = lambda seqs, k: (gate.wait(30), score(seqs, k))[1]  # type: ignore[method-assign]
     url, stop = serve_app_in_thread(create_app(svc), name="teacher-test-queue")
     try:
-        r = _post(url, {"prompt": [[1, 2]] * 3})
+        held = svc.batcher.submit([[1, 2], [3, 4]], 0)  # the queue is full until the gate opens
+        r = _post(url, {"prompt": [[1, 2]]})
         assert r.status_code == 503 and r.headers["retry-after"] == "1"
+        r = _post(url, {"prompt": [[1, 2]] * 3})  # more rows than the queue ever holds: retrying cannot help
+        assert r.status_code == 400 and r.json()["error"]["param"] == "prompt" and "split" in r.text
+        gate.set()
+        held.result(timeout=30)
         assert _post(url, {"prompt": [[1, 2]] * 2, "prompt_logprobs": 1}).status_code == 200
     finally:
+        gate.set()
         stop()
         svc.batcher.close()
 

@@ -11,6 +11,6 @@ VOCAB = 64
 MAX_LEN = 48
 
 
-def tiny_service(**batching: object) -> TeacherService:
+def tiny_service(max_logprobs: int = 8, **batching: object) -> TeacherService:
     return TeacherService.of(make_tiny_llama(vocab_size=VOCAB, seed=10), build_tokenizer(), "tiny-teacher",
-                             max_len=MAX_LEN, max_logprobs=8, **batching)
+                             max_len=MAX_LEN, max_logprobs=max_logprobs, **batching)

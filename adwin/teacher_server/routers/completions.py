@@ -15,39 +15,43 @@ from typing import Any
 
 from fastapi import APIRouter, Request
 
-from adwin.teacher_server.schemas import CompletionIn
+from adwin.teacher_server.schemas import CompletionIn, error_responses
 from adwin.teacher_server.scoring import RowScores
 from adwin.teacher_server.service import TeacherService
+from adwin.teacher_server.strict_json import StrictJSONRoute
 
-router = APIRouter(prefix="/v1", tags=["completions"])
+router = APIRouter(prefix="/v1", tags=["completions"], route_class=StrictJSONRoute)
 _IDS = itertools.count()
 
 
-@router.post("/completions")
+@router.post("/completions", responses=error_responses(400, 401, 404, 413, 503))
 async def create_completion(body: CompletionIn, request: Request) -> dict[str, Any]:
     svc: TeacherService = request.app.state.teacher
     seqs = body.sequences()
-    k = max(body.prompt_logprobs or 0, body.logprobs or 0)
-    svc.check(body.model, seqs, k, body.max_tokens)
-    rows = await asyncio.wrap_future(svc.batcher.submit(seqs, k))
-    choices = [_choice(svc, i, seq, row, body) for i, (seq, row) in enumerate(zip(seqs, rows, strict=True))]
+    svc.check(body.model, seqs, body.max_tokens)
+    k_prompt = svc.logprob_count("prompt_logprobs", body.prompt_logprobs)
+    k_legacy = svc.logprob_count("logprobs", body.logprobs)
+    rows = await asyncio.wrap_future(svc.batcher.submit(seqs, max(k_prompt, k_legacy)))
+    choices = [_choice(svc, i, seq, row, body, k_prompt, k_legacy)
+               for i, (seq, row) in enumerate(zip(seqs, rows, strict=True))]
     prompt_tokens = sum(len(s) for s in seqs)
     return {"id": f"cmpl-{next(_IDS)}", "object": "text_completion", "created": int(time.time()), "model": svc.name,
             "choices": choices, "usage": {"prompt_tokens": prompt_tokens, "completion_tokens": body.max_tokens * len(seqs),
                                           "total_tokens": prompt_tokens + body.max_tokens * len(seqs)}}
 
 
-def _choice(svc: TeacherService, index: int, seq: list[int], row: RowScores, body: CompletionIn) -> dict[str, Any]:
+def _choice(svc: TeacherService, index: int, seq: list[int], row: RowScores, body: CompletionIn, k_prompt: int,
+            k_legacy: int) -> dict[str, Any]:
     generated = [row.next_id] if body.max_tokens else []
     text = "".join(svc.decoded[t] for t in generated)
     out: dict[str, Any] = {"index": index, "text": text, "logprobs": None, "finish_reason": "length",
                            "stop_reason": None}
     if body.prompt_logprobs is not None:
-        out["prompt_logprobs"] = _prompt_logprobs(svc, seq, row, body.prompt_logprobs)
+        out["prompt_logprobs"] = _prompt_logprobs(svc, seq, row, k_prompt)
     if body.echo:
         out["text"] = "".join(svc.decoded[t] for t in seq) + text
     if body.logprobs is not None:
-        out["logprobs"] = _legacy_logprobs(svc, seq, row, body)
+        out["logprobs"] = _legacy_logprobs(svc, seq, row, body, k_legacy)
     return out
 
 
@@ -62,9 +66,9 @@ def _prompt_logprobs(svc: TeacherService, seq: list[int], row: RowScores, k: int
     return entries
 
 
-def _legacy_logprobs(svc: TeacherService, seq: list[int], row: RowScores, body: CompletionIn) -> dict[str, Any]:
+def _legacy_logprobs(svc: TeacherService, seq: list[int], row: RowScores, body: CompletionIn,
+                     k: int) -> dict[str, Any]:
     """``tokens`` / ``token_logprobs`` / ``top_logprobs`` over the prompt (echo) and the generated token."""
-    k = body.logprobs or 0
 
     def spell(t: int) -> str:
         return f"token_id:{t}" if body.return_tokens_as_token_ids else svc.pieces[t]

@@ -6,10 +6,12 @@ from typing import Any
 
 from fastapi import APIRouter, Request
 
+from adwin.teacher_server.schemas import error_responses
+
 router = APIRouter(prefix="/v1", tags=["models"])
 
 
-@router.get("/models")
+@router.get("/models", responses=error_responses(401))
 def list_models(request: Request) -> dict[str, Any]:
     svc = request.app.state.teacher
     return {"object": "list", "data": [{"id": svc.name, "object": "model", "created": svc.created,

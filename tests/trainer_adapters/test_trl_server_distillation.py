@@ -1,0 +1,98 @@
+"""TRL's ``ServerDistillationTrainer``, configured as TRL's docs show (``teacher_model_server_url`` = the server's
+root), trains a tiny student against ``adwin teacher serve`` on 127.0.0.1, on CPU: docs/teacher-server.md's block
+run verbatim (but for the URL) and TRL's default loss. Every rollout is scored by the server, the loss is finite
+and the student moves."""
+
+from __future__ import annotations
+
+import math
+import re
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+import torch
+from teacher_servers import start, stop
+from tiny_models import make_tiny_llama
+from trainer_fixtures import save_tiny
+from trl_fixtures import MAX_LEN, rows, tokenizer
+
+datasets = pytest.importorskip("datasets")
+vllm_client = pytest.importorskip("trl.generation.vllm_client")
+server_distillation = pytest.importorskip("trl.experimental.server_distillation")
+
+pytestmark = pytest.mark.timeout(300)
+
+STEPS, BATCH = 3, 4
+
+
+@pytest.fixture(scope="module")
+def teacher_url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    """``adwin teacher serve`` of a tiny teacher that shares the student's tokenizer; its root URL."""
+    path = save_tiny(tmp_path_factory.mktemp("teacher"), seed=1, with_tokenizer=False)
+    tokenizer().save_pretrained(str(path))
+    proc, url = start(path, "--served-model-name", "tiny-teacher")
+    yield url
+    stop(proc)
+
+
+DOC = Path(__file__).resolve().parents[2] / "docs" / "teacher-server.md"
+
+
+def _doc_block() -> str:
+    text = DOC.read_text()
+    match = re.search(r"```python\n(.*?)```", text[text.index("## TRL's server distillation"):], re.S)
+    assert match is not None, "docs/teacher-server.md lost the python block of its TRL section"
+    return match.group(1)
+
+
+def _prompts() -> Any:
+    return datasets.Dataset.from_dict({"prompt": [" ".join(f"w{(i * 7 + j) % 60}" for j in range(3 + i % 3))
+                                                  for i in range(STEPS * BATCH)]})
+
+
+def _check_trained(trainer: Any, before: list[torch.Tensor], url: str, rows_before: int, rollouts: int) -> None:
+    assert trainer.state.global_step == STEPS
+    losses = [r["loss"] for r in rows(trainer)] + [trainer.state.log_history[-1]["train_loss"]]
+    assert all(math.isfinite(v) for v in losses)
+    assert any(not torch.equal(a, b) for a, b in zip(before, trainer.model.parameters(), strict=True))
+    assert httpx.get(f"{url}/healthz").json()["rows"] - rows_before == rollouts  # every rollout, once
+
+
+@pytest.fixture(autouse=True)
+def _vllm_check(monkeypatch: pytest.MonkeyPatch) -> None:
+    # VLLMClient refuses to start where vllm is not installed, though scoring over HTTP does not use it
+    monkeypatch.setattr(vllm_client, "is_vllm_available", lambda *args, **kwargs: True)
+
+
+def test_the_documented_recipe_trains_against_adwin_teacher_serve(teacher_url: str, tmp_path: Path,
+                                                                  monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.chdir(tmp_path)  # the block writes to output_dir="out"
+    block = _doc_block()
+    assert "http://127.0.0.1:8480" in block
+    student = make_tiny_llama(seed=0)
+    before = [p.detach().clone() for p in student.parameters()]
+    rows_before = httpx.get(f"{teacher_url}/healthz").json()["rows"]
+    ns = {"student": student, "tokenizer": tokenizer(), "dataset": _prompts(), "max_len": MAX_LEN, "steps": STEPS}
+    exec(compile(block.replace("http://127.0.0.1:8480", teacher_url), str(DOC), "exec"), ns)  # noqa: S102
+    trainer = ns["trainer"]
+    assert trainer.loss_top_k == 4 and trainer.beta == 0.0
+    batch = trainer.args.per_device_train_batch_size
+    _check_trained(trainer, before, teacher_url, rows_before, STEPS * batch)
+
+
+def test_trls_default_top1_reverse_kl_trains_against_adwin_teacher_serve(teacher_url: str, tmp_path: Path) -> None:
+    args = server_distillation.ServerDistillationConfig(
+        output_dir=str(tmp_path / "out"), teacher_model_server_url=teacher_url, per_device_train_batch_size=BATCH,
+        max_steps=STEPS, max_completion_length=MAX_LEN, logging_steps=1, report_to=[], save_strategy="no",
+        gradient_checkpointing=False, bf16=False, use_cpu=True, learning_rate=1e-3, seed=0, disable_tqdm=True)
+    assert (args.beta, args.loss_top_k) == (1.0, 1)  # TRL's defaults
+    student = make_tiny_llama(seed=0)
+    before = [p.detach().clone() for p in student.parameters()]
+    rows_before = httpx.get(f"{teacher_url}/healthz").json()["rows"]
+    trainer = server_distillation.ServerDistillationTrainer(model=student, args=args, train_dataset=_prompts(),
+                                                            processing_class=tokenizer())
+    trainer.train()
+    _check_trained(trainer, before, teacher_url, rows_before, STEPS * BATCH)
