@@ -133,6 +133,7 @@ class WindowClient:
         self.probe_tokens = 0
         self.last_window: int | None = None
         self.last_step: int | None = None  # the batch forms at it: the controller's reads do not record it
+        self.audit_metrics: dict[str, float] = {}  # the last ``maybe_audit``'s ``audit/*`` (teacher_unavailable, ...)
 
     @property
     def probes(self) -> dict[str, Probe]:
@@ -270,7 +271,7 @@ class WindowClient:
         pc.settings = self._settings(audit_kwargs)
         pc.score, pc.pad_id = (lambda ids, mask, routes: score(ids, mask)), pad_id
         pc.last_out = None
-        pc.audit(self.last_step if self.last_step is not None else 0, wait=True)
+        self.audit_metrics = pc.audit(self.last_step if self.last_step is not None else 0, wait=True)
         return pc.last_out
 
     def _settings(self, audit_kwargs: dict[str, Any]) -> AuditSettings:
@@ -296,7 +297,8 @@ class WindowClient:
         self.controller.report_step(self.run_id, StepMetricsIn(step=step, metrics=clean), idempotency_key=f"step:{step}")
 
     def metrics(self) -> dict[str, float]:
-        """``window/*``, ``probe/*`` and ``decision/*`` values for the trainer's own logger."""
+        """``window/*``, ``probe/*``, ``decision/*`` and the last ``maybe_audit``'s ``audit/*`` values for the
+        trainer's own logger."""
         out: dict[str, float] = {}
         if self.last_window is not None:
             out["window/size"] = float(self.last_window)
@@ -317,6 +319,7 @@ class WindowClient:
             out[f"window/cos@{c}"] = float(v)
         out.update(controller_metrics(self.controller))  # controller/* gauges in degraded mode
         out.update(self.probe_client.decision_metrics())
+        out.update(self.audit_metrics)
         return out
 
     def close(self, timeout_s: float = 30.0) -> int:
@@ -379,18 +382,27 @@ def teacher_scorer(teacher: torch.nn.Module, *, temperature: float = 1.0) -> Sco
     return score
 
 
-def served_scorer(url: str, student_tokenizer: Any, vocab_size: int, *, settings: ClientSettings | None = None,
-                  context: int | None = None) -> Score:
+class ServedScore:
     """``Score`` from a teacher server (``vllm serve``, SGLang, ``adwin teacher serve``; docs/teacher-server.md):
-    connects and checks it against the student's tokenizer now (``ServedTeachers.load``); rows go out batched
-    and concurrently, with the retries of ``settings``."""
-    teachers = ServedTeachers.load({"default": url}, student_tokenizer, vocab_size, settings or ClientSettings(),
-                                   context=context)
+    rows go out batched and concurrently, with the retries of the client's settings; ``close()`` ends its
+    connections."""
 
-    def score(input_ids: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
-        return teachers.score(input_ids, attention_mask, ["default"] * input_ids.shape[0])  # (B, L)
+    def __init__(self, teachers: ServedTeachers) -> None:
+        self.teachers = teachers
 
-    return score
+    def __call__(self, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
+        return self.teachers.score(input_ids, attention_mask, ["default"] * input_ids.shape[0])  # (B, L)
+
+    def close(self) -> None:
+        self.teachers.close()
+
+
+def served_scorer(url: str, student_tokenizer: Any, vocab_size: int, *, settings: ClientSettings | None = None,
+                  context: int | None = None) -> ServedScore:
+    """A ``ServedScore`` of the server at ``url``, connected and checked against the student's tokenizer now
+    (``ServedTeachers.load``)."""
+    return ServedScore(ServedTeachers.load({"default": url}, student_tokenizer, vocab_size,
+                                           settings or ClientSettings(), context=context))
 
 
 def hf_extender(

@@ -1,5 +1,8 @@
 """ADWIN for TRL's ``DistillationTrainer``: a ``TrainerCallback`` that sets the rollout window.
 
+It drives ``DistillationTrainer`` and ``ServerDistillationTrainer`` (teacher behind a server), which generates
+through the same path; which trainers, and which teacher scores the probes, is ``trl_teacher``.
+
 Where the window must go (trl 1.16, ``trl/trainer/distillation_trainer.py``). Completions are generated
 in ``_prepare_inputs`` -> ``_generate_and_score_completions`` -> ``_generate_single_turn``, once per
 generation batch, inside the first ``training_step`` of an optimizer step, i.e. right after
@@ -25,7 +28,8 @@ the truncation of exactly the rollouts the trainer trains on (same prompts, same
 which is the quantity ADWIN's decision is about. The prefix was sampled by the
 pre-step weights and the continuation by the post-step weights: staleness 1, below any limit ``S``.
 
-When the controller has ``P`` complete probes, the teacher scores them, ``adwin.audit.alignment.audit`` runs
+When the controller has ``P`` complete probes, the teacher scores them (the local ``teacher_model``, or the
+trainer's teacher server: ``trl_teacher``), ``adwin.audit.alignment.audit`` runs
 under the current weights (``autograd.grad`` in eval mode: ``.grad`` and optimizer state untouched, and
 it runs after ``zero_grad``, outside the accumulation/optimizer window), and the Gram goes to the
 controller, whose decision is the window of the next ``on_step_begin``.
@@ -60,6 +64,7 @@ from typing import Any
 
 from transformers import TrainerCallback, TrainerControl, TrainerState, TrainingArguments
 
+from adwin.backends.teacher_client import ClientSettings
 from adwin.config import AuditConfig
 from adwin.controller.api import ControllerAPI
 from adwin.controller.schemas import AuditOut, PolicyIn, RunIn
@@ -67,13 +72,14 @@ from adwin.probes.offers import OFFER_FINISHED
 from adwin.probes.settings import param_count, trainable_count
 from adwin.runtime.resilient_controller import controller_metrics
 from adwin.sampling.static_decode import CompileSetting
-from adwin.trainer_adapters.generic import WindowClient, hf_extender, teacher_scorer
+from adwin.trainer_adapters.generic import WindowClient, hf_extender
+from adwin.trainer_adapters.trl_teacher import ProbeTeacher, check_trainer, probe_teacher
 
 logger = logging.getLogger(__name__)
 
 
 class AdwinCallback(TrainerCallback):
-    """Drive ``DistillationTrainer``'s completion length from an ADWIN controller.
+    """Drive ``DistillationTrainer``'s (or ``ServerDistillationTrainer``'s) completion length from an ADWIN controller.
 
     ``run`` is a run id already registered with ``controller`` or a ``RunIn`` to register. With a run
     id and ``candidates``, a ``RunIn`` is built (adwin policy, ``max_len`` = the trainer's configured
@@ -83,6 +89,12 @@ class AdwinCallback(TrainerCallback):
     from the student's and the teacher's parameter counts); without it, ``audit_method`` and
     ``audit_metric`` over ``AuditConfig``'s defaults, the default decision budget included
     (``AuditConfig(budget=None)`` audits every ready probe batch).
+
+    Probes are scored by the trainer's ``teacher_model``, or, with ``ServerDistillationTrainer``, by its teacher
+    server (``args.teacher_model_server_url``) over adwin's served-teacher client with ``teacher_server``'s
+    timeouts and retries (default ``ClientSettings()``). ``teacher_params``: the teacher's parameter count the
+    decision budget charges; default: counted from ``teacher_model``, or the student's count for a server (which
+    cannot report one; logged at ``attach``).
     """
 
     def __init__(
@@ -103,11 +115,15 @@ class AdwinCallback(TrainerCallback):
         resilient_controller: bool = True,
         drain_timeout_s: float = 30.0,
         compile: CompileSetting = "auto",
+        teacher_server: ClientSettings | None = None,
+        teacher_params: int | None = None,
     ) -> None:
         if probe_every < 1 or probe_count < 0:
             raise ValueError(f"probe_every must be >= 1 and probe_count >= 0, got {probe_every}, {probe_count}")
         if offer_finished not in OFFER_FINISHED:
             raise ValueError(f"offer_finished must be one of {OFFER_FINISHED}, got {offer_finished!r}")
+        if teacher_params is not None and teacher_params < 1:
+            raise ValueError(f"teacher_params must be >= 1, got {teacher_params}")
         self.controller = controller
         self.run = run
         self.candidates = candidates
@@ -122,6 +138,9 @@ class AdwinCallback(TrainerCallback):
         self.resume = resume
         self.resilient_controller = resilient_controller
         self.drain_timeout_s = drain_timeout_s
+        self.teacher_server = teacher_server
+        self.teacher_params = teacher_params
+        self.teacher: ProbeTeacher | None = None  # set by attach
         self.trainer: Any = None
         self.client: WindowClient | None = None
         self.decisions: list[AuditOut] = []
@@ -131,10 +150,23 @@ class AdwinCallback(TrainerCallback):
     # --- wiring -----------------------------------------------------------------------------------
 
     def attach(self, trainer: Any) -> AdwinCallback:
+        """Check the trainer, connect its teacher (a server: ``TeacherUnavailable`` names an unreachable URL),
+        then register the run and add the callback: a refused trainer or teacher registers nothing."""
+        check_trainer(trainer)  # UnsupportedTrainer
         if trainer.accelerator.num_processes > 1:
             raise NotImplementedError("AdwinCallback supports one process; multi-rank audits need sketches per rank")
-        if getattr(trainer, "teacher_model", None) is None:
-            raise ValueError("AdwinCallback needs trainer.teacher_model to score probes")
+        teacher = probe_teacher(trainer, self.teacher_server)  # NoTeacher without a teacher or a server URL
+        try:
+            self._connect(trainer, teacher)
+        except BaseException:
+            teacher.close()
+            raise
+        self.teacher, self.trainer = teacher, trainer
+        trainer.add_callback(self)
+        return self
+
+    def _connect(self, trainer: Any, teacher: ProbeTeacher) -> None:
+        """Register the run with the controller and build the ``WindowClient``."""
         run = self.run
         if isinstance(run, str) and self.candidates is not None:
             policy = PolicyIn(
@@ -150,8 +182,7 @@ class AdwinCallback(TrainerCallback):
         self.client = WindowClient(
             self.controller, run, offer_finished=self.offer_finished, resume=self.resume,
             resilient_controller=self.resilient_controller, audit=self.audit,
-            model_params=model_params(trainer.accelerator.unwrap_model(trainer.model),
-                                      trainer.accelerator.unwrap_model(trainer.teacher_model)),
+            model_params=self._model_params(trainer.accelerator.unwrap_model(trainer.model), teacher),
             rollouts_per_step=min(rollouts, self.probe_count) if self.probe_count > 0 else 0,
         )
         if self.client.max_len != trainer.args.max_completion_length:
@@ -159,9 +190,16 @@ class AdwinCallback(TrainerCallback):
                 "run %s: policy max_len %d differs from max_completion_length %s; probes run to max_len",
                 self.client.run_id, self.client.max_len, trainer.args.max_completion_length,
             )
-        self.trainer = trainer
-        trainer.add_callback(self)
-        return self
+
+    def _model_params(self, student: Any, teacher: ProbeTeacher) -> tuple[int, ...]:
+        """The decision budget's counts; a teacher nobody can count (a server) is charged the student's count."""
+        n_teacher = self.teacher_params or teacher.params
+        if n_teacher is None:
+            n_teacher = param_count(student) or 1
+            logger.warning("audit.budget: the teacher server %s cannot report its parameters; the decision budget "
+                           "charges the student's count (%d) for its forwards (pass AdwinCallback(teacher_params=N))",
+                           teacher.url, n_teacher)
+        return model_params(student, n_teacher)
 
     def _client(self) -> WindowClient:
         if self.client is None or self.trainer is None:
@@ -209,7 +247,11 @@ class AdwinCallback(TrainerCallback):
     def on_train_end(
         self, args: TrainingArguments, state: TrainerState, control: TrainerControl, **kwargs: Any
     ) -> None:
-        self._client().close(self.drain_timeout_s)  # degraded mode: an ERROR names the writes still undelivered
+        try:
+            self._client().close(self.drain_timeout_s)  # degraded mode: an ERROR names the writes still undelivered
+        finally:
+            if self.teacher is not None:
+                self.teacher.close()
 
     def probe_cycle(self, rollout_step: int) -> AuditOut | None:
         """Offer the step's rollouts (offer rule), finish the held probes, audit a ready batch."""
@@ -228,9 +270,9 @@ class AdwinCallback(TrainerCallback):
         )
         tokens = client.extend_probes(version, extend, version=version, to_full=True)
         gen_s = time.perf_counter() - t0
-        teacher = tr.accelerator.unwrap_model(tr.teacher_model)
+        assert self.teacher is not None  # set with the client by attach
         decision = client.maybe_audit(
-            student, teacher_scorer(teacher, temperature=tr.temperature), pad_id=tr._tokenizer.pad_token_id,
+            student, self.teacher.score, pad_id=tr._tokenizer.pad_token_id,
             optimizer=tr.optimizer if self.audit.metric == "adam" else None,
         )
         if decision is not None:
@@ -277,9 +319,9 @@ class AdwinCallback(TrainerCallback):
             self.client.report_step(state.global_step - 1, numeric)
 
 
-def model_params(student: Any, teacher: Any) -> tuple[int, ...]:
+def model_params(student: Any, n_teacher: int) -> tuple[int, ...]:
     """The decision budget's parameter counts: student, teacher, and the student's trainable ones when some are
     frozen (a PEFT student from TRL's ``peft_config``)."""
-    counts = (param_count(student) or 1, param_count(teacher) or 1)
+    counts = (param_count(student) or 1, n_teacher)
     n_trainable = trainable_count(student)
     return counts if n_trainable is None else (*counts, n_trainable)

@@ -19,3 +19,10 @@ def remote_url() -> Iterator[str]:
     yield url
     stop()
     ctrl.close()
+
+
+@pytest.fixture
+def trl_vllm_client(monkeypatch: pytest.MonkeyPatch) -> None:
+    """TRL's ``VLLMClient`` refuses to start where vllm is not installed, though scoring over HTTP does not use it."""
+    vllm_client = pytest.importorskip("trl.generation.vllm_client")
+    monkeypatch.setattr(vllm_client, "is_vllm_available", lambda *args, **kwargs: True)

@@ -16,14 +16,12 @@ import pytest
 import torch
 from teacher_servers import start, stop
 from tiny_models import make_tiny_llama
-from trainer_fixtures import save_tiny
-from trl_fixtures import MAX_LEN, rows, tokenizer
+from trl_fixtures import MAX_LEN, make_server_trainer, prompts, rows, save_teacher, tokenizer
 
 datasets = pytest.importorskip("datasets")
-vllm_client = pytest.importorskip("trl.generation.vllm_client")
 server_distillation = pytest.importorskip("trl.experimental.server_distillation")
 
-pytestmark = pytest.mark.timeout(300)
+pytestmark = [pytest.mark.timeout(300), pytest.mark.usefixtures("trl_vllm_client")]
 
 STEPS, BATCH = 3, 4
 
@@ -31,9 +29,7 @@ STEPS, BATCH = 3, 4
 @pytest.fixture(scope="module")
 def teacher_url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     """``adwin teacher serve`` of a tiny teacher that shares the student's tokenizer; its root URL."""
-    path = save_tiny(tmp_path_factory.mktemp("teacher"), seed=1, with_tokenizer=False)
-    tokenizer().save_pretrained(str(path))
-    proc, url = start(path, "--served-model-name", "tiny-teacher")
+    proc, url = start(save_teacher(tmp_path_factory.mktemp("teacher")), "--served-model-name", "tiny-teacher")
     yield url
     stop(proc)
 
@@ -48,23 +44,12 @@ def _doc_block() -> str:
     return match.group(1)
 
 
-def _prompts() -> Any:
-    return datasets.Dataset.from_dict({"prompt": [" ".join(f"w{(i * 7 + j) % 60}" for j in range(3 + i % 3))
-                                                  for i in range(STEPS * BATCH)]})
-
-
 def _check_trained(trainer: Any, before: list[torch.Tensor], url: str, rows_before: int, rollouts: int) -> None:
     assert trainer.state.global_step == STEPS
     losses = [r["loss"] for r in rows(trainer)] + [trainer.state.log_history[-1]["train_loss"]]
     assert all(math.isfinite(v) for v in losses)
     assert any(not torch.equal(a, b) for a, b in zip(before, trainer.model.parameters(), strict=True))
     assert httpx.get(f"{url}/healthz").json()["rows"] - rows_before == rollouts  # every rollout, once
-
-
-@pytest.fixture(autouse=True)
-def _vllm_check(monkeypatch: pytest.MonkeyPatch) -> None:
-    # VLLMClient refuses to start where vllm is not installed, though scoring over HTTP does not use it
-    monkeypatch.setattr(vllm_client, "is_vllm_available", lambda *args, **kwargs: True)
 
 
 def test_the_documented_recipe_trains_against_adwin_teacher_serve(teacher_url: str, tmp_path: Path,
@@ -75,7 +60,7 @@ def test_the_documented_recipe_trains_against_adwin_teacher_serve(teacher_url: s
     student = make_tiny_llama(seed=0)
     before = [p.detach().clone() for p in student.parameters()]
     rows_before = httpx.get(f"{teacher_url}/healthz").json()["rows"]
-    ns = {"student": student, "tokenizer": tokenizer(), "dataset": _prompts(), "max_len": MAX_LEN, "steps": STEPS}
+    ns = {"student": student, "tokenizer": tokenizer(), "dataset": prompts(STEPS * BATCH), "max_len": MAX_LEN, "steps": STEPS}
     exec(compile(block.replace("http://127.0.0.1:8480", teacher_url), str(DOC), "exec"), ns)  # noqa: S102
     trainer = ns["trainer"]
     assert trainer.loss_top_k == 4 and trainer.beta == 0.0
@@ -84,15 +69,9 @@ def test_the_documented_recipe_trains_against_adwin_teacher_serve(teacher_url: s
 
 
 def test_trls_default_top1_reverse_kl_trains_against_adwin_teacher_serve(teacher_url: str, tmp_path: Path) -> None:
-    args = server_distillation.ServerDistillationConfig(
-        output_dir=str(tmp_path / "out"), teacher_model_server_url=teacher_url, per_device_train_batch_size=BATCH,
-        max_steps=STEPS, max_completion_length=MAX_LEN, logging_steps=1, report_to=[], save_strategy="no",
-        gradient_checkpointing=False, bf16=False, use_cpu=True, learning_rate=1e-3, seed=0, disable_tqdm=True)
-    assert (args.beta, args.loss_top_k) == (1.0, 1)  # TRL's defaults
-    student = make_tiny_llama(seed=0)
-    before = [p.detach().clone() for p in student.parameters()]
+    trainer = make_server_trainer(tmp_path, teacher_url, STEPS, batch=BATCH)
+    assert (trainer.args.beta, trainer.args.loss_top_k) == (1.0, 1)  # TRL's defaults
+    before = [p.detach().clone() for p in trainer.model.parameters()]
     rows_before = httpx.get(f"{teacher_url}/healthz").json()["rows"]
-    trainer = server_distillation.ServerDistillationTrainer(model=student, args=args, train_dataset=_prompts(),
-                                                            processing_class=tokenizer())
     trainer.train()
     _check_trained(trainer, before, teacher_url, rows_before, STEPS * BATCH)

@@ -23,27 +23,56 @@ def tokenizer():
     )
 
 
-def make_trainer(tmp_path: Path, steps: int, *, batch: int = 4, max_len: int = MAX_LEN, peft_config: Any = None,
-                 **overrides: Any):
-    """``batch`` rollouts per optimizer step (per device, one process); ``overrides`` go to ``DistillationConfig``;
-    ``peft_config`` to the trainer, which wraps the student with it (TRL's PEFT recipe)."""
+def prompts(n: int) -> Any:
+    """A ``datasets.Dataset`` of ``n`` prompts of 3 to 5 words."""
     import datasets
+
+    return datasets.Dataset.from_dict({"prompt": [" ".join(f"w{(i * 7 + j) % 60}" for j in range(3 + i % 3))
+                                                  for i in range(n)]})
+
+
+def _fields(tmp_path: Path, steps: int, batch: int, max_len: int) -> dict[str, Any]:
+    return dict(output_dir=str(tmp_path / "out"), per_device_train_batch_size=batch, max_steps=steps,
+                max_completion_length=max_len, logging_steps=1, report_to=[], save_strategy="no",
+                gradient_checkpointing=False, bf16=False, use_cpu=True, learning_rate=1e-3, seed=0,
+                disable_tqdm=True)
+
+
+def make_trainer(tmp_path: Path, steps: int, *, batch: int = 4, max_len: int = MAX_LEN, peft_config: Any = None,
+                 teacher: bool = True, **overrides: Any):
+    """``batch`` rollouts per optimizer step (per device, one process); ``overrides`` go to ``DistillationConfig``;
+    ``peft_config`` to the trainer, which wraps the student with it (TRL's PEFT recipe); ``teacher=False``: no
+    ``teacher_model``."""
     from trl import DistillationConfig, DistillationTrainer
 
     accum = int(overrides.get("gradient_accumulation_steps", 1))
-    prompts = [" ".join(f"w{(i * 7 + j) % 60}" for j in range(3 + i % 3)) for i in range(batch * accum * steps)]
-    fields: dict[str, Any] = dict(
-        output_dir=str(tmp_path / "out"), per_device_train_batch_size=batch, max_steps=steps,
-        max_completion_length=max_len, logging_steps=1, report_to=[], save_strategy="no",
-        gradient_checkpointing=False, bf16=False, use_cpu=True, learning_rate=1e-3, seed=0,
-        disable_tqdm=True,
-    )
-    args = DistillationConfig(**(fields | overrides))
+    args = DistillationConfig(**(_fields(tmp_path, steps, batch, max_len) | overrides))
     return DistillationTrainer(
-        model=make_tiny_llama(seed=0), teacher_model=make_tiny_llama(seed=1), args=args,
-        train_dataset=datasets.Dataset.from_dict({"prompt": prompts}), processing_class=tokenizer(),
-        peft_config=peft_config,
+        model=make_tiny_llama(seed=0), teacher_model=make_tiny_llama(seed=1) if teacher else None, args=args,
+        train_dataset=prompts(batch * accum * steps), processing_class=tokenizer(), peft_config=peft_config,
     )
+
+
+def make_server_trainer(tmp_path: Path, url: str, steps: int, *, batch: int = 4, max_len: int = MAX_LEN,
+                        **overrides: Any):
+    """TRL's ``ServerDistillationTrainer`` scoring with the teacher server at ``url`` (its root, as TRL takes it),
+    TRL's default loss (top-1 reverse KL) unless ``overrides`` (to ``ServerDistillationConfig``) say otherwise."""
+    from trl.experimental.server_distillation import ServerDistillationConfig, ServerDistillationTrainer
+
+    args = ServerDistillationConfig(**(_fields(tmp_path, steps, batch, max_len) | {"teacher_model_server_url": url}
+                                       | overrides))
+    return ServerDistillationTrainer(model=make_tiny_llama(seed=0), args=args, train_dataset=prompts(batch * steps),
+                                     processing_class=tokenizer())
+
+
+def save_teacher(path: Path) -> Path:
+    """A tiny teacher checkpoint (``make_tiny_llama(seed=1)``, the local teacher of ``make_trainer``) with the
+    student's tokenizer, for ``adwin teacher serve``."""
+    from trainer_fixtures import save_tiny
+
+    save_tiny(path, seed=1, with_tokenizer=False)
+    tokenizer().save_pretrained(str(path))
+    return path
 
 
 def rows(trainer: Any) -> list[dict]:

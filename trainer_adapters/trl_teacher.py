@@ -1,0 +1,102 @@
+"""Which TRL trainers ``AdwinCallback`` drives, and the teacher that scores its probe batches.
+
+Two teachers, found on the trainer (trl 1.16):
+
+- ``DistillationTrainer``'s local ``teacher_model``: probes are scored in process (``teacher_scorer``, logits
+  divided by the trainer's ``temperature``), the decision budget counts its parameters;
+- ``trl.experimental.server_distillation.ServerDistillationTrainer``: no local teacher; ``args.teacher_model_server_url``
+  is the root of a vLLM-compatible server (``vllm serve``, ``adwin teacher serve``) that TRL's ``VLLMClient``
+  reaches at ``{root}/v1``. The callback scores its probes at the same ``{root}/v1``, naming the model TRL names
+  (``trainer.teacher_client.model``), through adwin's served-teacher client (``served_scorer``: realized-token
+  logprobs, batched and concurrent, timeouts and bounded retries, the start-up tokenizer check). The logprobs are
+  the server's raw distribution, as TRL's server loss reads them. A server cannot report its parameter count:
+  the decision budget charges ``teacher_params`` when given, else the student's count (logged), the built-in
+  trainer's rule for a teacher it cannot count.
+
+``trl.experimental.async_distillation.AsyncDistillationTrainer`` is refused: its rollouts come from a rollout
+worker in a spawned child process, generating against the student's vLLM server with ``max_tokens`` fixed when
+the child starts, so no attribute of the trainer sets the next step's cap, and its rollouts stream out of a queue
+rather than a step's buffer the callback can offer as probes.
+"""
+
+from __future__ import annotations
+
+import logging
+import sys
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from adwin.backends.teacher_client import ClientSettings
+from adwin.probes.settings import param_count
+from adwin.trainer_adapters.generic import Score, served_scorer, teacher_scorer
+
+logger = logging.getLogger(__name__)
+
+ASYNC_TRAINER = "trl.experimental.async_distillation"
+
+
+class NoTeacher(ValueError):
+    """The trainer has neither a local ``teacher_model`` nor a ``teacher_model_server_url`` to score probes with."""
+
+
+class UnsupportedTrainer(TypeError):
+    """A trainer whose generation the callback cannot cap per step (not a TRL ``DistillationTrainer``)."""
+
+
+@dataclass
+class ProbeTeacher:
+    """What scores the callback's probe batches. ``params``: the teacher's parameter count, None where it cannot
+    be counted (a server); ``url``: the server's OpenAI base URL (``#model`` included), None for a local teacher."""
+
+    score: Score
+    params: int | None
+    url: str | None
+    close: Callable[[], None]
+
+
+def check_trainer(trainer: Any) -> None:
+    """Raise ``UnsupportedTrainer`` unless ``trainer`` generates through ``DistillationTrainer``'s path, whose caps
+    ``AdwinCallback.apply_window`` sets before each step (module docstring)."""
+    from trl import DistillationTrainer
+
+    if isinstance(trainer, DistillationTrainer):
+        return
+    name = type(trainer).__name__
+    async_module = sys.modules.get(ASYNC_TRAINER)  # loaded wherever such a trainer was built
+    if async_module is not None and isinstance(trainer, async_module.AsyncDistillationTrainer):
+        raise UnsupportedTrainer(
+            f"AdwinCallback cannot drive {name}: its rollouts are generated in a spawned child process against the "
+            "student's vLLM server with max_tokens fixed at start, so no window can be set per step; use "
+            "DistillationTrainer or ServerDistillationTrainer (docs/adapters.md)")
+    raise UnsupportedTrainer(f"AdwinCallback drives TRL's DistillationTrainer and its subclasses "
+                             f"(ServerDistillationTrainer), not {name}")
+
+
+def served_url(trainer: Any) -> str | None:
+    """The OpenAI base URL TRL's server trainer scores at: ``teacher_model_server_url`` (the root) + ``/v1``, with
+    the model TRL's client names as the fragment; None without a server URL."""
+    root = getattr(trainer.args, "teacher_model_server_url", None)
+    if not isinstance(root, str) or not root.strip():
+        return None
+    url = root.strip().rstrip("/") + "/v1"
+    model = getattr(getattr(trainer, "teacher_client", None), "model", None)
+    return f"{url}#{model}" if isinstance(model, str) and model and "#" not in model else url
+
+
+def probe_teacher(trainer: Any, settings: ClientSettings | None) -> ProbeTeacher:
+    """The trainer's local teacher, else its teacher server, connected and checked now (``ServedTeachers.load``:
+    ``TeacherUnavailable`` names an unreachable URL after ``settings``' retries); ``NoTeacher`` without either."""
+    acc = trainer.accelerator
+    if getattr(trainer, "teacher_model", None) is not None:
+        teacher = acc.unwrap_model(trainer.teacher_model)
+        return ProbeTeacher(teacher_scorer(teacher, temperature=trainer.temperature), param_count(teacher), None,
+                            lambda: None)
+    url = served_url(trainer)
+    if url is None:
+        raise NoTeacher(f"AdwinCallback scores probes with the trainer's teacher: {type(trainer).__name__} has no "
+                        "teacher_model and no args.teacher_model_server_url (ServerDistillationTrainer)")
+    vocab = int(acc.unwrap_model(trainer.model).config.get_text_config().vocab_size)
+    score = served_scorer(url, trainer._tokenizer, vocab, settings=settings)
+    logger.info("AdwinCallback: probe batches are scored by the teacher server %s", url)
+    return ProbeTeacher(score, None, url, score.close)
