@@ -131,7 +131,7 @@ KEYS: dict[str, str] = {
     "audit/submitted": "audits submitted to the controller this step",
     "audit/rejected": "audits the controller refused as non-finite (the window stays)",
     "audit/teacher_unavailable": "probe batches closed unaudited because the teacher server did not answer "
-                                 "(the window stays; model.teacher_backend: server)",
+                                 "(the window stays; model.teacher_backend: server, or the TRL callback on a served teacher)",
     "audit/released": "probe batches the decision budget held at the run's last step, closed unaudited (no "
                       "later step would use their decision)",
     "audit/skipped": "ready probe batches not audited (`audit.every` / `audit.skip_margin`)",
