@@ -1,10 +1,14 @@
-"""Helpers of the data-parallel tests: the tiny run's config as a YAML file, and a 2-rank gloo worker that
-``torch.multiprocessing.spawn`` starts (it must live in an importable module, not in a test file)."""
+"""Helpers of the data-parallel tests: the tiny run's config as a YAML file, `adwin train --nproc 2` in a subprocess
+and what its run folder holds, and the 2-rank gloo workers that ``torch.multiprocessing.spawn`` starts (they must
+live in an importable module, not in a test file)."""
 
 from __future__ import annotations
 
 import json
 import os
+import shutil
+import subprocess
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -19,6 +23,31 @@ def ddp_config(tmp: Path, **extra: Any) -> Path:
                                 "rollout.prompts_per_step": 4, "eval.every": 0, "optim.schedule": "constant",
                                 "name": "run", **extra})
     return write_config(tmp / "cfg.yaml", ov)
+
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def two_ranks(tmp: Path, *args: str) -> subprocess.CompletedProcess[str]:
+    """``adwin train --nproc 2 ARGS`` run in ``tmp``; fails the test with its stderr when it fails."""
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(ROOT)}
+    done = subprocess.run([sys.executable, "-m", "adwin", "train", "--nproc", "2", *args], cwd=tmp, env=env,
+                          capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-3000:]
+    return done
+
+
+def metrics_rows(run: Path) -> list[dict[str, Any]]:
+    return [json.loads(x) for x in (run / "metrics.jsonl").read_text().splitlines()]
+
+
+def cut_copy(run: Path, dest: Path, last: int, exported: str) -> Path:
+    """A copy of the finished ``run`` at ``dest`` as if it had crashed before its ``checkpoint-<last>`` and its
+    final export (the folder ``exported``) were written."""
+    shutil.copytree(run, dest)
+    shutil.rmtree(dest / f"checkpoint-{last}")
+    shutil.rmtree(dest / exported)
+    return dest
 
 
 class Crash(RuntimeError):
@@ -94,82 +123,116 @@ def _generate_with_an_empty_rank(model: Any, rank: int, wait_s: float = 120.0) -
 
 
 def sharded_audit_worker(rank: int, world: int, port: int, out: str) -> None:
-    """One rank: a tiny Llama trained two AdamW steps in one process (``ref``), the same weights and optimizer
-    state sharded over the ranks (FSDP2), and the audit of one probe batch on both, for each method and metric;
-    plus the gradient norm of one backward (the whole batch on ``ref``, this rank's rows on the shards). Rank 0
-    writes everything to ``out`` as JSON."""
+    """One rank, for a fully fine-tuned student (``full``) and a LoRA one (``lora``): a tiny Llama trained two
+    AdamW steps in one process (``ref``), the same weights and optimizer state sharded over the ranks (FSDP2),
+    and the audit of one probe batch on both, for each method and metric; plus the gradient norm of one
+    backward (the whole batch on ``ref``, this rank's rows on the shards), and (``lora``) compiled decoding on
+    the gathered weights against the eager tokens of ``ref``. Rank 0 writes everything to ``out`` as JSON."""
+    import torch
+
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank), WORLD_SIZE=str(world),
+                      LOCAL_RANK=str(rank))
+    torch.set_num_threads(1)
+    from adwin.loop.distributed import init_distributed
+
+    dist, _ = init_distributed("cpu")
+    try:
+        res = {variant: _sharded_audits(dist, rank, variant) for variant in ("full", "lora")}
+        if dist.is_main:
+            Path(out).write_text(json.dumps(res))
+    finally:
+        dist.close()
+
+
+def _sharded_audits(dist: Any, rank: int, variant: str) -> dict[str, Any]:
+    """What ``sharded_audit_worker`` measures for one student ``variant``."""
     import copy
+    from types import SimpleNamespace
 
     import torch
+    from tiny_models import make_tiny_llama
     from torch.distributed.checkpoint.state_dict import (
         StateDictOptions,
         get_optimizer_state_dict,
         set_optimizer_state_dict,
     )
 
-    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank), WORLD_SIZE=str(world),
-                      LOCAL_RANK=str(rank))
-    torch.set_num_threads(1)
-    from tiny_models import make_tiny_llama
-
     from adwin.audit.alignment import ProbeBatch
     from adwin.audit.job import AuditJob, AuditSettings, run_audit_job
     from adwin.backends.fsdp import full_tensor
     from adwin.config import load_config
-    from adwin.loop.distributed import init_distributed
     from adwin.loop.fsdp import shard_student
     from adwin.loop.parts import build_optimizer
+    from adwin.sampling.lora import apply_lora, trainable_parameters
 
-    dist, _ = init_distributed("cpu")
-    try:
-        cfg = load_config(None, {"model.sharding": "fsdp"})
-        g = torch.Generator().manual_seed(0)
-        ids = torch.randint(3, 64, (4, 24), generator=g)  # (B, T) training rows
+    lora = variant == "lora"
+    cfg = load_config(None, {"model.sharding": "fsdp", **({"optim.lr": 1e-2} if lora else {})})
+    g = torch.Generator().manual_seed(0)
+    ids = torch.randint(3, 64, (4, 24), generator=g)  # (B, T) training rows
 
-        def loss(model: torch.nn.Module, rows: torch.Tensor) -> torch.Tensor:
-            logp = model(input_ids=rows).logits.float().log_softmax(-1)[:, :-1]  # (b, T-1, V)
-            return -logp.gather(-1, rows[:, 1:, None]).sum()
+    def loss(model: torch.nn.Module, rows: torch.Tensor) -> torch.Tensor:
+        logp = model(input_ids=rows).logits.float().log_softmax(-1)[:, :-1]  # (b, T-1, V)
+        return -logp.gather(-1, rows[:, 1:, None]).sum()
 
-        ref = make_tiny_llama(num_layers=3)
-        ref_opt, _ = build_optimizer(cfg, ref)
-        for _ in range(2):
-            ref_opt.zero_grad()
-            loss(ref, ids).backward()
-            ref_opt.step()
-        shard = shard_student(copy.deepcopy(ref), cfg, dist)
-        shard_opt, _ = build_optimizer(cfg, shard)
-        set_optimizer_state_dict(shard, shard_opt, get_optimizer_state_dict(ref, ref_opt),
-                                 options=StateDictOptions(full_state_dict=True))
-        res: dict[str, Any] = {"generated": _generate_with_an_empty_rank(shard, rank)}
-        ref.zero_grad()
+    ref = make_tiny_llama(num_layers=3)
+    if lora:
+        ref = apply_lora(ref, SimpleNamespace(r=4, alpha=8.0, dropout=0.0, target_modules="all-linear"))
+    ref_opt, _ = build_optimizer(cfg, ref)
+    for _ in range(2):
+        ref_opt.zero_grad()
         loss(ref, ids).backward()
-        shard.zero_grad()
-        loss(shard, ids[dist.shard(4)]).backward()  # FSDP sums the ranks' gradients into the shards
-        res["grad_norm"] = [float(torch.nn.utils.clip_grad_norm_(ref.parameters(), float("inf"))),
-                            float(full_tensor(torch.nn.utils.clip_grad_norm_(shard.parameters(), float("inf"))))]
-        ref.zero_grad(set_to_none=True)
-        shard.zero_grad(set_to_none=True)
-        lens = [(5, 40), (9, 20), (3, 55), (12, 30), (4, 3)]
-        width = max(p + r for p, r in lens) + 3
-        pids = torch.randint(3, 64, (len(lens), width), generator=g)
-        am, rm = torch.zeros_like(pids), torch.zeros_like(pids)
-        for b, (p, r) in enumerate(lens):
-            am[b, : p + r], rm[b, p : p + r] = 1, 1
-        batch = ProbeBatch(pids * am, am, rm, -torch.rand(pids.shape, generator=g) * 4 * rm)
-        for method in ("fast", "sketch"):
-            for metric in ("identity", "adam"):
-                settings = {"candidates": AUDIT_CANDIDATES, "method": method, "metric": metric, "sketch_dim": 512,
-                            "seed": 3}
-                one = run_audit_job(ref, AuditJob(0, 2, batch, AuditSettings(**settings)), ref_opt).result
-                many = run_audit_job(shard, AuditJob(0, 2, batch, AuditSettings(**settings, extra={"combine": dist})),
-                                     shard_opt).result
-                res[f"{method}-{metric}"] = {name: {"cos": {str(c): r.cosines[c] for c in AUDIT_CANDIDATES},
-                                                    "gram": r.gram.tolist()} for name, r in (("one", one), ("many", many))}
-        res["after"] = {"dtensor_params": all(type(p).__name__ == "DTensor" for p in shard.parameters()),
-                        "grads": sum(p.grad is not None for p in shard.parameters()),
-                        "sharded_moments": all(type(s["exp_avg_sq"]).__name__ == "DTensor"
-                                               for s in shard_opt.state.values()) and len(shard_opt.state) > 0}
-        if dist.is_main:
-            Path(out).write_text(json.dumps(res))
-    finally:
-        dist.close()
+        ref_opt.step()
+    shard = shard_student(copy.deepcopy(ref), cfg, dist)
+    shard_opt, _ = build_optimizer(cfg, shard)
+    set_optimizer_state_dict(shard, shard_opt, get_optimizer_state_dict(ref, ref_opt),
+                             options=StateDictOptions(full_state_dict=True))
+    res: dict[str, Any] = {"generated": _generate_with_an_empty_rank(shard, rank)}
+    if lora:
+        res["compiled"] = _compiled_decode_on_gathered_weights(ref, shard)
+    ref.zero_grad()
+    loss(ref, ids).backward()
+    shard.zero_grad()
+    loss(shard, ids[dist.shard(4)]).backward()  # FSDP sums the ranks' gradients into the shards
+    res["grad_norm"] = [
+        float(torch.nn.utils.clip_grad_norm_(trainable_parameters(ref), float("inf"))),
+        float(full_tensor(torch.nn.utils.clip_grad_norm_(trainable_parameters(shard), float("inf"))))]
+    ref.zero_grad(set_to_none=True)
+    shard.zero_grad(set_to_none=True)
+    lens = [(5, 40), (9, 20), (3, 55), (12, 30), (4, 3)]
+    width = max(p + r for p, r in lens) + 3
+    pids = torch.randint(3, 64, (len(lens), width), generator=g)
+    am, rm = torch.zeros_like(pids), torch.zeros_like(pids)
+    for b, (p, r) in enumerate(lens):
+        am[b, : p + r], rm[b, p : p + r] = 1, 1
+    batch = ProbeBatch(pids * am, am, rm, -torch.rand(pids.shape, generator=g) * 4 * rm)
+    for method in ("fast", "sketch"):
+        for metric in ("identity", "adam"):
+            settings = {"candidates": AUDIT_CANDIDATES, "method": method, "metric": metric, "sketch_dim": 512,
+                        "seed": 3}
+            one = run_audit_job(ref, AuditJob(0, 2, batch, AuditSettings(**settings)), ref_opt).result
+            many = run_audit_job(shard, AuditJob(0, 2, batch, AuditSettings(**settings, extra={"combine": dist})),
+                                 shard_opt).result
+            res[f"{method}-{metric}"] = {name: {"cos": {str(c): r.cosines[c] for c in AUDIT_CANDIDATES},
+                                                "gram": r.gram.tolist()} for name, r in (("one", one), ("many", many))}
+    res["after"] = {"dtensor_params": all(type(p).__name__ == "DTensor" for p in shard.parameters()),
+                    "grads": sum(p.grad is not None for p in shard.parameters()),
+                    "sharded_moments": all(type(s["exp_avg_sq"]).__name__ == "DTensor"
+                                           for s in shard_opt.state.values()) and len(shard_opt.state) > 0,
+                    "moments": len(shard_opt.state), "trainable": len(trainable_parameters(shard)),
+                    "parameters": sum(1 for _ in shard.parameters())}
+    return res
+
+
+def _compiled_decode_on_gathered_weights(ref: Any, shard: Any) -> bool:
+    """Whether the sharded student, decoding compiled (``rollout.compile: true``) on its gathered weights, draws
+    the tokens ``ref`` draws eagerly (per-sample seeds)."""
+    from adwin.backends.fsdp import full_weights
+    from adwin.sampling.rollout import generate
+    from adwin.sampling.seeding import row_seed
+
+    contexts, budgets = [[1, 5, 6, 7], [1, 9], [1, 3, 4, 5, 6, 7, 8]], [12, 5, 12]
+    kw = {"eos": {2}, "pad_id": 0, "temperature": 0.9, "row_seeds": [row_seed(1, "rollout", 0, i) for i in range(3)]}
+    eager = generate(ref, contexts, budgets, **kw).response_ids
+    with full_weights(shard):
+        compiled = generate(shard, contexts, budgets, compile=True, **kw).response_ids
+    return compiled == eager

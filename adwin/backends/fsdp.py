@@ -24,15 +24,24 @@ import torch
 
 RESHARD_LAYERS = True
 RESHARD_ROOT = False
-_DEPTH = "_adwin_full_weights_depth"  # nesting count on the root module: only the outermost entry gathers
+_DEPTH = "_adwin_full_weights_depth"  # nesting count on the FSDP root: only the outermost entry gathers
 _MANAGED = "_is_fsdp_managed_module"
 
 
-def is_sharded(model: torch.nn.Module) -> bool:
-    """Whether ``model`` is an FSDP2 root (its parameters are DTensor shards)."""
+def fsdp_root(model: torch.nn.Module) -> Any | None:
+    """The FSDP2 root of ``model`` (its first FSDP module in module order), or None when it is not sharded.
+
+    ``model`` itself for a fully fine-tuned student; for a LoRA student, the transformers model inside the peft
+    wrapper, which is what ``adwin.loop.fsdp.shard_student`` shards (peft's ``generate`` calls that model, not the
+    wrapper, so the wrapper cannot be the root)."""
     from torch.distributed.fsdp import FSDPModule
 
-    return isinstance(model, FSDPModule)
+    return next((m for m in model.modules() if isinstance(m, FSDPModule)), None)
+
+
+def is_sharded(model: torch.nn.Module) -> bool:
+    """Whether ``model`` holds an FSDP2-sharded student (its parameters are DTensor shards)."""
+    return fsdp_root(model) is not None
 
 
 def fsdp_modules(model: torch.nn.Module) -> list[Any]:
@@ -50,30 +59,32 @@ def full_weights(model: torch.nn.Module) -> Iterator[None]:
     nothing. Gradients taken inside (``torch.autograd.grad``) are of the whole parameters and are never
     reduce-scattered: nothing is written to ``.grad``, which FSDP would reduce.
     """
-    if not is_sharded(model) or getattr(model, _DEPTH, 0):
+    root = fsdp_root(model)
+    if root is None or getattr(root, _DEPTH, 0):
         yield
         return
-    mods = fsdp_modules(model)
+    mods = fsdp_modules(root)
     for m in mods:
         m.unshard()
         m.set_reshard_after_forward(False, recurse=False)
         m.set_reshard_after_backward(False, recurse=False)
-    setattr(model, _DEPTH, 1)
-    # transformers' generate reads this flag (set by fully_shard) to step every rank in lock-step with an
-    # all-reduce per token (synced_gpus); on whole weights no rank needs another, and a rank with no rows to
-    # decode (adwin.sampling.rollout.generate returns before generate) would leave the others waiting
-    managed = model.__dict__.get(_MANAGED)
-    setattr(model, _MANAGED, False)
+    setattr(root, _DEPTH, 1)
+    # transformers' generate reads this flag (set by fully_shard) on the model it runs on, the root (a LoRA
+    # student's generate runs on it too), to step every rank in lock-step with an all-reduce per token
+    # (synced_gpus); on whole weights no rank needs another, and a rank with no rows to decode
+    # (adwin.sampling.rollout.generate returns before generate) would leave the others waiting
+    managed = root.__dict__.get(_MANAGED)
+    setattr(root, _MANAGED, False)
     try:
         yield
     finally:
         if managed is None:
-            delattr(model, _MANAGED)
+            delattr(root, _MANAGED)
         else:
-            setattr(model, _MANAGED, managed)
-        setattr(model, _DEPTH, 0)
+            setattr(root, _MANAGED, managed)
+        setattr(root, _DEPTH, 0)
         for m in mods:
-            m.set_reshard_after_forward(RESHARD_ROOT if m is model else RESHARD_LAYERS, recurse=False)
+            m.set_reshard_after_forward(RESHARD_ROOT if m is root else RESHARD_LAYERS, recurse=False)
             m.set_reshard_after_backward(True, recurse=False)
             m.reshard()
 

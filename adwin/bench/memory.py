@@ -1,10 +1,11 @@
 """Peak memory per rank of each way to hold the student (``adwin bench memory``), and the largest student each
 fits on one GPU.
 
-Measured: every mode (``MODES``: ``ddp`` replicates the student, ``fsdp`` shards it, ``model.sharding``) runs
+Measured: every mode (``MODES``: ``ddp`` replicates the student, ``fsdp`` shards it, ``model.sharding``; ``lora``
+and ``lora+fsdp`` do the same with LoRA adapters on a frozen base, ``model.lora``: the run's, else the defaults) runs
 on ``--nproc`` ranks of this machine (gloo on CPU; NCCL with ``--set model.device=cuda``, one GPU per rank)
 the trainer's own pieces on one model: the student loaded and prepared as ``adwin train`` prepares it
-(``adwin.loop.fsdp.shard_student``), AdamW (``build_optimizer``), ``--steps`` optimizer steps on random
+(``adwin.sampling.lora.apply_lora``, ``adwin.loop.fsdp.shard_student``), AdamW (``build_optimizer``), ``--steps`` optimizer steps on random
 rows (``adwin.loop.step.optimize``), then one rollout call on the rollout engine (``HFEngine``: a sharded
 student is gathered for it) and, for a sharded student, the same call with FSDP's per-layer all-gathers on
 every decode step instead (transformers ``generate(synced_gpus=True)``). Per phase and rank: on CPU the
@@ -33,13 +34,20 @@ from typing import Any
 
 log = logging.getLogger(__name__)
 
-# Each mode: the config overrides that select it (the rest of the run's config is shared). A new way to hold
-# the student (adapters, adapters over shards) adds a row here and is measured and estimated like these.
+# Each mode: the config overrides that select it (the rest of the run's config is shared). ``ADAPTERS`` stands for
+# the run's model.lora section (the defaults when it has none). A new way to hold the student adds a row here and
+# is measured and estimated like these.
+ADAPTERS: dict[str, Any] = {}
 MODES: dict[str, dict[str, Any]] = {
-    "ddp": {"model.sharding": "ddp"},
-    "fsdp": {"model.sharding": "fsdp"},
+    "ddp": {"model.sharding": "ddp", "model.lora": None},
+    "fsdp": {"model.sharding": "fsdp", "model.lora": None},
+    "lora": {"model.sharding": "ddp", "model.lora": ADAPTERS},
+    "lora+fsdp": {"model.sharding": "fsdp", "model.lora": ADAPTERS},
 }
 DTYPE_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2}
+ADAPTER_BYTES = 4.0  # peft keeps adapters in float32, over a bfloat16 base too (autocast_adapter_dtype)
+# adapters per base parameter in the estimate: r=16 on the 7 projections of Qwen3-4B (33.0M of 4.02B)
+LORA_FRACTION = 0.0082
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -59,6 +67,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--act-mb-per-token", type=float, default=2.4,
                    help="activation memory per token in the estimate (default: Qwen3-4B shapes with activation "
                         "checkpointing and float32 logits)")
+    p.add_argument("--lora-fraction", type=float, default=LORA_FRACTION,
+                   help="a LoRA student's adapter parameters per base parameter in the estimate (default: r=16 on "
+                        "every projection of Qwen3-4B)")
     p.add_argument("--teacher-b", type=float, default=0.0,
                    help="teacher parameters (billions) in the estimate, held whole on every rank")
     p.add_argument("--json", dest="json_path", default=None, help="also write the results here as JSON")
@@ -189,6 +200,7 @@ def _rank(rank: int, world: int, port: int, setup: Setup, out: str) -> None:
     from adwin.loop.fsdp import shard_student
     from adwin.loop.parts import build_optimizer
     from adwin.loop.step import optimize
+    from adwin.sampling.lora import apply_lora, require_peft, trainable_parameters
     from adwin.sampling.rollout import generate
 
     cfg = load_config(setup.config, setup.overrides, world=world)
@@ -197,11 +209,15 @@ def _rank(rank: int, world: int, port: int, setup: Setup, out: str) -> None:
         cfg = cfg.model_copy(update={"model": cfg.model.model_copy(update={"device": device})})
         build = _student_builder(setup, cfg, device)
         build("meta")  # the model's code imported before the baseline: only its tensors are measured
+        if cfg.model.lora is not None:
+            require_peft()  # likewise peft's
         meter = PeakMeter(device)
         state: dict[str, Any] = {}
 
         def prepare() -> None:
-            state["model"] = shard_student(build(device), cfg, dist)
+            model = build(device)
+            model = model if cfg.model.lora is None else apply_lora(model, cfg.model.lora, seed=cfg.seed)
+            state["model"] = shard_student(model, cfg, dist)
             state["opt"] = build_optimizer(cfg, state["model"])
 
         res: dict[str, float] = {}
@@ -226,6 +242,7 @@ def _rank(rank: int, world: int, port: int, setup: Setup, out: str) -> None:
                 model, contexts, budgets, eos={2}, pad_id=0, sampling={"do_sample": True, "top_k": 0,
                                                                         "synced_gpus": True}))
         res["params"] = float(n_params)
+        res["trainable"] = float(sum(p.numel() for p in trainable_parameters(model)))
         every = dist.all_gather_object(res)
         if dist.is_main:
             Path(out).write_text(json.dumps(every))
@@ -248,18 +265,26 @@ def measure(setup: Setup, nproc: int) -> list[dict[str, float]]:
         return json.loads(out.read_text())
 
 
-def bytes_per_param(mode: str, world: int, dtype: str, autocast: str, metric: str) -> dict[str, float]:
-    """Bytes per student parameter on one rank: ``resident`` (weights, gradients and AdamW's two moments, in
-    the weights' dtype, sharded ``1/N`` by fsdp) and ``gathered`` (fsdp: the whole weights gathered for
-    generation and the audit, in bf16 under ``model.autocast: bf16``; their audit gradient, likewise; the
-    Adam metric's gathered second moments, float32).
+def bytes_per_param(mode: str, world: int, dtype: str, autocast: str, metric: str,
+                    lora_fraction: float = LORA_FRACTION) -> dict[str, float]:
+    """Bytes per (base) parameter of the student on one rank: ``resident`` (weights, gradients and AdamW's two
+    moments of what trains, the frozen weights of what does not; sharded ``1/N`` by fsdp) and ``gathered``
+    (fsdp: the whole weights gathered for generation and the audit, in bf16 under ``model.autocast: bf16``, the
+    audit's gradient of what trains, likewise, and the Adam metric's gathered second moments).
 
-    ddp's audit differentiates its replica: one gradient on top of the resident state, in ``gathered``."""
-    w = DTYPE_BYTES[dtype]
-    if mode == "ddp" or world == 1:
-        return {"resident": 4.0 * w, "gathered": float(w)}
-    g = 2.0 if autocast == "bf16" else float(w)
-    return {"resident": 4.0 * w / world, "gathered": 2 * g + (float(w) if metric == "adam" else 0.0)}
+    What trains: every parameter, in the weights' dtype; a LoRA student (``lora`` modes): its adapters,
+    ``lora_fraction`` as many parameters as the base, in float32 (``ADAPTER_BYTES``), the base frozen in the
+    weights' dtype. A replica's audit differentiates it in place: one gradient of what trains, in ``gathered``."""
+    w = float(DTYPE_BYTES[dtype])
+    lora = MODES[mode]["model.lora"] is not None
+    trains = lora_fraction if lora else 1.0  # trained parameters per base parameter
+    t = ADAPTER_BYTES if lora else w  # bytes of one trained weight, gradient or moment
+    resident = (w if lora else 0.0) + 4 * t * trains
+    if MODES[mode]["model.sharding"] == "ddp" or world == 1:
+        return {"resident": resident, "gathered": t * trains}
+    g = 2.0 if autocast == "bf16" else w
+    weights = g * (1.0 + trains) if lora else g
+    return {"resident": resident / world, "gathered": weights + g * trains + (t * trains if metric == "adam" else 0.0)}
 
 
 def estimate(per_param: dict[str, float], gpu_gb: float, tokens: int, act_mb_per_token: float,
@@ -282,15 +307,22 @@ def main(args: argparse.Namespace) -> int:
         raise ValueError(f"--modes: unknown {unknown or modes}; choose from {', '.join(MODES)}")
     if args.nproc < 1:
         raise ValueError(f"--nproc must be at least 1, got {args.nproc}")
+    if not 0.0 < args.lora_fraction <= 1.0:
+        raise ValueError(f"--lora-fraction must be in (0, 1] (adapter parameters per base parameter), got "
+                         f"{args.lora_fraction}")
     path = str(resolve_config(args.config).path)
     base = parse_set(args.set) | {"probes.backend": "inline"}
     cfg = load_config(path, base, world=args.nproc)
+    adapters = cfg.model.lora.model_dump() if cfg.model.lora is not None else {}  # the lora modes' section
+    base = {k: v for k, v in base.items() if not k.startswith("model.lora")}
     measured: dict[str, Any] = {}
     for mode in modes:
-        setup = Setup(path, base | MODES[mode], args.profile, tuple(args.llama) if args.llama else None,
+        overrides = {k: adapters if v is ADAPTERS else v for k, v in MODES[mode].items()}
+        setup = Setup(path, base | overrides, args.profile, tuple(args.llama) if args.llama else None,
                       args.rows, args.seq, args.new_tokens, args.steps)
         measured[mode] = measure(setup, args.nproc)
-    estimates = {mode: {n: estimate(bytes_per_param(mode, n, cfg.model.dtype, cfg.model.autocast, cfg.audit.metric),
+    estimates = {mode: {n: estimate(bytes_per_param(mode, n, cfg.model.dtype, cfg.model.autocast, cfg.audit.metric,
+                                                    args.lora_fraction),
                                     args.gpu_gb, args.tokens, args.act_mb_per_token, args.teacher_b,
                                     DTYPE_BYTES[cfg.model.dtype]) for n in (1, 2, 4, 8)} for mode in MODES}
     console = Console(width=200)
@@ -298,17 +330,19 @@ def main(args: argparse.Namespace) -> int:
     n_params = int(next(iter(measured.values()))[0]["params"])
     table = Table(title=f"adwin bench memory: {n_params:,} parameters, {args.nproc} ranks, peak {unit} per rank "
                         f"(max over ranks) above the pre-load baseline")
-    for col in ("mode", "load", "train", "generate", "generate s", "per-layer generate", "per-layer s"):
+    for col in ("mode", "trained", "load", "train", "generate", "generate s", "per-layer generate", "per-layer s"):
         table.add_column(col, justify="right")
     for mode, ranks in measured.items():
         top = {k: max(r.get(k, float("nan")) for r in ranks) for k in ranks[0]}
         layer = "generate_per_layer_mb" in top
-        table.add_row(mode, f"{top['load_mb']:.1f}", f"{top['train_mb']:.1f}", f"{top['generate_mb']:.1f}",
+        table.add_row(mode, f"{top['trainable']:,.0f}", f"{top['load_mb']:.1f}", f"{top['train_mb']:.1f}",
+                      f"{top['generate_mb']:.1f}",
                       f"{top['generate_s']:.2f}", f"{top['generate_per_layer_mb']:.1f}" if layer else "-",
                       f"{top['generate_per_layer_s']:.2f}" if layer else "-")
     console.print(table)
     est = Table(title=f"largest student on a {args.gpu_gb:g} GB GPU (billions of parameters; estimate: "
                       f"{cfg.model.dtype} weights, autocast {cfg.model.autocast}, audit metric {cfg.audit.metric}, "
+                      f"LoRA adapters {args.lora_fraction:g} of the base, "
                       f"{args.tokens} tokens x {args.act_mb_per_token:g} MiB activations, teacher {args.teacher_b:g}B)")
     est.add_column("mode")
     for n in (1, 2, 4, 8):
@@ -324,5 +358,5 @@ def main(args: argparse.Namespace) -> int:
                      "llama": args.llama, "rows": args.rows, "seq": args.seq, "new_tokens": args.new_tokens},
             "measured": measured, "estimate_b": estimates,
             "estimate_inputs": {"gpu_gb": args.gpu_gb, "tokens": args.tokens, "act_mb_per_token": args.act_mb_per_token,
-                                "teacher_b": args.teacher_b}}, indent=2))
+                                "teacher_b": args.teacher_b, "lora_fraction": args.lora_fraction}}, indent=2))
     return 0

@@ -13,7 +13,14 @@ model, before the optimizer is built, so parameters, gradients and AdamW's momen
 * the teacher stays whole on every rank (docs/decisions.md, "Sharded students").
 
 Which parameters train is not decided here: ``fully_shard`` shards whatever the model holds, and the
-optimizer takes the parameters that require grad (``adwin.loop.parts.build_optimizer``).
+optimizer takes the parameters that require grad (``adwin.loop.parts.build_optimizer``). A LoRA student
+(``model.lora``) is sharded the same way, adapters and frozen base weights together in each layer's unit:
+FSDP2 shards every parameter on its own (a ``DTensor`` each, no flat buffer), all-gathers them all and
+reduce-scatters only those that received a gradient, so a unit mixing frozen and trainable parameters needs
+nothing uniform but the trainable ones' dtype (peft keeps the adapters in one dtype). Its root is the
+transformers model inside the peft wrapper, not the wrapper: peft's ``generate`` calls that model directly,
+and a forward that does not enter through the root would make a decoder layer FSDP's root instead
+(docs/decisions.md, "Sharded students").
 
 Precision (``MixedPrecisionPolicy``): ``model.autocast: bf16`` gathers the layers' weights in bfloat16
 (``param_dtype``) and reduces gradients in float32 over float32 shards; ``model.dtype`` bfloat16/float16
@@ -31,6 +38,7 @@ from adwin.audit.params import transformer_blocks
 from adwin.backends.fsdp import RESHARD_LAYERS, RESHARD_ROOT, fsdp_modules, is_sharded
 from adwin.config import TrainConfig
 from adwin.loop.distributed import LocalDist
+from adwin.sampling.lora import is_lora
 
 log = logging.getLogger(__name__)
 
@@ -60,12 +68,14 @@ def shard_student(model: torch.nn.Module, cfg: TrainConfig, dist: LocalDist) -> 
     device = next(model.parameters()).device
     mesh = init_device_mesh(device.type, (dist.world,))
     policy = precision_policy(cfg)
-    blocks = transformer_blocks(model)
+    root = model.get_base_model() if is_lora(model) else model  # type: ignore[operator]
+    blocks = transformer_blocks(root)
     for block in blocks:
         fully_shard(block, mesh=mesh, mp_policy=policy, reshard_after_forward=RESHARD_LAYERS)
-    fully_shard(model, mesh=mesh, mp_policy=policy, reshard_after_forward=RESHARD_ROOT)
-    for m in fsdp_modules(model):  # a plain sum across ranks: the loss carries the whole batch's normaliser
+    fully_shard(root, mesh=mesh, mp_policy=policy, reshard_after_forward=RESHARD_ROOT)
+    for m in fsdp_modules(root):  # a plain sum across ranks: the loss carries the whole batch's normaliser
         m.set_gradient_divide_factor(1.0)
         m.set_force_sum_reduction_for_comms(True)  # gloo has no pre-multiplied sum
-    log.info("student sharded over %d ranks (FSDP2: %d decoder layers + the root)", dist.world, len(blocks))
+    log.info("student sharded over %d ranks (FSDP2: %d decoder layers + the root%s)", dist.world, len(blocks),
+             ", LoRA adapters with their frozen base" if root is not model else "")
     return model

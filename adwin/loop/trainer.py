@@ -42,7 +42,7 @@ from adwin.runtime.resume import (
     truncate_metrics,
 )
 from adwin.runtime.sharded_checkpoint import export_student, stage_sharded
-from adwin.sampling.lora import LORA_EXPORT, export_lora, is_lora
+from adwin.sampling.lora import LORA_EXPORT, MERGED_DIR, export_lora, is_lora
 from adwin.sampling.static_decode import LEDGER as COMPILES
 
 
@@ -174,12 +174,16 @@ def train(cfg: TrainConfig, controller: ControllerAPI | None, parts: Parts | Non
         if on_step is not None:
             on_step(t, m)
     probes.close()
-    # the last checkpoint is a transformers folder already, except a sharded student's (gathered on rank 0) and
-    # a LoRA student's (its adapter: the merged student is exported beside it)
-    student = export_student(run_dir, parts.student, parts.tokenizer, dist) if sharded \
-        else run_dir / f"checkpoint-{cfg.steps}"
-    if dist.is_main and is_lora(parts.student):
-        student = export_lora(parts.student, parts.tokenizer, run_dir / LORA_EXPORT)[1]
+    # the last checkpoint is a transformers folder already, except a sharded student's (gathered on rank 0; a
+    # LoRA one's adapter and merged student) and a LoRA student's (its adapter: the merged student beside it)
+    if sharded:
+        student = export_student(run_dir, parts.student, parts.tokenizer, dist)
+    elif is_lora(parts.student):
+        student = run_dir / LORA_EXPORT / MERGED_DIR
+        if dist.is_main:
+            export_lora(parts.student, parts.tokenizer, run_dir / LORA_EXPORT)
+    else:
+        student = run_dir / f"checkpoint-{cfg.steps}"
     drain_controller(controller)  # degraded mode: deliver what is still buffered (bounded wait)
     sinks.close()
     return TrainResult(run_id, run_dir, initial, final, sinks.history, probes.totals(), student)

@@ -32,6 +32,7 @@ ADAPTER_CONFIG = "adapter_config.json"  # what PeftModel.save_pretrained writes 
 ADAPTER_WEIGHTS = "adapter_model.safetensors"
 INSTALL_HINT = "pip install 'adwin[lora]'"
 LORA_EXPORT = "export"  # the run folder's export of a LoRA student: adapter/ and merged/
+MERGED_DIR = "merged"
 
 
 class LoraUnavailable(BackendUnavailable):
@@ -188,28 +189,52 @@ def check_checkpoint_kind(path: str | Path, model: torch.nn.Module) -> None:
                                  "resume with the run's own config.json")
 
 
-def export_lora(model: torch.nn.Module, tokenizer: Any, dest: str | Path) -> tuple[Path, Path]:
+def base_checkpoint(model: torch.nn.Module) -> str | None:
+    """The folder the LoRA ``model``'s base weights were loaded from (None: a student built in memory)."""
+    return model.peft_config["default"].base_model_name_or_path or None  # type: ignore[index]
+
+
+def export_lora(model: torch.nn.Module, tokenizer: Any, dest: str | Path,
+                state: Mapping[str, torch.Tensor] | None = None) -> tuple[Path, Path]:
     """Write ``dest/adapter`` (the adapter folder) and ``dest/merged`` (the merged student: a plain transformers
     folder that loads with ``AutoModelForCausalLM.from_pretrained``), each with the tokenizer.
 
-    The merge (peft's ``merge_and_unload``) runs on a CPU copy rebuilt from the base checkpoint and the saved
-    adapter (``AutoPeftModelForCausalLM``), so the trainer's module and its device memory stay as they are; a
-    student built in memory (no base checkpoint to reload) is copied instead."""
-    import copy
-
+    ``state``: the student's state dict gathered whole, for a sharded student whose module holds shards
+    (``adwin.runtime.sharded_checkpoint.export_student``): its adapters, plus the base weights when there is no
+    base checkpoint. The merge (peft's ``merge_and_unload``) runs on a CPU copy rebuilt from the base checkpoint
+    and the saved adapter (``AutoPeftModelForCausalLM``), so the trainer's module and its device memory stay as
+    they are; a student built in memory (no base checkpoint to reload) is copied instead, or rebuilt from its
+    config and ``state``."""
     peft = require_peft()
     dest = Path(dest)
-    adapter, merged = dest / "adapter", dest / "merged"
-    model.save_pretrained(adapter)  # type: ignore[operator]
-    base = model.peft_config["default"].base_model_name_or_path  # type: ignore[index]
-    if base:
+    adapter, merged = dest / "adapter", dest / MERGED_DIR
+    model.save_pretrained(adapter, state_dict=None if state is None else dict(state))  # type: ignore[operator]
+    if base_checkpoint(model):
         dtype = next(model.get_base_model().parameters()).dtype  # type: ignore[operator]
         rebuilt = peft.AutoPeftModelForCausalLM.from_pretrained(str(adapter), dtype=dtype, device_map="cpu")
     else:
-        rebuilt = copy.deepcopy(model).to("cpu")
+        rebuilt = _in_memory_copy(model, state)
     rebuilt.merge_and_unload().save_pretrained(merged)
     for folder in (adapter, merged):
         if tokenizer is not None and hasattr(tokenizer, "save_pretrained"):
             tokenizer.save_pretrained(folder)
     log.info("exported the LoRA adapter to %s and the merged student to %s", adapter, merged)
     return adapter, merged
+
+
+def _in_memory_copy(model: torch.nn.Module, state: Mapping[str, torch.Tensor] | None) -> torch.nn.Module:
+    """A CPU copy of the LoRA ``model``: the module copied, or (``state`` given: its module holds shards) a new
+    one built from its config and peft config, loaded with ``state``."""
+    import copy
+
+    if state is None:
+        return copy.deepcopy(model).to("cpu")
+    from transformers import AutoModelForCausalLM
+
+    peft = require_peft()
+    base = model.get_base_model()  # type: ignore[operator]
+    with torch.random.fork_rng(devices=[]):  # the fresh weights are overwritten: they must not move the run's RNG
+        rebuilt = peft.get_peft_model(AutoModelForCausalLM.from_config(base.config, dtype=base.dtype),
+                                      copy.deepcopy(model.peft_config["default"]))  # type: ignore[index]
+    rebuilt.load_state_dict(dict(state))
+    return rebuilt

@@ -5,15 +5,11 @@ student, and resumes with the same or another number of ranks; what the precisio
 from __future__ import annotations
 
 import json
-import os
-import shutil
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 import torch
-from ddp_runs import ddp_config
+from ddp_runs import cut_copy, ddp_config, metrics_rows, two_ranks
 from safetensors.torch import load_file
 
 from adwin.cli import main as cli_main
@@ -22,20 +18,7 @@ from adwin.controller import Controller
 from adwin.loop.fsdp import precision_policy
 from adwin.loop.trainer import train
 
-ROOT = Path(__file__).resolve().parents[3]
 STEPS, EVERY = 4, 2
-
-
-def _two_ranks(tmp: Path, *args: str) -> subprocess.CompletedProcess[str]:
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(ROOT)}
-    done = subprocess.run([sys.executable, "-m", "adwin", "train", "--nproc", "2", *args], cwd=tmp, env=env,
-                          capture_output=True, text=True, timeout=300)
-    assert done.returncode == 0, done.stderr[-3000:]
-    return done
-
-
-def _rows(run: Path) -> list[dict]:
-    return [json.loads(x) for x in (run / "metrics.jsonl").read_text().splitlines()]
 
 
 def _max_diff(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor]) -> float:
@@ -47,13 +30,13 @@ def _max_diff(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor]) -> float:
 def runs(tmp_path_factory: pytest.TempPathFactory) -> dict:
     tmp = tmp_path_factory.mktemp("fsdp")
     cfg = ddp_config(tmp, steps=STEPS, checkpoint_every=EVERY)
-    two = _two_ranks(tmp, "--config", str(cfg), "--name", "fsdp", "--set", "model.sharding=fsdp")
+    two = two_ranks(tmp, "--config", str(cfg), "--name", "fsdp", "--set", "model.sharding=fsdp")
     one = train(load_config(cfg, {"name": "one"}), Controller())
     return {"tmp": tmp, "one": one, "stdout": two.stdout, "fsdp": tmp / "runs" / "fsdp"}
 
 
 def test_a_sharded_run_trains_the_one_process_run(runs: dict) -> None:
-    one, rows = runs["one"], _rows(runs["fsdp"])
+    one, rows = runs["one"], metrics_rows(runs["fsdp"])
     assert [r["step"] for r in rows] == list(range(STEPS))
     assert [h["window/current"] for h in one.history] == [r["window/current"] for r in rows]
     assert sum("audit/id" in h for h in one.history) >= 2
@@ -90,18 +73,14 @@ def test_a_sharded_checkpoint_holds_every_ranks_shards_and_the_export_loads_with
 
 def _cut_at(runs: dict, name: str) -> Path:
     """A copy of the sharded run as if it had crashed after its step-EVERY checkpoint."""
-    run = runs["tmp"] / "runs" / name
-    shutil.copytree(runs["fsdp"], run)
-    shutil.rmtree(run / f"checkpoint-{STEPS}")
-    shutil.rmtree(run / "student")
-    return run
+    return cut_copy(runs["fsdp"], runs["tmp"] / "runs" / name, STEPS, "student")
 
 
 def test_a_sharded_run_resumes_on_two_ranks_as_it_ran(runs: dict) -> None:
     run = _cut_at(runs, "resumed-2")
-    _two_ranks(runs["tmp"], "--resume", str(run))
-    assert [r["window/current"] for r in _rows(run)] == [r["window/current"] for r in _rows(runs["fsdp"])]
-    assert [r["step"] for r in _rows(run)] == list(range(STEPS))
+    two_ranks(runs["tmp"], "--resume", str(run))
+    assert [r["window/current"] for r in metrics_rows(run)] == [r["window/current"] for r in metrics_rows(runs["fsdp"])]
+    assert [r["step"] for r in metrics_rows(run)] == list(range(STEPS))
     assert _max_diff(load_file(str(run / "student" / "model.safetensors")),
                      load_file(str(runs["fsdp"] / "student" / "model.safetensors"))) <= 1e-7
 
@@ -109,7 +88,7 @@ def test_a_sharded_run_resumes_on_two_ranks_as_it_ran(runs: dict) -> None:
 def test_a_two_rank_checkpoint_resumes_in_one_process(runs: dict) -> None:
     run = _cut_at(runs, "resumed-1")
     assert cli_main(["train", "--resume", str(run)]) == 0  # DCP reshards the 2 ranks' shards into one process
-    assert [r["window/current"] for r in _rows(run)] == [r["window/current"] for r in _rows(runs["fsdp"])]
+    assert [r["window/current"] for r in metrics_rows(run)] == [r["window/current"] for r in metrics_rows(runs["fsdp"])]
     assert _max_diff(load_file(str(run / "student" / "model.safetensors")),
                      load_file(str(runs["fsdp"] / "student" / "model.safetensors"))) <= 1e-6
     assert json.loads((run / f"checkpoint-{STEPS}" / "state.json").read_text())["world_size"] == 1

@@ -157,3 +157,10 @@ def test_export_writes_the_adapter_and_a_merged_plain_student_equal_to_merge_and
     _, merged2 = export_lora(in_memory, None, tmp_path / "export2")
     torch.testing.assert_close(_logits(AutoModelForCausalLM.from_pretrained(merged2)), _logits(in_memory),
                                atol=1e-5, rtol=1e-5)
+    # a sharded student's module holds shards: it is rebuilt from its config and its gathered state instead,
+    # without moving the run's RNG
+    rng = torch.get_rng_state()
+    _, merged3 = export_lora(in_memory, None, tmp_path / "export3", state=in_memory.state_dict())
+    assert torch.equal(torch.get_rng_state(), rng)
+    torch.testing.assert_close(_logits(AutoModelForCausalLM.from_pretrained(merged3)), _logits(in_memory),
+                               atol=1e-5, rtol=1e-5)

@@ -149,3 +149,28 @@ def test_a_sliding_window_cache_is_refused_by_the_row_laying_decoders_before_any
     assert lays_rows(model) and not lays_rows(sliding)
     with pytest.raises(StaticCacheError):
         generate_compacting(sliding, CONTEXTS, 5, eos=EOS, pad_id=0, temperature=0.0, compile=True)
+
+
+def test_a_lora_student_decodes_compiled_to_the_eager_tokens_and_follows_its_adapters(model) -> None:
+    """peft's ``generate`` runs transformers' compiled step of the wrapped model, adapters included; an in-place
+    update of the adapters (an optimizer step) reaches the compiled step."""
+    import copy
+
+    pytest.importorskip("peft")
+    from adwin.config import LoraSection
+    from adwin.sampling.lora import apply_lora, trainable_parameters
+    from adwin.sampling.static_decode import without_compiled
+
+    student = apply_lora(without_compiled(copy.deepcopy(model)), LoraSection(r=4))
+    kw = {"eos": EOS, "pad_id": 0, "temperature": 0.9, "top_p": 0.8,
+          "row_seeds": [row_seed(4, "rollout", 0, i) for i in range(len(CONTEXTS))]}
+    g = torch.Generator().manual_seed(0)
+    seen = []
+    for _ in range(2):
+        with torch.no_grad():  # adapters off their zero start: tokens that are not the base model's
+            for p in trainable_parameters(student):
+                p.add_(torch.randn(p.shape, generator=g) * 0.3)
+        eager = generate(student, CONTEXTS, [12, 6, 12], **kw)
+        assert generate(student, CONTEXTS, [12, 6, 12], compile=True, **kw).response_ids == eager.response_ids
+        seen.append(eager.response_ids)
+    assert seen[0] != seen[1] and seen[0] != generate(model, CONTEXTS, [12, 6, 12], **kw).response_ids
