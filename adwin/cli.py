@@ -23,6 +23,8 @@ COMMANDS: list[tuple[tuple[str, ...], str, str]] = [
     (("bench", "scale"), "adwin.bench.scale", "steps/s on 1 and 2 data-parallel processes, and the audit combine's cost"),
     (("bench", "eval"), "adwin.bench.evaluation", "evaluation cost: transformers' generate vs the compacting sampler"),
     (("bench", "compare"), "adwin.bench.compare", "every window method side by side: accuracy, tokens, FLOPs, time"),
+    (("bench", "curve"), "adwin.bench.curve",
+     "the learning curve of full-rollout OPD on a task: accuracy and line measures every few steps, with CIs"),
     (("bench", "async"), "adwin.bench.asyncopd", "sync trainer vs AsyncOPD streaming: tokens/s, staleness, paired accuracy"),
 ]
 

@@ -249,10 +249,11 @@ def main(args: argparse.Namespace) -> int:
 
 
 def command_line() -> str:
-    """The command as typed (``adwin bench compare ...``) when run from the CLI; else the process argv."""
+    """The command as typed (``adwin bench compare ...``, ``adwin bench curve ...``) when run from the CLI; else the
+    process argv."""
     argv = sys.argv[1:]
-    if argv[:2] == ["bench", "compare"]:
-        return "adwin bench compare " + " ".join(shlex.quote(a) for a in argv[2:])
+    if argv[:1] == ["bench"]:
+        return "adwin " + " ".join(shlex.quote(a) for a in argv)
     return " ".join(shlex.quote(a) for a in sys.argv)
 
 
@@ -323,7 +324,7 @@ def run_all(base: Any, methods: list[Method], seeds: list[int], args: argparse.N
     return [done[i] for i in range(len(jobs))]
 
 
-def _run_config(base: Any, method: Method | None, seed: int, assets_seed: int, out_dir: Path | None) -> Any:
+def run_config(base: Any, method: Method | None, seed: int, assets_seed: int, out_dir: Path | None) -> Any:
     from adwin.config import TrainConfig
 
     data = base.model_dump(mode="json")
@@ -340,7 +341,7 @@ def _run_config(base: Any, method: Method | None, seed: int, assets_seed: int, o
     return TrainConfig.model_validate(data)
 
 
-def _load(cfg: Any, profile: str, assets_seed: int) -> Any:
+def load_run_parts(cfg: Any, profile: str, assets_seed: int) -> Any:
     import torch
     from transformers.utils import logging as hf_logging
 
@@ -360,8 +361,8 @@ def initial_eval_job(base: Any, seed: int, profile: str, assets_seed: int) -> di
     from adwin.loop.evaluate import evaluate
     from adwin.loop.sampler import Sampler
 
-    cfg = _run_config(base, None, seed, assets_seed, None)
-    parts = _load(cfg, profile, assets_seed)
+    cfg = run_config(base, None, seed, assets_seed, None)
+    parts = load_run_parts(cfg, profile, assets_seed)
     return evaluate(parts, cfg, Sampler(parts, cfg))
 
 
@@ -379,9 +380,9 @@ def run_one(base: Any, method: Method, seed: int, profile: str, assets_seed: int
 
     if initial_eval is not None and (bad := [k for k in method.overrides if k.startswith(SHARED_EVAL_KEYS)]):
         raise ValueError(f"{method.key}: overrides {bad}, which the shared start-of-run evaluation depends on")
-    cfg = _run_config(base, method, seed, assets_seed, out_dir)
-    parts = _load(cfg, profile, assets_seed)
-    outcomes = record_outcomes(parts)
+    cfg = run_config(base, method, seed, assets_seed, out_dir)
+    parts = load_run_parts(cfg, profile, assets_seed)
+    parts.eval_log = []
     controller = Controller()
     t0 = time.perf_counter()
     try:
@@ -401,8 +402,7 @@ def run_one(base: Any, method: Method, seed: int, profile: str, assets_seed: int
                       samples_per_step=cfg.rollout.prompts_per_step * cfg.rollout.samples_per_prompt)
     for ckpt in res.run_dir.glob("checkpoint-*"):  # the trainer always saves the last step; 42 copies are waste
         shutil.rmtree(ckpt, ignore_errors=True)
-    n_problems = min(cfg.eval.n_problems, len(parts.eval_prompts))
-    row["eval_scores"] = final_eval_scores(outcomes, n_problems, cfg.eval.k, 1 if initial_eval is not None else 2)
+    row["eval_scores"] = final_eval_scores(parts.eval_log, 1 if initial_eval is not None else 2)
     row |= {"task": cfg.data.builtin_task, "method": method.key, "seed": seed, "run_dir": str(res.run_dir), "n_student": n_student,
             "n_teacher": n_teacher, "elapsed_s": time.perf_counter() - t0,
             "initial_eval_shared": initial_eval is not None}
@@ -411,29 +411,18 @@ def run_one(base: Any, method: Method, seed: int, profile: str, assets_seed: int
     return row
 
 
-def record_outcomes(parts: Any) -> list[bool]:
-    """Wraps ``parts.checker`` so that every evaluation outcome is kept, in the order checked (problem by
-    problem, its k samples together: ``adwin.loop.evaluate``)."""
-    seen: list[bool] = []
-    check = parts.checker
-
-    def recording(text: str, answer: str) -> bool:
-        seen.append(bool(check(text, answer)))
-        return seen[-1]
-
-    parts.checker = recording
-    return seen
-
-
-def final_eval_scores(outcomes: list[bool], n_problems: int, k: int, evaluations: int = 2) -> list[float]:
-    """Per-problem mean@k of the final evaluation: the last ``n_problems * k`` outcomes. A run evaluates at
-    its start (unless it was handed the shared one: ``evaluations = 1``) and its end (``eval.every = 0``);
-    any other count means the order assumption broke."""
-    if len(outcomes) != evaluations * n_problems * k:
-        raise RuntimeError(f"expected {evaluations} x {n_problems} x {k} evaluation outcomes, got {len(outcomes)}: "
-                           "paired statistics need eval.every = 0 and answers on every problem")
-    final = outcomes[-n_problems * k :]
-    return [sum(final[i * k : (i + 1) * k]) / k for i in range(n_problems)]
+def final_eval_scores(log: list[Any], evaluations: int = 2) -> dict[str, list[float]]:
+    """Per measure (accuracy, and the built-in task's line measures), the per-problem mean@k of the final
+    evaluation: the last of ``log`` (``parts.eval_log``). A run evaluates at its start (unless it was handed the
+    shared one: ``evaluations = 1``) and its end (``eval.every = 0``); any other count means the order assumption
+    broke."""
+    if len(log) != evaluations:
+        raise RuntimeError(f"expected {evaluations} evaluations, got {len(log)}: paired statistics need "
+                           "eval.every = 0")
+    final = log[-1]
+    if "accuracy" not in final.scores:
+        raise RuntimeError("paired statistics need an answer on every evaluation problem")
+    return {measure: final.per_problem(measure) for measure in final.scores}
 
 
 def _json_default(o: Any) -> Any:

@@ -57,6 +57,18 @@ SIZING: dict[str, dict[str, Sizing]] = {
 }
 
 
+# what the suite reads a task's regret and goal lines from: final-answer accuracy, except on the long tasks, where it
+# needs every one of ~90 lines right and cannot resolve a method from its start (docs/benchmarks.md, "The suite's
+# measures"): there the share of chain lines right before the first wrong one (chain-long), and the closing line
+# right, which is the skill chain-late-long's student lacks (adwin.tasks.suite.LineScore)
+SUITE_MEASURES: dict[str, str] = {"chain-long": "lines_right", "chain-late-long": "closing_right"}
+
+
+def suite_measure(task: str) -> str:
+    """The measure the suite reads ``task``'s regret and goal from (``SUITE_MEASURES``, else accuracy)."""
+    return SUITE_MEASURES.get(task, "accuracy")
+
+
 def regime(task: BuiltinTask) -> str:
     return "long" if task.horizon > MAX_RESPONSE_TOKENS else "short"
 

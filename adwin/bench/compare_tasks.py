@@ -38,9 +38,10 @@ def samples_needed(halfwidth: float, outcome_var: float = 0.25) -> int:
     return math.ceil(Z95**2 * 2 * outcome_var / halfwidth**2)
 
 
-def problem_scores(runs: Sequence[Mapping[str, Any]], method: str) -> np.ndarray | None:
-    """Per-problem score of ``method`` averaged over its seeds, (n_problems,); None without eval scores."""
-    rows = [r["eval_scores"] for r in runs if r["method"] == method and r.get("eval_scores")]
+def problem_scores(runs: Sequence[Mapping[str, Any]], method: str, measure: str = "accuracy") -> np.ndarray | None:
+    """Per-problem ``measure`` of ``method`` averaged over its seeds, (n_problems,); None without eval scores."""
+    rows = [r["eval_scores"][measure] for r in runs
+            if r["method"] == method and measure in (r.get("eval_scores") or {})]
     if not rows:
         return None
     if len({len(s) for s in rows}) != 1:
