@@ -239,21 +239,10 @@ def plot_curve(rows: Sequence[Mapping[str, Any]], path: Path, meta: Mapping[str,
     plt.close(fig)
 
 
-def git_commit() -> str | None:
-    import subprocess
-
-    try:
-        out = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True, timeout=10,
-                             cwd=Path(__file__).resolve().parent)
-    except (OSError, subprocess.SubprocessError):
-        return None
-    return out.stdout.strip() or None
-
-
 def main(args: argparse.Namespace) -> int:
     from rich.console import Console
 
-    from adwin.bench.compare import command_line, load_run_parts
+    from adwin.bench.compare import command_line, git_commit, load_run_parts
     from adwin.bench.compare_plan import suite_measure
     from adwin.controller import Controller
     from adwin.loop.trainer import train
