@@ -30,6 +30,9 @@ from adwin.sampling.rollout import encode_prompts, layout
 
 log = logging.getLogger(__name__)
 
+# the logged key of each line measure (adwin.tasks.suite.LINE_MEASURES)
+LINE_KEYS = {"lines_right": "eval/lines_right", "closing_right": "eval/closing_right"}
+
 
 @dataclass(frozen=True)
 class EvalRows:
@@ -122,7 +125,7 @@ def _evaluate(parts: Parts, cfg: TrainConfig, gen: Sampler, dist: LocalDist) -> 
         kl_tokens += float(mask.sum())
     # (sum, count) per mean: summed over ranks in a data-parallel run
     means = {"eval/accuracy": (float(sum(correct)), float(len(correct)))} | {
-        f"eval/{m}": (float(sum(v)), float(len(v))) for m, v in lines.items()}
+        LINE_KEYS[m]: (float(sum(v)), float(len(v))) for m, v in lines.items()}
     if dist.world == 1:
         out = {"eval/teacher_kl": kl_sum / max(kl_tokens, 1.0), "eval/mean_len": float(np.mean(lengths))}
         return out | {k: total / n for k, (total, n) in means.items() if n}
