@@ -71,9 +71,10 @@ SIZING: dict[str, dict[str, Sizing]] = {
 
 
 # what the suite reads a task's regret and goal lines from: final-answer accuracy, except on the long tasks, where it
-# needs every one of ~90 lines right and cannot resolve a method from its start (docs/benchmarks.md, "The suite's
-# measures"): there the share of chain lines right before the first wrong one (chain-long), and the closing line
-# right, which is the skill chain-late-long's student lacks (adwin.tasks.suite.LineScore)
+# needs every one of ~90 lines right and cannot resolve a method from its start (docs/decisions.md, "Long tasks: a
+# measure that moves, and the suite sized from the learning curve"): there the share of chain lines right before the
+# first wrong one (chain-long), and the closing line right, which is the skill chain-late-long's student lacks
+# (adwin.tasks.suite.LineScore)
 SUITE_MEASURES: dict[str, str] = {"chain-long": "lines_right", "chain-late-long": "closing_right"}
 
 
@@ -165,7 +166,7 @@ def rollout_cost(method: Method, horizon: int, steps: int, r: str, initial: int 
     return rollout_s(horizon, r)
 
 
-def gpu_positions(method: Method, horizon: int, steps: int, initial: int | None = None) -> float:
+def gpu_positions(method: Method, horizon: int, steps: int) -> float:
     """Decoding positions of one step of ``method`` on a GPU, on average over ``steps``. ADWIN is charged full's: its
     probes are continued to the horizon by later generate calls, whose positions a latency-bound decoder pays
     whatever the rows (conservative; unmeasured)."""
@@ -177,15 +178,14 @@ def gpu_positions(method: Method, horizon: int, steps: int, initial: int | None 
 
         linear = LinearWindow(method.overrides["window.start"], method.overrides["window.step"], horizon)
         return sum(linear.window(i) for i in range(steps)) / max(steps, 1)
-    del initial  # see the docstring: ADWIN's probes reach the horizon
-    return float(horizon)
+    return float(horizon)  # full, and ADWIN (see the docstring)
 
 
 def gpu_run_s(cfg: Any, method: Method) -> tuple[float, float]:
     """(training, one evaluation) seconds of a run alone on a GPU: the steps' decoding positions, and the
     evaluation's batches of ``eval.batch_size`` rows each decoding to the horizon at worst."""
     horizon = cfg.rollout.max_response_len
-    train = cfg.steps * gpu_positions(method, horizon, cfg.steps, cfg.window.initial) * GPU_POSITION_S
+    train = cfg.steps * gpu_positions(method, horizon, cfg.steps) * GPU_POSITION_S
     batches = math.ceil(cfg.eval.n_problems * cfg.eval.k / cfg.eval.batch_size)
     return train, batches * horizon * GPU_POSITION_S
 

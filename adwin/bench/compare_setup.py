@@ -59,7 +59,9 @@ def setup(args: argparse.Namespace) -> Setup:
                   for task in tasks]
         return shaped, {t: task_seeds(seeds, sizes[t] if sizes else None, args.seeds) for t in tasks}
 
-    if args.jobs is None:  # on a GPU every method of a task at once (docs/decisions.md, "The suite on a GPU")
+    # on a GPU every method of a task at once (docs/decisions.md, "Long tasks: a measure that moves, and the suite
+    # sized from the learning curve")
+    if args.jobs is None:
         args.jobs = (max(len(m) for _, _, m in shape(None)[0]) if args.device == "cuda"
                      else 1 if mode == "tiny" else 2)
     if args.jobs < 1:
@@ -70,6 +72,9 @@ def setup(args: argparse.Namespace) -> Setup:
         return plan(shaped, {t: len(s) for t, s in by_task.items()}, args.jobs, args.device)
 
     sizes, notes = size_suite(mode, args.device, tasks, estimate) if args.suite else (None, [])
+    given = [f"--{k} {getattr(args, k)}" for k in ("steps", "seeds") if args.suite and getattr(args, k)]
+    if given:
+        notes.append(f"sizing: {' and '.join(given)} given: they replace the sizing's for every task")
     shaped, seeds_of = shape(sizes)
     planned = plan(shaped, {t: len(s) for t, s in seeds_of.items()}, args.jobs, args.device)
     return Setup(mode, tasks, seeds, config_path, base, shaped, seeds_of, planned, notes)

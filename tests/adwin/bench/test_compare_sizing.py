@@ -118,3 +118,9 @@ def test_the_gpu_suite_runs_every_method_of_a_task_at_once_within_ten_minutes_a_
     cfg = dict((t, c) for t, c, _ in run.shaped)["chain-long"]
     assert cfg.rollout.prompts_per_step * cfg.rollout.samples_per_prompt == 128 and cfg.probes.batch_size == 8
     assert len(run.seeds_of["chain"]) == SHORT_SEEDS[0]
+
+
+def test_steps_or_seeds_given_on_the_command_line_replace_the_sizing_and_the_plan_says_so() -> None:
+    run = setup(_args(steps=3, seeds="1"))
+    assert {c.steps for _, c, _ in run.shaped} == {3} and {len(s) for s in run.seeds_of.values()} == {1}
+    assert run.notes[-1] == "sizing: --steps 3 and --seeds 1 given: they replace the sizing's for every task"
