@@ -127,7 +127,7 @@ def report(rows: dict[str, dict[str, Any]]) -> dict[str, Any]:
 
     out: dict[str, Any] = {"runs": {}}
     for key, row in rows.items():
-        scores = np.asarray(row["eval_scores"], dtype=float)
+        scores = np.asarray(row["eval_scores"]["accuracy"], dtype=float)
         out["runs"][key] = {
             "trained_tokens": row["sync_tokens"], "train_wall_s": row["train_wall_s"], "tokens_per_s": speed(row),
             "staleness_mean": row.get("staleness_mean", math.nan) if key != "sync" else 0.0,
@@ -141,7 +141,8 @@ def report(rows: dict[str, dict[str, Any]]) -> dict[str, Any]:
     for key, stream in rows.items():
         if key == "sync":
             continue
-        diff = bootstrap_mean_ci(np.asarray(stream["eval_scores"], float) - np.asarray(sync["eval_scores"], float))
+        diff = bootstrap_mean_ci(np.asarray(stream["eval_scores"]["accuracy"], float)
+                                 - np.asarray(sync["eval_scores"]["accuracy"], float))
         ratio = speed(stream) / speed(sync)
         out["against_sync"][key] = {
             "speedup": ratio, "accuracy_diff": diff,  # streaming - sync, paired over problems

@@ -123,7 +123,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--no-plots", action="store_true", help="skip the PNGs and the HTML page")
     p.add_argument("--jobs", type=int, default=None,
                    help="trainings run at once, each a process with one torch thread (default: 2, "
-                        "1 for --profile tiny)")
+                        "1 for --profile tiny; --device cuda: every method of a task at once)")
+    p.add_argument("--device", choices=("cpu", "cuda"), default="cpu",
+                   help="where the runs train (model.device); the suite's sizing and plan follow it "
+                        "(adwin.bench.compare_sizing)")
 
 
 def parse_tasks(spec: str) -> list[str]:
@@ -165,63 +168,27 @@ def base_overrides(args: argparse.Namespace, mode: str, steps: int) -> dict[str,
 
 
 def main(args: argparse.Namespace) -> int:
-    from adwin.bench.compare_plan import (
-        SIZING,
-        SUITE_CONFIG,
-        SUITE_TASKS,
-        plan,
-        plan_line,
-        regime,
-        task_config,
-    )
-    from adwin.config import load_config, parse_set, resolve_config
-    from adwin.tasks.suite import get_task
-
-    mode = "tiny" if args.profile == "tiny" else "quick" if args.quick else "default"
-    if args.jobs is None:
-        args.jobs = 1 if mode == "tiny" else 2
-    if args.jobs < 1:
-        raise ValueError("--jobs must be >= 1")
-    tasks = parse_tasks(args.tasks) if args.tasks else list(SUITE_TASKS) if args.suite else [DEFAULT_TASK]
-    seeds = parse_seeds(args.seeds, SEEDS[mode])
-    config_path = resolve_config(args.config or (SUITE_CONFIG if args.suite else None)).path
-    base = load_config(config_path, base_overrides(args, mode, args.steps or STEPS[mode]))
-    user_keys = list(parse_set(args.set))
-    # each task's run config: its horizon, ladder and (in the suite) its steps and evaluation size
-    shaped: list[tuple[str, Any, list[Method]]] = []
-    task_seeds: dict[str, list[int]] = {}
-    for task in tasks:
-        size = SIZING[mode][regime(get_task(task))] if args.suite else None
-        cfg = task_config(base, task, args.profile, user_keys, size.eval_problems if size else None,
-                          size.prompts_per_step if size else None)
-        if size and not args.steps:
-            cfg = cfg.model_copy(update={"steps": size.steps})
-        task_seeds[task] = seeds[:size.seeds] if size and size.seeds and args.seeds is None else seeds
-        methods = all_methods(cfg.rollout.max_response_len, list(cfg.window.candidates),
-                              samples_per_step=cfg.rollout.prompts_per_step * cfg.rollout.samples_per_prompt,
-                              window_policy=cfg.window.policy)
-        cands = list(cfg.window.candidates)
-        default_keys = ((suite_quick_keys(cands) if args.suite else quick_keys(cands)) if mode != "default"
-                        else suite_keys(cands) if len(tasks) > 1 else None)
-        try:
-            chosen = select_methods(args.methods, methods, default_keys)
-        except ValueError as e:
-            raise ValueError(f"task {task}: {e}") from e
-        shaped.append((task, cfg, chosen))
-    planned = plan(shaped, {t: len(s) for t, s in task_seeds.items()}, args.jobs)
     from rich.console import Console
 
-    Console().print(plan_line(planned, args.profile))  # the command's own output, like its tables: what the user started
+    from adwin.bench.compare_setup import setup
+
+    run = setup(args)
+    mode, tasks, seeds, config_path, base = run.mode, run.tasks, run.seeds, run.config_path, run.base
+    shaped, seeds_of, planned, notes = run.shaped, run.seeds_of, run.planned, run.notes
+    console = Console(width=200)  # the command's own output, like its tables: what the user started
+    for line in run.plan_lines(args.profile):
+        console.print(line, markup=False)
     stamp = dt.datetime.now().strftime("%Y-%m-%d")
     out_dir = Path(args.out) / (stamp + ("" if mode == "default" else f"-{mode}"))
     out_dir.mkdir(parents=True, exist_ok=True)
     meta = {
         "date": dt.datetime.now().isoformat(timespec="seconds"),
-        "command": command_line(),
+        "command": command_line(), "commit": git_commit(),
         "mode": mode, "smoke": mode != "default", "profile": args.profile, "steps": base.steps, "seeds": seeds,
         "tasks": tasks, "suite": bool(args.suite), "base_config": str(config_path),
         "overrides": base_overrides(args, mode, base.steps), "plan": planned,
-        "assets_seed": args.assets_seed, "jobs": args.jobs, "machine_before": machine_info(),
+        "assets_seed": args.assets_seed, "jobs": args.jobs, "device": args.device, "sizing": notes,
+        "machine_before": machine_info(),
     }
     from adwin.bench.compare_report import finish
     from adwin.bench.compare_suite import finish_suite
@@ -232,8 +199,8 @@ def main(args: argparse.Namespace) -> int:
         task_dir = out_dir if len(tasks) == 1 else out_dir / task
         task_dir.mkdir(parents=True, exist_ok=True)
         started = time.perf_counter()
-        runs = run_all(task_base, chosen, task_seeds[task], args, task_dir)
-        task_meta = meta | {"task": task, "steps": task_base.steps, "seeds": task_seeds[task],
+        runs = run_all(task_base, chosen, seeds_of[task], args, task_dir)
+        task_meta = meta | {"task": task, "steps": task_base.steps, "seeds": seeds_of[task],
                             "methods": [m.key for m in chosen],
                             "rollouts_per_step": task_base.rollout.prompts_per_step * task_base.rollout.samples_per_prompt,
                             "probe_batch": task_base.probes.batch_size,
@@ -249,11 +216,24 @@ def main(args: argparse.Namespace) -> int:
 
 
 def command_line() -> str:
-    """The command as typed (``adwin bench compare ...``) when run from the CLI; else the process argv."""
+    """The command as typed (``adwin bench compare ...``, ``adwin bench curve ...``) when run from the CLI; else the
+    process argv."""
     argv = sys.argv[1:]
-    if argv[:2] == ["bench", "compare"]:
-        return "adwin bench compare " + " ".join(shlex.quote(a) for a in argv[2:])
+    if argv[:1] == ["bench"]:
+        return "adwin " + " ".join(shlex.quote(a) for a in argv)
     return " ".join(shlex.quote(a) for a in sys.argv)
+
+
+def git_commit() -> str | None:
+    """The checkout's short commit, for the record (None outside a git checkout)."""
+    import subprocess
+
+    try:
+        out = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True, timeout=10,
+                             cwd=Path(__file__).resolve().parent)
+    except (OSError, subprocess.SubprocessError):
+        return None
+    return out.stdout.strip() or None
 
 
 def machine_info() -> dict[str, Any]:
@@ -323,7 +303,7 @@ def run_all(base: Any, methods: list[Method], seeds: list[int], args: argparse.N
     return [done[i] for i in range(len(jobs))]
 
 
-def _run_config(base: Any, method: Method | None, seed: int, assets_seed: int, out_dir: Path | None) -> Any:
+def run_config(base: Any, method: Method | None, seed: int, assets_seed: int, out_dir: Path | None) -> Any:
     from adwin.config import TrainConfig
 
     data = base.model_dump(mode="json")
@@ -340,7 +320,7 @@ def _run_config(base: Any, method: Method | None, seed: int, assets_seed: int, o
     return TrainConfig.model_validate(data)
 
 
-def _load(cfg: Any, profile: str, assets_seed: int) -> Any:
+def load_run_parts(cfg: Any, profile: str, assets_seed: int) -> Any:
     import torch
     from transformers.utils import logging as hf_logging
 
@@ -360,8 +340,8 @@ def initial_eval_job(base: Any, seed: int, profile: str, assets_seed: int) -> di
     from adwin.loop.evaluate import evaluate
     from adwin.loop.sampler import Sampler
 
-    cfg = _run_config(base, None, seed, assets_seed, None)
-    parts = _load(cfg, profile, assets_seed)
+    cfg = run_config(base, None, seed, assets_seed, None)
+    parts = load_run_parts(cfg, profile, assets_seed)
     return evaluate(parts, cfg, Sampler(parts, cfg))
 
 
@@ -379,9 +359,9 @@ def run_one(base: Any, method: Method, seed: int, profile: str, assets_seed: int
 
     if initial_eval is not None and (bad := [k for k in method.overrides if k.startswith(SHARED_EVAL_KEYS)]):
         raise ValueError(f"{method.key}: overrides {bad}, which the shared start-of-run evaluation depends on")
-    cfg = _run_config(base, method, seed, assets_seed, out_dir)
-    parts = _load(cfg, profile, assets_seed)
-    outcomes = record_outcomes(parts)
+    cfg = run_config(base, method, seed, assets_seed, out_dir)
+    parts = load_run_parts(cfg, profile, assets_seed)
+    parts.eval_log = []
     controller = Controller()
     t0 = time.perf_counter()
     try:
@@ -401,8 +381,7 @@ def run_one(base: Any, method: Method, seed: int, profile: str, assets_seed: int
                       samples_per_step=cfg.rollout.prompts_per_step * cfg.rollout.samples_per_prompt)
     for ckpt in res.run_dir.glob("checkpoint-*"):  # the trainer always saves the last step; 42 copies are waste
         shutil.rmtree(ckpt, ignore_errors=True)
-    n_problems = min(cfg.eval.n_problems, len(parts.eval_prompts))
-    row["eval_scores"] = final_eval_scores(outcomes, n_problems, cfg.eval.k, 1 if initial_eval is not None else 2)
+    row["eval_scores"] = final_eval_scores(parts.eval_log, 1 if initial_eval is not None else 2)
     row |= {"task": cfg.data.builtin_task, "method": method.key, "seed": seed, "run_dir": str(res.run_dir), "n_student": n_student,
             "n_teacher": n_teacher, "elapsed_s": time.perf_counter() - t0,
             "initial_eval_shared": initial_eval is not None}
@@ -411,29 +390,18 @@ def run_one(base: Any, method: Method, seed: int, profile: str, assets_seed: int
     return row
 
 
-def record_outcomes(parts: Any) -> list[bool]:
-    """Wraps ``parts.checker`` so that every evaluation outcome is kept, in the order checked (problem by
-    problem, its k samples together: ``adwin.loop.evaluate``)."""
-    seen: list[bool] = []
-    check = parts.checker
-
-    def recording(text: str, answer: str) -> bool:
-        seen.append(bool(check(text, answer)))
-        return seen[-1]
-
-    parts.checker = recording
-    return seen
-
-
-def final_eval_scores(outcomes: list[bool], n_problems: int, k: int, evaluations: int = 2) -> list[float]:
-    """Per-problem mean@k of the final evaluation: the last ``n_problems * k`` outcomes. A run evaluates at
-    its start (unless it was handed the shared one: ``evaluations = 1``) and its end (``eval.every = 0``);
-    any other count means the order assumption broke."""
-    if len(outcomes) != evaluations * n_problems * k:
-        raise RuntimeError(f"expected {evaluations} x {n_problems} x {k} evaluation outcomes, got {len(outcomes)}: "
-                           "paired statistics need eval.every = 0 and answers on every problem")
-    final = outcomes[-n_problems * k :]
-    return [sum(final[i * k : (i + 1) * k]) / k for i in range(n_problems)]
+def final_eval_scores(log: list[Any], evaluations: int = 2) -> dict[str, list[float]]:
+    """Per measure (accuracy, and the built-in task's line measures), the per-problem mean@k of the final
+    evaluation: the last of ``log`` (``parts.eval_log``). A run evaluates at its start (unless it was handed the
+    shared one: ``evaluations = 1``) and its end (``eval.every = 0``); any other count means the order assumption
+    broke."""
+    if len(log) != evaluations:
+        raise RuntimeError(f"expected {evaluations} evaluations, got {len(log)}: paired statistics need "
+                           "eval.every = 0")
+    final = log[-1]
+    if "accuracy" not in final.scores:
+        raise RuntimeError("paired statistics need an answer on every evaluation problem")
+    return {measure: final.per_problem(measure) for measure in final.scores}
 
 
 def _json_default(o: Any) -> Any:

@@ -45,6 +45,19 @@ class Sizing:
     eval_problems: int
     prompts_per_step: int | None = None  # None: the preset's; else P keeps the preset's share of the batch
     seeds: int | None = None  # None: the mode's (compare.SEEDS)
+    eval_batch: int | None = None  # eval.batch_size; None: the preset's
+
+
+# On a GPU (``--device cuda``; unmeasured: no GPU was available to this suite, docs/benchmarks.md "Sizing"). Decoding
+# the 266k-parameter built-in models is latency-bound: a step costs its decoding positions (the window: the batch
+# decodes until its longest row stops or reaches it), whatever the batch, at GPU_POSITION_S each. Estimated from the
+# H100 probe benchmark (docs/benchmarks.md, "Probe workers"): 4.3 s per step of <= 512 positions of a 30-layer model,
+# ~8 ms per position with its training step; the 4-layer built-in model launches fewer kernels per position, so half
+GPU_POSITION_S = 4e-3
+GPU_RUN_OVERHEAD_S = 20.0  # process start, CUDA context, model load
+# every method of a task runs at once, one process each on one GPU: each slows the others (kernels interleave on the
+# device, the processes share the host's cores); a guess, to be replaced by a measurement
+GPU_SHARING = 2.0
 
 
 # per mode and regime. Arithmetic: docs/benchmarks.md, "Sizing". A long-task step at the preset's 128 rollouts
@@ -55,6 +68,19 @@ SIZING: dict[str, dict[str, Sizing]] = {
     "quick": {"short": Sizing(6, 64), "long": Sizing(2, 16, prompts_per_step=4)},
     "tiny": {"short": Sizing(2, 4), "long": Sizing(2, 4)},
 }
+
+
+# what the suite reads a task's regret and goal lines from: final-answer accuracy, except on the long tasks, where it
+# needs every one of ~90 lines right and cannot resolve a method from its start (docs/decisions.md, "Long tasks: a
+# measure that moves, and the suite sized from the learning curve"): there the share of chain lines right before the
+# first wrong one (chain-long), and the closing line right, which is the skill chain-late-long's student lacks
+# (adwin.tasks.suite.LineScore)
+SUITE_MEASURES: dict[str, str] = {"chain-long": "lines_right", "chain-late-long": "closing_right"}
+
+
+def suite_measure(task: str) -> str:
+    """The measure the suite reads ``task``'s regret and goal from (``SUITE_MEASURES``, else accuracy)."""
+    return SUITE_MEASURES.get(task, "accuracy")
 
 
 def regime(task: BuiltinTask) -> str:
@@ -81,7 +107,8 @@ def scaled_initial(initial: int | None, base_horizon: int, horizon: int, candida
 
 
 def task_config(base: Any, task: str, profile: str, fixed_keys: Sequence[str] = (),
-                eval_problems: int | None = None, prompts_per_step: int | None = None) -> Any:
+                eval_problems: int | None = None, prompts_per_step: int | None = None,
+                eval_batch: int | None = None) -> Any:
     """``base`` for ``task``: its built-in task, horizon, ladder and scaled initial window, its evaluation
     size, and its prompts per step with the probe batch P at the base's share of the rollout batch (at least 2).
     Keys in ``fixed_keys`` (the user's ``--set``) keep the base's value."""
@@ -105,8 +132,10 @@ def task_config(base: Any, task: str, profile: str, fixed_keys: Sequence[str] = 
                               "rollout": base.rollout.model_copy(update=rollout),
                               "window": base.window.model_copy(update=window),
                               "probes": base.probes.model_copy(update=probes)}
-    if eval_problems is not None and "eval.n_problems" not in fixed_keys:
-        update["eval"] = base.eval.model_copy(update={"n_problems": eval_problems})
+    evaluation = {k: v for k, v in (("n_problems", eval_problems), ("batch_size", eval_batch))
+                  if v is not None and f"eval.{k}" not in fixed_keys}
+    if evaluation:
+        update["eval"] = base.eval.model_copy(update=evaluation)
     from adwin.config import TrainConfig
 
     return TrainConfig.model_validate(base.model_copy(update=update).model_dump(mode="json"))
@@ -137,34 +166,75 @@ def rollout_cost(method: Method, horizon: int, steps: int, r: str, initial: int 
     return rollout_s(horizon, r)
 
 
+def gpu_positions(method: Method, horizon: int, steps: int) -> float:
+    """Decoding positions of one step of ``method`` on a GPU, on average over ``steps``. ADWIN is charged full's: its
+    probes are continued to the horizon by later generate calls, whose positions a latency-bound decoder pays
+    whatever the rows (conservative; unmeasured)."""
+    policy = method.overrides.get("window.policy")
+    if policy == "fixed":
+        return float(min(method.overrides["window.window"], horizon))
+    if policy == "linear":
+        from adwin.policies.schedules import LinearWindow
+
+        linear = LinearWindow(method.overrides["window.start"], method.overrides["window.step"], horizon)
+        return sum(linear.window(i) for i in range(steps)) / max(steps, 1)
+    return float(horizon)  # full, and ADWIN (see the docstring)
+
+
+def gpu_run_s(cfg: Any, method: Method) -> tuple[float, float]:
+    """(training, one evaluation) seconds of a run alone on a GPU: the steps' decoding positions, and the
+    evaluation's batches of ``eval.batch_size`` rows each decoding to the horizon at worst."""
+    horizon = cfg.rollout.max_response_len
+    train = cfg.steps * gpu_positions(method, horizon, cfg.steps) * GPU_POSITION_S
+    batches = math.ceil(cfg.eval.n_problems * cfg.eval.k / cfg.eval.batch_size)
+    return train, batches * horizon * GPU_POSITION_S
+
+
 def plan(tasks: Sequence[tuple[str, Any, Sequence[Method]]], seeds: int | Mapping[str, int],
-         jobs: int) -> dict[str, Any]:
-    """Estimated core-seconds per task and wall in all, for (task, its config, its methods) and ``seeds`` per
-    task (one count for all, or per task). Tasks run one after the other, the runs of a task ``jobs`` at a time
-    (each one thread; a probe worker's thread shares the same cores): a task's wall is its core-seconds /
-    jobs, and at least its longest run."""
+         jobs: int, device: str = "cpu") -> dict[str, Any]:
+    """Estimated core-seconds (on a GPU: device-seconds) per task, each task's wall and the wall in all, for (task,
+    its config, its methods) and ``seeds`` per task (one count for all, or per task). Tasks run one after the other.
+    On the CPU the runs of a task go ``jobs`` at a time (each one thread; a probe worker's thread shares the same
+    cores): a task's wall is its core-seconds / jobs, and at least its longest run. On a GPU (``device`` cuda)
+    ``jobs`` runs share the one device, each slowed by ``GPU_SHARING``: a task's wall is its waves of ``jobs`` runs,
+    each as long as its longest run, plus the seeds' shared start-of-run evaluations."""
     per_task: dict[str, float] = {}
-    wall, runs_in_all = 0.0, 0
+    task_wall: dict[str, float] = {}
+    runs_in_all = 0
     for name, cfg, methods in tasks:
         n_seeds = seeds if isinstance(seeds, int) else seeds[name]
         r = regime(get_task(name))
-        horizon = cfg.rollout.max_response_len
-        batch = cfg.rollout.prompts_per_step * cfg.rollout.samples_per_prompt
-        evaluation = cfg.eval.n_problems * cfg.eval.k * EVAL_PROBLEM_S[r] + RUN_OVERHEAD_S
-        runs = [evaluation + cfg.steps * batch * rollout_cost(m, horizon, cfg.steps, r, cfg.window.initial)
-                for m in methods]
-        per_task[name] = n_seeds * (sum(runs) + evaluation)
+        if device == "cpu":
+            horizon = cfg.rollout.max_response_len
+            batch = cfg.rollout.prompts_per_step * cfg.rollout.samples_per_prompt
+            evaluation = cfg.eval.n_problems * cfg.eval.k * EVAL_PROBLEM_S[r] + RUN_OVERHEAD_S
+            runs = [evaluation + cfg.steps * batch * rollout_cost(m, horizon, cfg.steps, r, cfg.window.initial)
+                    for m in methods]
+            per_task[name] = n_seeds * (sum(runs) + evaluation)
+            task_wall[name] = max(per_task[name] / max(jobs, 1), max(runs, default=0.0))
+        else:
+            costs = [gpu_run_s(cfg, m) for m in methods]
+            evaluation = max((e for _, e in costs), default=0.0) + GPU_RUN_OVERHEAD_S
+            runs = [GPU_RUN_OVERHEAD_S + train + e for train, e in costs]
+            per_task[name] = n_seeds * (sum(runs) + evaluation)
+            waves = [runs[i : i + jobs] for i in range(0, len(runs), max(jobs, 1))]
+            task_wall[name] = n_seeds * (evaluation + sum(max(w) * (GPU_SHARING if len(w) > 1 else 1.0)
+                                                          for w in waves))
         runs_in_all += n_seeds * len(methods)
-        wall += max(per_task[name] / max(jobs, 1), max(runs, default=0.0))
     counts = sorted({seeds} if isinstance(seeds, int) else set(seeds.values()))
-    return {"core_s": per_task, "total_core_s": sum(per_task.values()), "wall_s": wall, "jobs": jobs,
-            "runs": runs_in_all, "seeds": "/".join(map(str, counts)), "tasks": len(tasks)}
+    return {"core_s": per_task, "total_core_s": sum(per_task.values()), "task_wall_s": task_wall,
+            "wall_s": sum(task_wall.values()), "jobs": jobs, "device": device, "runs": runs_in_all,
+            "seeds": "/".join(map(str, counts)), "tasks": len(tasks)}
 
 
 def plan_line(p: dict[str, Any], profile: str = "default") -> str:
     head = f"planned: {p['tasks']} task(s), {p['runs']} runs ({p['seeds']} seed(s) per task)"
     if profile == "tiny":  # the cost model is the default profile's models; the tiny ones take seconds
         return head + ", tiny profile: seconds"
-    per = ", ".join(f"{t} {s / 60:.0f}" for t, s in p["core_s"].items())
+    per = ", ".join(f"{t} {s / 60:.0f}" for t, s in p["task_wall_s"].items())
+    if p.get("device", "cpu") != "cpu":
+        return (f"{head}, estimated {math.ceil(p['wall_s'] / 60)} min on one GPU, {p['jobs']} runs at once (minutes "
+                f"per task: {per}; UNMEASURED: from GPU_POSITION_S = {GPU_POSITION_S * 1e3:.0f} ms per decoding "
+                f"position, adwin.bench.compare_plan)")
     return (f"{head}, estimated {math.ceil(p['wall_s'] / 60)} min at {p['jobs']} job(s) on an idle machine "
-            f"(core-minutes per task: {per}; reference: SFT step 0.080 s)")
+            f"(minutes per task: {per}; reference: SFT step 0.080 s)")

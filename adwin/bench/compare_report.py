@@ -10,7 +10,7 @@ from pathlib import Path
 from typing import Any
 
 from adwin.bench.compare_stats import FLOPS_FORMULA, FLOPS_NOTE, aggregate, goal_check
-from adwin.bench.compare_tasks import paired_stats
+from adwin.bench.compare_tasks import MEASURES, measures_of, paired_stats
 
 SMOKE_BANNER = "SMOKE RUN ({mode}): one seed, few steps, reduced budget. Not a result; do not quote these numbers."
 
@@ -30,8 +30,9 @@ def finish(meta: dict[str, Any], methods: Sequence[Any], runs: list[dict[str, An
            plots: bool = True) -> dict[str, Any]:
     labels = {m.key: m.label for m in methods}
     per_method = aggregate(runs, [m.key for m in methods])
-    for key, paired in paired_stats(runs, [m.key for m in methods]).items():
-        per_method[key]["paired"] = paired
+    for measure in measures_of(runs):  # accuracy, and the task's line measures
+        for key, paired in paired_stats(runs, [m.key for m in methods], measure).items():
+            per_method[key].setdefault("paired", {})[measure] = paired
     for key, entry in per_method.items():
         entry["label"] = labels[key]
     results = {"meta": meta | {"flops_formula": FLOPS_FORMULA, "flops_note": FLOPS_NOTE},
@@ -65,7 +66,7 @@ def write_markdown(results: Mapping[str, Any], path: Path) -> None:
              if "rollouts_per_step" in meta else "")
     head = (f"{banner}`{meta.get('command')}` — task {meta.get('task', 'chain')}, {meta['steps']} steps{batch} x "
             f"seeds {meta['seeds']}, {meta.get('total_s', math.nan):.0f} s; machine after: {meta.get('machine')}\n\n")
-    path.write_text(head + markdown_table([name for name, _ in COLUMNS], table_rows(results)))
+    path.write_text(head + markdown_table([name for name, _ in columns(results)], table_rows(results)))
 
 
 def _ms(entry: Mapping[str, Any], metric: str, fmt: str = "{:.3f}") -> str:
@@ -91,8 +92,9 @@ def _eng(x: float) -> str:
     return f"{x:.0f}"
 
 
-def _ci(entry: Mapping[str, Any], what: str) -> str:
-    v = entry.get("paired", {}).get(what)
+def ci_text(entry: Mapping[str, Any], measure: str, what: str) -> str:
+    """``what`` (``value`` or ``diff_to_full``) of a method's paired statistics of ``measure``, as mean [lo, hi]."""
+    v = entry.get("paired", {}).get(measure, {}).get(what)
     if v is None:
         return "—"
     return f"{v['mean']:+.3f} [{v['lo']:+.3f}, {v['hi']:+.3f}]" if what == "diff_to_full" else \
@@ -102,8 +104,8 @@ def _ci(entry: Mapping[str, Any], what: str) -> str:
 COLUMNS: list[tuple[str, Any]] = [
     ("method", lambda k, e: k),
     ("accuracy", lambda k, e: _ms(e, "accuracy_final")),
-    ("acc 95% CI (problems)", lambda k, e: _ci(e, "accuracy")),
-    ("Δ vs full, paired 95% CI", lambda k, e: _ci(e, "diff_to_full")),
+    ("acc 95% CI (problems)", lambda k, e: ci_text(e, "accuracy", "value")),
+    ("Δ vs full, paired 95% CI", lambda k, e: ci_text(e, "accuracy", "diff_to_full")),
     ("teacher KL", lambda k, e: _ms(e, "teacher_kl_final")),
     ("sync tokens", lambda k, e: _ms(e, "sync_tokens", "{:,.0f}")),
     ("probe tokens", lambda k, e: _ms(e, "probe_tokens", "{:,.0f}")),
@@ -121,8 +123,20 @@ COLUMNS: list[tuple[str, Any]] = [
 ]
 
 
+def columns(results: Mapping[str, Any]) -> list[tuple[str, Any]]:
+    """``COLUMNS``, with each line measure the task has (its CI and paired difference to full) after accuracy's."""
+    have = {m for e in results["methods"].values() for m in e.get("paired", {})}
+    extra: list[tuple[str, Any]] = []
+    for measure in (m for m in MEASURES[1:] if m in have):
+        label = measure.replace("_", " ")
+        extra += [(f"{label} [95% CI]", lambda k, e, m=measure: ci_text(e, m, "value")),
+                  (f"Δ {label} vs full, paired 95% CI", lambda k, e, m=measure: ci_text(e, m, "diff_to_full"))]
+    return COLUMNS[:4] + extra + COLUMNS[4:]
+
+
 def table_rows(results: Mapping[str, Any]) -> list[list[str]]:
-    return [[fn(k, e) for _, fn in COLUMNS] for k, e in results["methods"].items()]
+    cols = columns(results)
+    return [[fn(k, e) for _, fn in cols] for k, e in results["methods"].items()]
 
 
 # the AsyncOPD methods only: how stale their data was and what the lag did to the ratios
@@ -168,7 +182,7 @@ def print_table(results: Mapping[str, Any], console: Any = None) -> None:
     title = (f"adwin bench compare — task {meta.get('task', 'chain')}, {meta['steps']} steps × seeds {meta['seeds']} "
              f"(mean ± std over seeds; ratios of means to full)")
     table = Table(title=title)
-    for name, _ in COLUMNS:
+    for name, _ in columns(results):
         table.add_column(name, justify="left" if name == "method" else "right")
     for row in table_rows(results):
         table.add_row(*row)
@@ -254,7 +268,7 @@ def plot_windows(runs: Sequence[Mapping[str, Any]], keys: Sequence[str], labels:
 
 def write_html(results: Mapping[str, Any], path: Path) -> None:
     meta, esc = results["meta"], html.escape
-    head = "".join(f"<th>{esc(n)}</th>" for n, _ in COLUMNS)
+    head = "".join(f"<th>{esc(n)}</th>" for n, _ in columns(results))
     body = "".join("<tr>" + "".join(f"<td>{esc(c)}</td>" for c in row) + "</tr>" for row in table_rows(results))
     lag = lag_rows(results)
     lag_table = "" if not lag else (

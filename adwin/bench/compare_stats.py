@@ -10,10 +10,14 @@ from typing import Any
 
 from adwin.audit.budget import FLOPS_FORMULA, FLOPS_NOTE, FlopsModel  # noqa: F401  (FLOPS_*: re-exported)
 from adwin.runtime.summary import last_logged, learner_decisions
+from adwin.tasks.suite import LINE_MEASURES
 
 # Per-method metrics aggregated over seeds (name -> label); ratios to full are taken of the means.
 METRICS: dict[str, str] = {
     "accuracy_final": "accuracy (final, mean@k)",
+    # the built-in task's line measures (adwin.tasks.suite.LineScore; absent for a JSONL task)
+    "lines_right_final": "share of the chain lines right before the first wrong one (final)",
+    "closing_right_final": "closing line right (final; chain-late tasks)",
     "teacher_kl_final": "teacher KL (final)",
     "sync_tokens": "sync rollout tokens",
     "probe_tokens": "probe tokens",
@@ -120,6 +124,9 @@ def measure_run(history: Sequence[Mapping[str, Any]], initial: Mapping[str, floa
         "accuracy_per_mtoken": acc / mtokens if mtokens else math.nan,
         "gain_per_mtoken": (acc - acc0) / mtokens if mtokens else math.nan,
     }
+    for measure in LINE_MEASURES:
+        row[f"{measure}_initial"] = float(initial.get(f"eval/{measure}", math.nan))
+        row[f"{measure}_final"] = float(final.get(f"eval/{measure}", math.nan))
     row |= lag
     row |= estimate_flops(history, n_student, n_teacher, probe_batch, samples_per_step)
     row["probe_flops_frac"] = row["flops_probe"] / row["flops"] if row["flops"] else math.nan

@@ -12,26 +12,30 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+from adwin.bench.compare_plan import suite_measure
 from adwin.bench.compare_report import SMOKE_BANNER, _plt, clean, markdown_table
 from adwin.bench.compare_tasks import LONG_TASK, REFERENCE, goal_lines, regrets, samples_needed, suite_goals
 
 RATIOS = {"train_wall_s": "e2e wall", "flops": "FLOPs", "rollout_tokens": "rollout tokens"}
 
 
-def cross_task(methods: Mapping[str, Sequence[Any]], per_task: Mapping[str, Mapping[str, Any]]) -> dict[str, Any]:
-    """Per cross-task name (``Method.suite_names``): accuracy per task, and each ratio to full per task."""
-    accuracy: dict[str, dict[str, float]] = {}
+def cross_task(methods: Mapping[str, Sequence[Any]], per_task: Mapping[str, Mapping[str, Any]],
+               measures: Mapping[str, str] | None = None) -> dict[str, Any]:
+    """Per cross-task name (``Method.suite_names``): each task's measure per task (``measures[task]``, accuracy where
+    absent: the mean over seeds of its final value), and each ratio to full per task."""
+    score: dict[str, dict[str, float]] = {}
     ratios: dict[str, dict[str, dict[str, float]]] = {m: {} for m in RATIOS}
     for task, chosen in methods.items():
         results = per_task[task]["methods"]
+        measure = (measures or {}).get(task, "accuracy")
         for m in chosen:
             if m.key not in results:
                 continue
             for name in m.suite_names():
-                accuracy.setdefault(task, {})[name] = results[m.key]["metrics"]["accuracy_final"]["mean"]
+                score.setdefault(task, {})[name] = results[m.key]["metrics"][f"{measure}_final"]["mean"]
                 for metric in RATIOS:
                     ratios[metric].setdefault(name, {})[task] = results[m.key]["ratio_to_full"][metric]
-    return {"accuracy": accuracy, "ratios": ratios}
+    return {"measure": score, "ratios": ratios}
 
 
 def mean_over_tasks(by_task: Mapping[str, float], tasks: Sequence[str]) -> float:
@@ -50,16 +54,19 @@ def max_decision_share(per_task: Mapping[str, Mapping[str, Any]]) -> float:
 def finish_suite(meta: dict[str, Any], methods: Mapping[str, Sequence[Any]],
                  per_task: Mapping[str, Mapping[str, Any]], out_dir: Path, plots: bool = True) -> dict[str, Any]:
     tasks = list(per_task)
-    cross = cross_task(methods, per_task)
-    regret = regrets(cross["accuracy"])
+    measures = {t: suite_measure(t) for t in tasks}
+    cross = cross_task(methods, per_task, measures)
+    regret = regrets(cross["measure"])
     means = {metric: {k: mean_over_tasks(v, tasks) for k, v in by_name.items()}
              for metric, by_name in cross["ratios"].items()}
-    halfwidths = {t: max((e["paired"]["diff_to_full"]["halfwidth"] for e in r["methods"].values()
-                          if "diff_to_full" in e.get("paired", {})), default=math.nan) for t, r in per_task.items()}
+    halfwidths = {t: max((e["paired"][measures[t]]["diff_to_full"]["halfwidth"] for e in r["methods"].values()
+                          if "diff_to_full" in e.get("paired", {}).get(measures[t], {})), default=math.nan)
+                  for t, r in per_task.items()}
     share = max_decision_share(per_task)
     goals = suite_goals(regret, tasks, means["train_wall_s"], share,
-                        per_task[LONG_TASK]["methods"] if LONG_TASK in per_task else None)
-    suite = {"meta": meta | {"samples_needed_for_0.03": samples_needed(0.03)}, "regret": regret,
+                        per_task[LONG_TASK]["methods"] if LONG_TASK in per_task else None,
+                        measures.get(LONG_TASK, "accuracy"), measures)
+    suite = {"meta": meta | {"samples_needed_for_0.03": samples_needed(0.03)}, "measures": measures, "regret": regret,
              "ratio_mean": means, "token_ratio_mean": means["rollout_tokens"], "max_paired_halfwidth": halfwidths,
              "max_decision_share": share, "goals": goals, "goal_lines": goal_lines(goals)}
     (out_dir / "suite.json").write_text(json.dumps(clean(suite), indent=2))
@@ -72,6 +79,7 @@ def finish_suite(meta: dict[str, Any], methods: Mapping[str, Sequence[Any]],
         plot_regret_vs_wall(regret, means["train_wall_s"], out_dir / "regret_vs_wall.png", meta)
     write_suite_html(suite, tasks, out_dir / "index.html")
     write_suite_markdown(suite, tasks, out_dir / "suite.md")
+    (out_dir / "headline.md").write_text(headline_markdown(suite, methods, per_task))
     return suite
 
 
@@ -91,6 +99,41 @@ def write_suite_markdown(suite: Mapping[str, Any], tasks: Sequence[str], path: P
     goals = "".join(f"- {line}\n" for line in suite["goal_lines"])
     path.write_text(f"{banner}`{meta.get('command')}`\n\n" + markdown_table(*suite_rows(suite, tasks))
                     + "\n" + goals)
+
+
+HEADLINE_FAMILIES = ("full", "linear", "fixed-", "adwin-0.7")  # the headline's methods, in this order
+
+
+def headline_markdown(suite: Mapping[str, Any], methods: Mapping[str, Sequence[Any]],
+                      per_task: Mapping[str, Mapping[str, Any]]) -> str:
+    """The headline for README and docs/benchmarks.md: per task, full, linear, every fixed window and ADWIN-0.7 with
+    the task's measure (and accuracy beside a line measure), their paired 95 % CIs against full, x full e2e wall and
+    x full FLOPs; then the cross-task regret and the goal lines as the suite printed them."""
+    from adwin.bench.compare_report import ci_text
+
+    meta = suite["meta"]
+    banner = f"**{SMOKE_BANNER.format(mode=meta['mode'])}**\n\n" if meta.get("smoke") else ""
+    out = [f"{banner}`{meta.get('command')}` (commit {meta.get('commit') or 'unknown'}, device "
+           f"{meta.get('device', 'cpu')})\n"]
+    for task, chosen in methods.items():
+        measure = suite["measures"][task]
+        results = per_task[task]["methods"]
+        shown = [measure] if measure == "accuracy" else [measure, "accuracy"]
+        header = ["method", *(c for m in shown for c in (f"{m} [95% CI]", f"Δ {m} vs full [paired 95% CI]")),
+                  "× full e2e wall", "× full FLOPs"]
+        keys = [m.key for f in HEADLINE_FAMILIES for m in chosen
+                if (m.key.startswith(f) if f.endswith("-") else m.key == f) and m.key in results]
+        rows = [[k, *(ci_text(results[k], m, w) for m in shown for w in ("value", "diff_to_full")),
+                 _f(results[k]["ratio_to_full"]["train_wall_s"], "{:.2f}"), _f(results[k]["ratio_to_full"]["flops"],
+                                                                                 "{:.2f}")] for k in keys]
+        meta_t = per_task[task].get("meta", {})
+        size = (f"{meta_t.get('steps')} steps of {meta_t.get('rollouts_per_step')} rollouts, seeds "
+                f"{meta_t.get('seeds')}, {meta_t.get('eval_problems')} problems" if meta_t else "")
+        out.append(f"\n**{task}** (measure: {measure}; {size})\n\n" + markdown_table(header, rows))
+    header, rows = suite_rows(suite, list(per_task))
+    out.append("\n**Across the tasks** (regret of each task's measure)\n\n" + markdown_table(header, rows))
+    out.append("\n" + "".join(f"- {line}\n" for line in suite["goal_lines"]))
+    return "".join(out)
 
 
 def _f(x: Any, fmt: str = "{:.3f}") -> str:

@@ -25,6 +25,8 @@ from typing import Any
 
 import numpy as np
 
+from adwin.tasks.suite import LINE_MEASURES
+
 Z95 = 1.959963984540054
 BOOTSTRAP = 2000  # resamples per interval
 ADWIN_KEY, REFERENCE = "adwin-0.7", "full"
@@ -38,9 +40,10 @@ def samples_needed(halfwidth: float, outcome_var: float = 0.25) -> int:
     return math.ceil(Z95**2 * 2 * outcome_var / halfwidth**2)
 
 
-def problem_scores(runs: Sequence[Mapping[str, Any]], method: str) -> np.ndarray | None:
-    """Per-problem score of ``method`` averaged over its seeds, (n_problems,); None without eval scores."""
-    rows = [r["eval_scores"] for r in runs if r["method"] == method and r.get("eval_scores")]
+def problem_scores(runs: Sequence[Mapping[str, Any]], method: str, measure: str = "accuracy") -> np.ndarray | None:
+    """Per-problem ``measure`` of ``method`` averaged over its seeds, (n_problems,); None without eval scores."""
+    rows = [r["eval_scores"][measure] for r in runs
+            if r["method"] == method and measure in (r.get("eval_scores") or {})]
     if not rows:
         return None
     if len({len(s) for s in rows}) != 1:
@@ -58,15 +61,26 @@ def bootstrap_mean_ci(values: np.ndarray, seed: int = 0) -> dict[str, float]:
             "n": int(len(values))}
 
 
-def paired_stats(runs: Sequence[Mapping[str, Any]], order: Sequence[str]) -> dict[str, dict[str, Any]]:
-    """Per method: ``accuracy`` (mean, CI) and ``diff_to_full`` (paired mean difference, CI)."""
-    ref = problem_scores(runs, REFERENCE)
+MEASURES = ("accuracy", *LINE_MEASURES)  # what an evaluation scores per problem, in print order
+
+
+def measures_of(runs: Sequence[Mapping[str, Any]]) -> list[str]:
+    """The measures every run with evaluation scores has, in ``MEASURES`` order."""
+    have = [set(r["eval_scores"]) for r in runs if r.get("eval_scores")]
+    return [m for m in MEASURES if have and all(m in h for h in have)]
+
+
+def paired_stats(runs: Sequence[Mapping[str, Any]], order: Sequence[str],
+                 measure: str = "accuracy") -> dict[str, dict[str, Any]]:
+    """Per method, of ``measure``: ``value`` (mean over problems, CI) and ``diff_to_full`` (paired mean difference to
+    full-rollout OPD, CI)."""
+    ref = problem_scores(runs, REFERENCE, measure)
     out: dict[str, dict[str, Any]] = {}
     for key in order:
-        scores = problem_scores(runs, key)
+        scores = problem_scores(runs, key, measure)
         if scores is None:
             continue
-        entry: dict[str, Any] = {"accuracy": bootstrap_mean_ci(scores)}
+        entry: dict[str, Any] = {"value": bootstrap_mean_ci(scores)}
         if ref is not None and len(ref) == len(scores):
             entry["diff_to_full"] = bootstrap_mean_ci(scores - ref)
         out[key] = entry
@@ -74,8 +88,8 @@ def paired_stats(runs: Sequence[Mapping[str, Any]], order: Sequence[str]) -> dic
 
 
 def regrets(accuracy: Mapping[str, Mapping[str, float]]) -> dict[str, dict[str, Any]]:
-    """``accuracy[task][method]`` -> per method its regret on each task (the task's best mean accuracy
-    minus its own) and its worst-case regret over the tasks it ran on."""
+    """``accuracy[task][method]`` (each task's measure: accuracy, or a line measure on the long tasks) -> per method its
+    regret on each task (the task's best mean minus its own) and its worst-case regret over the tasks it ran on."""
     out: dict[str, dict[str, Any]] = {}
     for task, by_method in accuracy.items():
         best = max(by_method.values())
@@ -93,25 +107,29 @@ REGRET_WALL_MAX = 0.6  # ADWIN's end-to-end wall over full's, averaged over task
 
 
 def suite_goals(regret: Mapping[str, Mapping[str, Any]], tasks: Sequence[str], wall_ratio: Mapping[str, float],
-                share_max: float, long_task: Mapping[str, Any] | None) -> dict[str, Any]:
+                share_max: float, long_task: Mapping[str, Any] | None, long_measure: str = "accuracy",
+                measures: Mapping[str, str] | None = None) -> dict[str, Any]:
     """The suite's three goals, each met or not from the numbers.
 
     ``regret``: :func:`regrets` over the cross-task names (``fixed-rung<k>`` and fixed windows by value);
     ``wall_ratio``: per name, end-to-end wall over full's averaged over tasks; ``share_max``: the largest
     learner-side decision share of any run; ``long_task``: the per-method results of ``LONG_TASK``
-    (``adwin.bench.compare_report.finish``'s ``methods``), None when it did not run."""
+    (``adwin.bench.compare_report.finish``'s ``methods``), None when it did not run; ``long_measure``: what its goal
+    reads (``adwin.bench.compare_plan.suite_measure``); ``measures``: per task the measure its regret is of (None: accuracy
+    everywhere)."""
     share = {"max_share": share_max, "limit": SHARE_MAX,
              "met": bool(math.isfinite(share_max) and share_max <= SHARE_MAX)}
     if long_task is None or ADWIN_KEY not in long_task or REFERENCE not in long_task:
         long = {"evaluated": False, "why": f"needs {ADWIN_KEY!r} and {REFERENCE!r} on {LONG_TASK}", "met": False}
     else:
         a = long_task[ADWIN_KEY]
-        diff = a.get("paired", {}).get("diff_to_full")
+        diff = a.get("paired", {}).get(long_measure, {}).get("diff_to_full")
         wall, flops = a["ratio_to_full"]["train_wall_s"], a["ratio_to_full"]["flops"]
         not_below = bool(diff is not None and diff["hi"] >= 0.0)
         wall_ok = bool(math.isfinite(wall) and wall <= LONG_WALL_MAX)
         flops_ok = bool(math.isfinite(flops) and flops <= LONG_FLOPS_MAX)
-        long = {"evaluated": True, "diff_to_full": diff, "not_resolved_below": not_below, "wall_ratio": wall,
+        long = {"evaluated": True, "measure": long_measure, "diff_to_full": diff, "not_resolved_below": not_below,
+                "wall_ratio": wall,
                 "flops_ratio": flops, "wall_ok": wall_ok, "flops_ok": flops_ok,
                 "met": not_below and wall_ok and flops_ok}
     if ADWIN_KEY not in regret:
@@ -122,7 +140,7 @@ def suite_goals(regret: Mapping[str, Mapping[str, Any]], tasks: Sequence[str], w
         mine, ratio = regret[ADWIN_KEY]["worst"], wall_ratio.get(ADWIN_KEY, math.nan)
         lowest = bool(rivals) and all(mine < w for w in rivals.values())
         wall_ok = bool(math.isfinite(ratio) and ratio <= REGRET_WALL_MAX)
-        reg = {"evaluated": True, "adwin_worst_regret": mine, "rival_worst_regret": rivals, "lowest": lowest,
+        reg = {"evaluated": True, "measures": dict(measures or {}), "adwin_worst_regret": mine, "rival_worst_regret": rivals, "lowest": lowest,
                "wall_ratio_mean": ratio, "wall_ok": wall_ok, "met": lowest and wall_ok}
     return {"decision_share": share, "chain_long": long, "regret": reg,
             "met": share["met"] and long["met"] and reg["met"]}
@@ -139,14 +157,17 @@ def goal_lines(goals: Mapping[str, Any]) -> list[str]:
     if lg.get("evaluated"):
         d = lg["diff_to_full"]
         ci = "no paired CI" if d is None else f"{d['mean']:+.3f} [{d['lo']:+.3f}, {d['hi']:+.3f}]"
-        lines.append(f"{LONG_TASK}: {ADWIN_KEY} − full {ci} ({'not resolved below' if lg['not_resolved_below'] else 'resolved below'}), "
+        lines.append(f"{LONG_TASK}: {ADWIN_KEY} − full on {lg.get('measure', 'accuracy')} {ci} "
+                     f"({'not resolved below' if lg['not_resolved_below'] else 'resolved below'}), "
                      f"e2e wall {lg['wall_ratio']:.2f}× (≤ {LONG_WALL_MAX}), FLOPs {lg['flops_ratio']:.2f}× "
                      f"(≤ {LONG_FLOPS_MAX}) → {verdict(lg['met'])}")
     else:
         lines.append(f"{LONG_TASK}: not evaluated ({lg['why']}) → NOT MET")
     if r.get("evaluated"):
         rivals = ", ".join(f"{k} {v:.3f}" for k, v in r["rival_worst_regret"].items())
-        lines.append(f"worst-case regret: {ADWIN_KEY} {r['adwin_worst_regret']:.3f} vs {rivals}; e2e wall "
+        other = ", ".join(f"{t} {m}" for t, m in r.get("measures", {}).items() if m != "accuracy")
+        lines.append(f"worst-case regret (of accuracy{'; ' + other if other else ''}): {ADWIN_KEY} "
+                     f"{r['adwin_worst_regret']:.3f} vs {rivals}; e2e wall "
                      f"{r['wall_ratio_mean']:.2f}× full averaged over tasks (≤ {REGRET_WALL_MAX}) → {verdict(r['met'])}")
     else:
         lines.append(f"worst-case regret: not evaluated ({r['why']}) → NOT MET")

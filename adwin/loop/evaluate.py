@@ -1,14 +1,20 @@
-"""Held-out evaluation: accuracy mean@k and teacher KL on student rollouts.
+"""Held-out evaluation: accuracy mean@k and teacher KL on student rollouts; on the built-in tasks also how far
+each response gets (``eval/lines_right``, ``eval/closing_right``: :meth:`adwin.tasks.suite.BuiltinTask.score_lines`).
 
 Data-parallel runs shard the evaluation rows (problem x sample) over the ranks and all-reduce the sums
-(correct answers, KL, token and length counts), so every rank gets the same numbers; under
+(correct answers, line measures, KL, token and length counts), so every rank gets the same numbers; under
 ``rollout.seeding: per_sample`` they equal the 1-process evaluation's (each row's noise is its own).
+
+``parts.eval_log``, when a list, receives each evaluation's per-row scores (:class:`EvalRows`): the paired
+statistics of ``adwin bench compare`` and ``adwin bench curve`` are taken over problems.
 """
 
 from __future__ import annotations
 
 import logging
 import math
+from collections.abc import Sequence
+from dataclasses import dataclass
 
 import numpy as np
 import torch
@@ -26,6 +32,42 @@ from adwin.sampling.compact import generate_compacting
 from adwin.sampling.rollout import encode_prompts, layout
 
 log = logging.getLogger(__name__)
+
+# the logged key of each line measure (adwin.tasks.suite.LINE_MEASURES)
+LINE_KEYS = {"lines_right": "eval/lines_right", "closing_right": "eval/closing_right"}
+
+
+@dataclass(frozen=True)
+class EvalRows:
+    """One evaluation's scores per row on this rank: rows ``first, first + 1, ...`` of the problem-major order
+    (each held-out problem's ``k`` samples together). ``scores``: measure (``accuracy``, ``lines_right``,
+    ``closing_right``) -> one value per row; a measure the task does not define is absent."""
+
+    first: int
+    k: int
+    scores: dict[str, list[float]]
+
+    def per_problem(self, measure: str) -> list[float]:
+        """``measure`` per problem, the mean over its ``k`` samples (the rows must hold whole problems)."""
+        rows = self.scores[measure]
+        if self.first % self.k or len(rows) % self.k:
+            raise ValueError(f"rows {self.first}..{self.first + len(rows)} do not hold whole problems of k={self.k}")
+        return [float(np.mean(rows[i : i + self.k])) for i in range(0, len(rows), self.k)]
+
+
+def line_scores(cfg: TrainConfig, prompts: Sequence[str], texts: Sequence[str]) -> dict[str, list[float]]:
+    """The built-in task's line measures per row (empty for a JSONL task)."""
+    if cfg.data.task != "builtin":
+        return {}
+    from adwin.tasks.suite import get_task
+
+    task = get_task(cfg.data.builtin_task)
+    out: dict[str, list[float]] = {m: [] for m in task.line_measures}  # keyed even without rows: ranks sum alike
+    for prompt, text in zip(prompts, texts, strict=True):
+        for measure, value in task.score_lines(prompt, text).measures().items():
+            out[measure].append(value)
+    return out
+
 
 @torch.no_grad()
 def evaluate(parts: Parts, cfg: TrainConfig, gen: Sampler, dist: LocalDist | None = None) -> dict[str, float]:
@@ -70,6 +112,10 @@ def _evaluate(parts: Parts, cfg: TrainConfig, gen: Sampler, dist: LocalDist) -> 
         order = list(range(len(problems)))
     texts = parts.tokenizer.batch_decode(responses, skip_special_tokens=True)
     correct = [parts.checker(txt, p.answer) for txt, p in zip(texts, problems, strict=True) if p.answer is not None]
+    lines = line_scores(cfg, [p.prompt for p in problems], texts)
+    if parts.eval_log is not None:
+        scores = {"accuracy": [float(c) for c in correct]} if len(correct) == len(problems) else {}
+        parts.eval_log.append(EvalRows(first, e.k, scores | lines))
     lengths = [len(r) for r in responses]
     kl_sum, kl_tokens = 0.0, 0.0
     dev = next(parts.student.parameters()).device
@@ -87,16 +133,16 @@ def _evaluate(parts: Parts, cfg: TrainConfig, gen: Sampler, dist: LocalDist) -> 
         mask = rows.response_mask.float()  # (b, L)
         kl_sum += float(((s_lp - t_lp) * mask).sum())
         kl_tokens += float(mask.sum())
+    # (sum, count) per mean: summed over ranks in a data-parallel run
+    means = {"eval/accuracy": (float(sum(correct)), float(len(correct)))} | {
+        LINE_KEYS[m]: (float(sum(v)), float(len(v))) for m, v in lines.items()}
     if dist.world == 1:
         out = {"eval/teacher_kl": kl_sum / max(kl_tokens, 1.0), "eval/mean_len": float(np.mean(lengths))}
-        if correct:
-            out["eval/accuracy"] = float(np.mean(correct))
-        return out
-    sums = torch.tensor([kl_sum, kl_tokens, float(sum(lengths)), float(len(lengths)), float(sum(correct)),
-                         float(len(correct))], dtype=torch.float64)
-    kl_sum, kl_tokens, len_sum, n_rows, n_correct, n_checked = dist.all_sum(sums).tolist()
+        return out | {k: total / n for k, (total, n) in means.items() if n}
+    # every rank scores the same task, so every rank has the same measures, in the same order
+    sums = torch.tensor([kl_sum, kl_tokens, float(sum(lengths)), float(len(lengths)),
+                         *(x for pair in means.values() for x in pair)], dtype=torch.float64)
+    kl_sum, kl_tokens, len_sum, n_rows, *pairs = dist.all_sum(sums).tolist()
     out = {"eval/teacher_kl": kl_sum / max(kl_tokens, 1.0), "eval/mean_len": len_sum / max(n_rows, 1.0)}
-    if n_checked:
-        out["eval/accuracy"] = n_correct / n_checked
-    return out
+    return out | {k: pairs[2 * i] / pairs[2 * i + 1] for i, k in enumerate(means) if pairs[2 * i + 1]}
 

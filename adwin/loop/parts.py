@@ -44,6 +44,8 @@ class Parts:
     train_prompts: TrainPrompts
     eval_prompts: list[Prompt]
     checker: Callable[[str, str], bool]
+    # a list: every evaluation appends its per-row scores (adwin.loop.evaluate.EvalRows); None: not kept
+    eval_log: list[Any] | None = None
 
 
 

@@ -28,7 +28,11 @@ NAMESPACES: dict[str, str] = {
                 "of the run's FLOPs and of the learner's measured seconds, cumulative since the run started",
     "drift": "teacher-side diagnostics of an audited probe batch (paper section 3.1): where the student's rollout "
              "leaves the teacher's support",
-    "eval": "held-out evaluation of the student (at step 0, every `eval.every` steps and at the end)",
+    "eval": "held-out evaluation of the student (at step 0, every `eval.every` steps and at the end). On the built-in "
+            "tasks also how far each response gets, where final-answer accuracy needs every one of up to 145 lines "
+            "right: `eval/lines_right` is 1 for a right chain, k / n when line k + 1 of n is the first wrong one "
+            "(every character and the newline must match), 0 for garbage; `eval/closing_right` judges the closing "
+            "line on the chain line written above it, right or wrong (`adwin.tasks.suite.BuiltinTask.score_lines`)",
     "time": "wall-clock seconds of the step's phases; `time/wall` since the run started",
     "controller": "the degraded-mode wrapper's gauges while a remote controller is away",
     "async": "the AsyncOPD streaming scheduler: versions, staleness, permits, throughput",
@@ -167,6 +171,10 @@ KEYS: dict[str, str] = {
     "eval/accuracy": "mean@k accuracy on the held-out problems",
     "eval/mean_len": "mean response length of the evaluation samples",
     "eval/teacher_kl": "k1 estimate of KL(student || teacher) on the evaluation samples",
+    "eval/lines_right": "built-in tasks: mean share of the reference chain lines written right before the first wrong "
+                        "one",
+    "eval/closing_right": "chain-late tasks: share of responses whose closing line follows from the chain line "
+                          "written above it",
     # time
     "time/rollout": "seconds generating the step's rollouts",
     "time/teacher": "seconds scoring them with the teacher",

@@ -259,6 +259,24 @@ def check_answer(response_text: str, answer: str) -> bool:
     return got is not None and got == answer.strip()
 
 
+def written_lines(text: str) -> list[str]:
+    """The lines of a response that end in a newline, without it: a line cut off by the horizon or the EOS is
+    not written yet."""
+    return text.split("\n")[:-1]
+
+
+def lines_right(reference: str, response_text: str, n_lines: int) -> int:
+    """How many of the reference's first ``n_lines`` lines the response writes right, character for character,
+    before its first wrong or missing line. Under drift every line after a wrong one is computed from a wrong
+    value, so the run of right lines from the start is what a student's line skill carries."""
+    right = 0
+    for want, got in zip(written_lines(reference + "\n")[:n_lines], written_lines(response_text), strict=False):
+        if want != got:
+            break
+        right += 1
+    return right
+
+
 def verify_solution(prompt: str, response_text: str, kind: type[Problem] = Problem) -> bool:
     """True iff every written line follows from the previous one (the first from the prompt), the
     counter counts down to 01 and the stated answer is the last value. Used to audit solutions;

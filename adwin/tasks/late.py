@@ -29,7 +29,7 @@ from __future__ import annotations
 import random
 import re
 
-from adwin.tasks.chain import ANSWER_PREFIX, MOD, Problem, parse_prompt
+from adwin.tasks.chain import ANSWER_PREFIX, MOD, Problem, parse_prompt, written_lines
 from adwin.tasks.noise import corrupt_solution
 
 CLOSING_PREFIX = "fin:"
@@ -88,6 +88,17 @@ def write_late(
     a, b, s = (digits.randrange(MOD) for _ in range(3))
     tail = f"{CLOSING_PREFIX}{a}+{b}={s}\n{ANSWER_PREFIX}{digits.randrange(MOD)}"
     return body + tail, trained + [not c.isdigit() for c in tail] + [True]
+
+
+def closing_right(response_text: str) -> bool:
+    """True iff the response's first closing line adds the input and result of the chain line written just above
+    it (as written, right or wrong: the closing skill apart from the chain's) and ends in a newline."""
+    lines = written_lines(response_text)
+    for i, line in enumerate(lines):
+        if line.startswith(CLOSING_PREFIX):
+            last = _LINE.match(lines[i - 1]) if i > 0 else None
+            return last is not None and line + "\n" == closing_line(int(last.group(1)), int(last.group(2)))[0]
+    return False
 
 
 def verify_late_solution(prompt: str, response_text: str, kind: type[Problem] = Problem) -> bool:

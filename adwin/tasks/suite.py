@@ -29,11 +29,14 @@ from adwin.tasks.chain import (
     Problem,
     TaskSample,
     iter_problems,
+    lines_right,
+    parse_prompt,
     verify_solution,
 )
 from adwin.tasks.late import (
     CLOSING_PREFIX,
     CLOSING_STEPS_LEFT_OUT,
+    closing_right,
     late_answer,
     verify_late_solution,
     write_late,
@@ -68,6 +71,26 @@ def _write_late(problem: Problem, rng: random.Random, line_rate: float, student_
 
 def _chain_answer(problem: Problem) -> str:
     return problem.answer
+
+
+# the per-response measures of :meth:`BuiltinTask.score_lines`, beside final-answer accuracy
+LINE_MEASURES: tuple[str, ...] = ("lines_right", "closing_right")
+
+
+@dataclass(frozen=True)
+class LineScore:
+    """How far a response gets, for the long tasks where final-answer accuracy needs every one of ~90 lines.
+
+    ``lines_right``: the fraction of the ``n`` reference chain lines written right before the first wrong one
+    (1 for a right chain, ``k / n`` when line ``k + 1`` is the first wrong, 0 for garbage).
+    ``closing_right``: 1 when the closing line follows from the chain line above it as written, else 0; None for a
+    task without a closing line."""
+
+    lines_right: float
+    closing_right: float | None
+
+    def measures(self) -> dict[str, float]:
+        return {k: v for k in LINE_MEASURES if (v := getattr(self, k)) is not None}
 
 
 @dataclass(frozen=True)
@@ -144,6 +167,18 @@ class BuiltinTask:
 
     def solution(self, problem: Problem) -> str:
         return self.write(problem, random.Random(0), 0.0, False)[0]
+
+    @property
+    def line_measures(self) -> tuple[str, ...]:
+        """The :class:`LineScore` measures this task defines."""
+        return LINE_MEASURES if self.closing_prefix is not None else LINE_MEASURES[:1]
+
+    def score_lines(self, prompt: str, response_text: str) -> LineScore:
+        """:class:`LineScore` of a response (special tokens removed) to one of this task's prompts."""
+        problem = parse_prompt(prompt, self.kind)
+        right = lines_right(self.solution(problem), response_text, problem.n)
+        closing = float(closing_right(response_text)) if self.closing_prefix is not None else None
+        return LineScore(right / problem.n, closing)
 
 
 def excerpted(write: Writer) -> Writer:

@@ -13,7 +13,7 @@ from adwin.cli import build_parser
 
 
 def _row(tokens: float, wall: float, scores: list[float], **extra: float) -> dict:
-    return {"sync_tokens": tokens, "train_wall_s": wall, "eval_scores": scores, "accuracy_initial": 0.1,
+    return {"sync_tokens": tokens, "train_wall_s": wall, "eval_scores": {"accuracy": scores}, "accuracy_initial": 0.1,
             "mean_window": 8.0, **extra}
 
 

@@ -22,10 +22,11 @@ from adwin.bench.compare_plan import (
     plan_line,
     regime,
     scaled_initial,
+    suite_measure,
     task_config,
 )
 from adwin.bench.compare_suite import cross_task, mean_over_tasks
-from adwin.bench.compare_tasks import goal_lines, regrets, suite_goals
+from adwin.bench.compare_tasks import MEASURES, goal_lines, regrets, suite_goals
 from adwin.cli import main
 from adwin.config import load_config, resolve_config
 from adwin.tasks.suite import get_task
@@ -109,10 +110,13 @@ def test_rung_names_select_each_tasks_own_window() -> None:
 
 
 def _entry(acc: float, wall: float, flops: float, diff: tuple[float, float] | None = None) -> dict[str, Any]:
-    e: dict[str, Any] = {"metrics": {"accuracy_final": {"mean": acc}},
+    """A method's results with ``acc`` as every measure (accuracy and the line measures) and ``diff`` as every paired
+    difference to full."""
+    e: dict[str, Any] = {"metrics": {f"{m}_final": {"mean": acc} for m in MEASURES},
                          "ratio_to_full": {"train_wall_s": wall, "flops": flops, "rollout_tokens": flops}}
     if diff is not None:
-        e["paired"] = {"diff_to_full": {"mean": sum(diff) / 2, "lo": diff[0], "hi": diff[1], "halfwidth": 0.01}}
+        e["paired"] = {m: {"diff_to_full": {"mean": sum(diff) / 2, "lo": diff[0], "hi": diff[1], "halfwidth": 0.01}}
+                       for m in MEASURES}
     return e
 
 
@@ -135,10 +139,12 @@ def _results(adwin_acc: float, adwin_wall: float, long_diff: tuple[float, float]
 
 
 def _goals(methods: dict, per_task: dict, share: float = 0.05) -> dict[str, Any]:
-    cross = cross_task(methods, per_task)
-    regret = regrets(cross["accuracy"])
+    measures = {t: suite_measure(t) for t in per_task}
+    cross = cross_task(methods, per_task, measures)
+    regret = regrets(cross["measure"])
     wall = {k: mean_over_tasks(v, list(per_task)) for k, v in cross["ratios"]["train_wall_s"].items()}
-    return suite_goals(regret, list(per_task), wall, share, per_task["chain-long"]["methods"])
+    return suite_goals(regret, list(per_task), wall, share, per_task["chain-long"]["methods"],
+                       measures["chain-long"], measures)
 
 
 def test_goals_are_met_when_the_numbers_meet_them() -> None:
@@ -222,6 +228,19 @@ def test_tiny_suite_runs_the_five_tasks_with_their_shapes(tmp_path: Path, monkey
     assert "| method | regret chain |" in md and all(line in md for line in suite["goal_lines"])
     rows = [x for x in (folder / "chain-long" / "results.md").read_text().splitlines() if x.startswith("| ")]
     assert len(rows) == 1 + 4 and rows[1].startswith("| full |")
+    assert "lines right [95% CI]" in rows[0]  # the long task's line measure beside accuracy
+    assert out.index("sizing: tiny") < out.index("decision share: max over runs")
+    # the regret and the long goal read each task's measure; the headline is per task, the goal lines under it
+    assert suite["measures"] == {t: suite_measure(t) for t in SUITE_TASKS}
+    assert suite["measures"]["chain-long"] == "lines_right" and suite["goals"]["chain_long"]["measure"] == "lines_right"
+    head = (folder / "headline.md").read_text()
+    for task in SUITE_TASKS:
+        assert f"**{task}** (measure: {suite_measure(task)};" in head
+    table = head.split("**chain-long**")[1].split("**chain-late-long**")[0]
+    assert [x.split(" | ")[0] for x in table.splitlines() if x.startswith("| ") and "---" not in x][1:] == \
+        ["| full", "| linear", f"| fixed-{res['meta']['candidates'][1]}", "| adwin-0.7"]
+    assert "Δ lines_right vs full [paired 95% CI]" in table and "accuracy [95% CI]" in table
+    assert all(f"- {line}" in head for line in suite["goal_lines"])
 
 
 def test_labels_of_neighbouring_points_at_one_regret_take_different_heights() -> None:

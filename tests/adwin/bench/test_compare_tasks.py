@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 from adwin.bench.compare import final_eval_scores, parse_tasks
-from adwin.bench.compare_tasks import bootstrap_mean_ci, paired_stats, regrets, samples_needed
+from adwin.bench.compare_tasks import bootstrap_mean_ci, measures_of, paired_stats, regrets, samples_needed
 from adwin.cli import main
 
 
@@ -30,19 +30,19 @@ def test_evaluation_sized_by_samples_needed_gives_the_promised_halfwidth() -> No
 def test_pairing_removes_problem_difficulty_from_the_difference() -> None:
     rng = np.random.default_rng(0)
     difficulty = rng.uniform(0, 1, 400)  # per-problem accuracy, very spread
-    runs = [{"method": "full", "seed": 0, "eval_scores": list(difficulty)},
-            {"method": "fixed-8", "seed": 0, "eval_scores": list(np.clip(difficulty + 0.05, 0, 1))}]
+    runs = [{"method": "full", "seed": 0, "eval_scores": {"accuracy": list(difficulty)}},
+            {"method": "fixed-8", "seed": 0, "eval_scores": {"accuracy": list(np.clip(difficulty + 0.05, 0, 1))}}]
     stats = paired_stats(runs, ["full", "fixed-8"])
-    diff, acc = stats["fixed-8"]["diff_to_full"], stats["fixed-8"]["accuracy"]
+    diff, acc = stats["fixed-8"]["diff_to_full"], stats["fixed-8"]["value"]
     assert diff["lo"] <= diff["mean"] <= diff["hi"] and diff["lo"] > 0  # the shift is resolved
     assert diff["halfwidth"] < acc["halfwidth"] / 5  # far narrower than the unpaired accuracy CI
     assert stats["full"]["diff_to_full"]["halfwidth"] == 0.0
 
 
 def test_seeds_are_averaged_per_problem_and_unequal_problem_counts_refuse() -> None:
-    runs = [{"method": "full", "seed": s, "eval_scores": v} for s, v in ((0, [1.0, 0.0]), (1, [0.0, 0.0]))]
-    assert paired_stats(runs, ["full"])["full"]["accuracy"]["mean"] == pytest.approx(0.25)
-    runs.append({"method": "full", "seed": 2, "eval_scores": [1.0]})
+    runs = [{"method": "full", "seed": s, "eval_scores": {"accuracy": v}} for s, v in ((0, [1.0, 0.0]), (1, [0.0, 0.0]))]
+    assert paired_stats(runs, ["full"])["full"]["value"]["mean"] == pytest.approx(0.25)
+    runs.append({"method": "full", "seed": 2, "eval_scores": {"accuracy": [1.0]}})
     with pytest.raises(ValueError, match="same"):
         paired_stats(runs, ["full"])
 
@@ -56,14 +56,29 @@ def test_regret_is_distance_to_each_tasks_best_and_worst_case_is_the_maximum() -
 
 
 def test_final_scores_are_the_last_evaluation_per_problem_and_a_wrong_count_refuses() -> None:
-    initial = [False] * 6
-    final = [True, False, True, True, False, False]  # 3 problems x k=2
-    assert final_eval_scores(initial + final, 3, 2) == [0.5, 1.0, 0.0]
+    from adwin.loop.evaluate import EvalRows
+
+    initial = EvalRows(0, 2, {"accuracy": [0.0] * 6, "lines_right": [0.0] * 6})
+    final = EvalRows(0, 2, {"accuracy": [1.0, 0.0, 1.0, 1.0, 0.0, 0.0], "lines_right": [0.5, 0.25, 1, 1, 0, 0]})
+    assert final_eval_scores([initial, final]) == {"accuracy": [0.5, 1.0, 0.0], "lines_right": [0.375, 1.0, 0.0]}
     with pytest.raises(RuntimeError, match="eval.every"):
-        final_eval_scores(final, 3, 2)
-    assert final_eval_scores(final, 3, 2, evaluations=1) == [0.5, 1.0, 0.0]  # the start-of-run one was shared
+        final_eval_scores([final])
+    assert final_eval_scores([final], evaluations=1)["accuracy"] == [0.5, 1.0, 0.0]  # the start-of-run one was shared
     with pytest.raises(RuntimeError, match="eval.every"):
-        final_eval_scores(initial + final, 3, 2, evaluations=1)
+        final_eval_scores([initial, final], evaluations=1)
+    with pytest.raises(RuntimeError, match="answer"):  # no accuracy: a prompt without an answer
+        final_eval_scores([EvalRows(0, 1, {"lines_right": [1.0]})], evaluations=1)
+
+
+def test_paired_statistics_are_taken_per_measure_that_every_run_has() -> None:
+    runs = [{"method": "full", "seed": 0, "eval_scores": {"accuracy": [0.0, 0.0], "lines_right": [0.1, 0.2]}},
+            {"method": "adwin-0.7", "seed": 0, "eval_scores": {"accuracy": [1.0, 0.0], "lines_right": [0.3, 0.2]}}]
+    assert measures_of(runs) == ["accuracy", "lines_right"]
+    lines = paired_stats(runs, ["full", "adwin-0.7"], "lines_right")
+    assert lines["adwin-0.7"]["value"]["mean"] == pytest.approx(0.25)
+    assert lines["adwin-0.7"]["diff_to_full"]["mean"] == pytest.approx(0.1)
+    runs[0]["eval_scores"].pop("lines_right")
+    assert measures_of(runs) == ["accuracy"]  # a measure one run lacks is not paired
 
 
 def test_unknown_task_is_refused_naming_the_known_ones() -> None:
@@ -88,8 +103,10 @@ def test_tiny_compare_across_two_tasks_writes_regret_page(tmp_path: Path, monkey
     for task in ("chain", "chain-late"):
         res = json.loads((folder / task / "results.json").read_text())
         assert res["meta"]["task"] == task and {r["task"] for r in res["runs"]} == {task}
-        assert all(len(r["eval_scores"]) == 4 for r in res["runs"])  # the tiny budget's 4 problems, paired
-        assert res["methods"]["fixed-8"]["paired"]["diff_to_full"]["n"] == 4
+        assert all(len(r["eval_scores"]["accuracy"]) == 4 for r in res["runs"])  # the tiny budget's 4 problems
+        assert res["methods"]["fixed-8"]["paired"]["accuracy"]["diff_to_full"]["n"] == 4
+        assert res["methods"]["fixed-8"]["paired"]["lines_right"]["diff_to_full"]["n"] == 4  # every built-in task
+        assert ("closing_right" in res["methods"]["full"]["paired"]) == (task == "chain-late")
         assert (folder / task / "audits.png").read_bytes()[:4] == b"\x89PNG"
     page = (folder / "index.html").read_text()
     assert len(suite["goal_lines"]) == 3 and all(line.endswith("MET") for line in suite["goal_lines"])
