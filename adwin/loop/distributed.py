@@ -13,6 +13,7 @@ bookkeeping is replicated (docs/decisions.md, "Data-parallel training").
 
 from __future__ import annotations
 
+import gc
 import logging
 import os
 from collections.abc import Mapping
@@ -113,6 +114,9 @@ class Dist(LocalDist):
 
         if dist.is_initialized():
             dist.destroy_process_group()
+            # FSDP's device mesh and gloo's pending work objects keep the group alive through reference cycles;
+            # freed at interpreter exit, gloo's threads can abort the process (SIGABRT) after a clean run
+            gc.collect()
 
     def _device(self) -> torch.device:
         import torch.distributed as dist
