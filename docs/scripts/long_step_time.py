@@ -1,5 +1,5 @@
 """The step time of full-rollout OPD on a long task at the suite's long sizing, beside the machine's reference figure
-(the SFT step of `adwin prepare`, default profile, 2 threads; docs/benchmarks.md, "Machines"), and against the suite's
+(the SFT step of `adwin prepare`, default profile, 2 threads: the machine reference of docs/benchmarks.md), and against the suite's
 cost model (`adwin.bench.compare_plan.rollout_s`), in one process, one after the other, with the load average.
 
     python docs/scripts/long_step_time.py [--task chain-long] [--steps 3] [--sft-steps 30]
@@ -14,6 +14,7 @@ import argparse
 import json
 import os
 import statistics
+import sys
 import time
 
 import torch
@@ -75,10 +76,10 @@ def main() -> None:
     rollouts = (size.prompts_per_step or 32) * 4
     model_s = rollouts * rollout_s(2048, "long")
     measured = statistics.median(step_s[1:] or step_s)
-    print(json.dumps({"task": a.task, "sft_step_s": sft, "opd_step_s": step_s, "opd_phases": steps,
+    sys.stdout.write(json.dumps({"task": a.task, "sft_step_s": sft, "opd_step_s": step_s, "opd_phases": steps,
                       "opd_step_median_s": measured, "cost_model_step_s": model_s,
                       "measured_over_model": measured / model_s, "loadavg_before": load_before,
-                      "loadavg_after": os.getloadavg(), "cpus": os.cpu_count()}, indent=1))
+                      "loadavg_after": os.getloadavg(), "cpus": os.cpu_count()}, indent=1) + "\n")
 
 
 if __name__ == "__main__":
