@@ -41,6 +41,19 @@ def metrics_rows(run: Path) -> list[dict[str, Any]]:
     return [json.loads(x) for x in (run / "metrics.jsonl").read_text().splitlines()]
 
 
+def assert_same_decisions(history: list[dict[str, Any]], rows: list[dict[str, Any]], cos_abs: float) -> None:
+    """A data-parallel run's metrics ``rows`` took the one-process run's windows and audits step by step, its
+    audits reading the same micro-batch cosines (within ``cos_abs``), with at least two audits to compare."""
+    import pytest
+
+    assert [h["window/current"] for h in history] == [r["window/current"] for r in rows]
+    assert sum("audit/id" in h for h in history) >= 2
+    for h, r in zip(history, rows, strict=True):
+        assert ("audit/id" in h) == ("audit/id" in r)
+        for key in (k for k in h if k.startswith("audit/micro_cos_")):
+            assert r[key] == pytest.approx(h[key], abs=cos_abs), key
+
+
 def cut_copy(run: Path, dest: Path, last: int, exported: str) -> Path:
     """A copy of the finished ``run`` at ``dest`` as if it had crashed before its ``checkpoint-<last>`` and its
     final export (the folder ``exported``) were written."""

@@ -15,6 +15,7 @@ import json
 import os
 import statistics
 import sys
+import tempfile
 import time
 
 import torch
@@ -47,7 +48,8 @@ def opd_steps(task: str, steps: int) -> list[dict[str, float]]:
 
     args = argparse.Namespace(task=task, profile="default", config=None, set=["eval.n_problems=2"], seed=0,
                               assets_seed=0, max_steps=steps, eval_every=steps, confirm=1, budget_min=60.0)
-    cfg = curve_config(args).model_copy(update={"name": "step-time", "out_dir": "/tmp/adwin-step-time"})
+    out_dir = tempfile.mkdtemp(prefix="adwin-step-time-")  # the runs are timed, not kept
+    cfg = curve_config(args).model_copy(update={"name": "step-time", "out_dir": out_dir})
     parts = load_run_parts(cfg, "default", 0)  # one thread
     out: list[dict[str, float]] = []
     controller = Controller()
