@@ -22,6 +22,8 @@ from adwin.cli import main
 from adwin.config import load_config
 from adwin.objectives.losses import forward_kl, opd_loss
 
+pytestmark = pytest.mark.numerics  # parity of numbers across code paths: rerun per CPU capability
+
 
 def _lp(logprob: float, rank: int | None = None) -> SimpleNamespace:
     return SimpleNamespace(logprob=logprob, rank=rank)

@@ -27,6 +27,8 @@ from adwin.sampling.data import Prompt
 from adwin.sampling.rollout import Generation
 from adwin.tasks.tokenizer import build_tokenizer
 
+pytestmark = pytest.mark.numerics  # parity of numbers across code paths: rerun per CPU capability
+
 PROMPTS = [Prompt("a", "1+2="), Prompt("b", "3+4=")]
 CONTEXTS = [[1, 5, 6, 7, 8, 9, 10, 11, 12], [1, 8, 9]]  # longer than the prompts: the combined call pads
 SEED = 11

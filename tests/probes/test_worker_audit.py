@@ -14,6 +14,8 @@ from adwin.audit.job import AuditJob, AuditSettings, adam_snapshot, run_audit_jo
 from adwin.probes.executors import build_executor
 from adwin.probes.pool import ProbePool
 
+pytestmark = pytest.mark.numerics  # parity of numbers across code paths: rerun per CPU capability
+
 CANDS = [2, 4, 8]
 
 

@@ -14,6 +14,8 @@ from tiny_models import make_tiny_llama
 from adwin.sampling.teacher import Teachers
 from adwin.teacher_server.scoring import Batcher, Overloaded, RowScores, Scorer
 
+pytestmark = pytest.mark.numerics  # parity of numbers across code paths: rerun per CPU capability
+
 
 def _rows(seed: int = 0) -> tuple[torch.Tensor, torch.Tensor, list[list[int]]]:
     g = torch.Generator().manual_seed(seed)

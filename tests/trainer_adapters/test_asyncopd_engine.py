@@ -19,6 +19,8 @@ from adwin.trainer_adapters.asyncopd.engine import HFRolloutEngine, behavior_sam
 from adwin.trainer_adapters.asyncopd.items import StreamItem, TokenOut
 from adwin.trainer_adapters.asyncopd.slots import DECODER
 
+pytestmark = pytest.mark.numerics  # parity of numbers across code paths: rerun per CPU capability
+
 EOS = 2
 
 

@@ -12,6 +12,8 @@ from adwin.config import OAPLSection
 from adwin.trainer_adapters.asyncopd.items import StreamItem, TokenOut
 from adwin.trainer_adapters.asyncopd.oapl import OAPLLearner
 
+pytestmark = pytest.mark.numerics  # parity of numbers across code paths: rerun per CPU capability
+
 PAD = 0
 
 

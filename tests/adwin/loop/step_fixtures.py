@@ -45,23 +45,24 @@ def with_behavior(batch: Batch, model: torch.nn.Module, shift: float = 0.3, seed
     return Batch(batch.prompts, batch.prompt_ids, batch.response_ids, batch.finished, batch.rows, out)
 
 
-def teachers() -> Teachers:
-    return Teachers({"default": make_tiny_llama(seed=11)})
+def teachers(dtype: torch.dtype = torch.float32) -> Teachers:
+    return Teachers({"default": make_tiny_llama(seed=11).to(dtype)})
 
 
 def config(**overrides: Any) -> TrainConfig:
-    # lr 1e-3: Adam's first steps move each weight by about lr * sign(g), so float noise in a near-zero gradient
-    # entry shows up as a parameter difference of up to ~1e-3 * lr; at 1e-2 an entry or two can pass 1e-5
     return load_config(None, {"optim.lr": 1e-3} | overrides)
 
 
-def run_steps(cfg: TrainConfig, batches: list[Batch], *, student_seed: int = 3,
-              reducer: Any = None) -> tuple[list[dict[str, float]], torch.nn.Module, list[torch.Tensor]]:
+def run_steps(cfg: TrainConfig, batches: list[Batch], *, student_seed: int = 3, reducer: Any = None,
+              dtype: torch.dtype = torch.float64) -> tuple[list[dict[str, float]], torch.nn.Module, list[torch.Tensor]]:
     """``optimize`` once per batch on a fresh tiny student (with ``model.lora``: its LoRA wrapper, as
-    ``adwin.loop.parts.load_student`` builds it); returns the metrics, the student, the logprobs."""
+    ``adwin.loop.parts.load_student`` builds it); returns the metrics, the student, the logprobs.
+
+    float64 by default: the step parity tests promise exactness (tests/numerics.py), which a float32 run cannot
+    keep through Adam's normalisation on every CPU's kernels."""
     with _BUILD:
-        model = make_tiny_llama(seed=student_seed)
-        t = teachers()
+        model = make_tiny_llama(seed=student_seed).to(dtype)
+        t = teachers(dtype)
         if cfg.model.lora is not None:
             model = apply_lora(model, cfg.model.lora, seed=cfg.seed)
     optimizer, scheduler = build_optimizer(cfg, model)
@@ -72,8 +73,3 @@ def run_steps(cfg: TrainConfig, batches: list[Batch], *, student_seed: int = 3,
         metrics.append(m)
         current.append(lp)
     return metrics, model, current
-
-
-def assert_same_params(a: torch.nn.Module, b: torch.nn.Module, tol: float = 1e-5) -> None:
-    for (name, p), q in zip(a.named_parameters(), b.parameters(), strict=True):
-        torch.testing.assert_close(p, q, rtol=tol, atol=tol, msg=lambda m, n=name: f"{n}: {m}")

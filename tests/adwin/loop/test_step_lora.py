@@ -5,7 +5,8 @@ from __future__ import annotations
 
 import pytest
 import torch
-from step_fixtures import assert_same_params, config, ragged_batch, run_steps
+from numerics import assert_same_params
+from step_fixtures import config, ragged_batch, run_steps
 from test_reduce import two_ranks
 from tiny_models import make_tiny_llama
 
@@ -25,7 +26,7 @@ def _base(model: torch.nn.Module) -> dict[str, torch.Tensor]:
 
 def test_a_lora_step_moves_the_adapters_and_leaves_the_base_bit_identical() -> None:
     m, student, _ = run_steps(config(**LORA), BATCHES)
-    fresh = make_tiny_llama(seed=3)  # run_steps' student before wrapping
+    fresh = make_tiny_llama(seed=3).double()  # run_steps' student before wrapping
     for name, p in _base(student).items():
         assert torch.equal(p, dict(fresh.named_parameters())[name]), name
     moved = [n for n, p in trainable_named_parameters(student) if ".lora_B." in n and float(p.detach().abs().max()) > 0]
