@@ -30,6 +30,8 @@ COMMANDS: list[tuple[tuple[str, ...], str, str]] = [
     (("bench", "teacher"), "adwin.bench.teacher",
      "training steps/s with the teacher in process vs behind a server; the server's tokens/s under concurrent clients"),
     (("bench", "gpu"), "adwin.bench.gpu", "check a GPU setup and measure decode speed and ADWIN's overhead in 8 minutes"),
+    (("bench", "audit-truth"), "adwin.bench.audit_truth",
+     "each candidate window's population cosine at a checkpoint, what a probe batch reads, and the rule's replay"),
     (("bench", "curve"), "adwin.bench.curve",
      "the learning curve of full-rollout OPD on a task: accuracy and line measures every few steps, with CIs"),
     (("bench", "async"), "adwin.bench.asyncopd", "sync trainer vs AsyncOPD streaming: tokens/s, staleness, paired accuracy"),

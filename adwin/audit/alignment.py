@@ -27,11 +27,11 @@ from adwin.audit.combine import Combiner, gather_concat, summed_counts
 from adwin.audit.errors import NonFiniteAuditError
 from adwin.audit.estimators import ESTIMATORS, bootstrap_ci, cosine_array, debiased_cosines
 from adwin.audit.grams import (
-    Prepared,
     TokenLoss,
     canonical_name,
     chunked_grams,
     metric_scaler,
+    prepare,
     reference_grams,
 )
 from adwin.audit.params import audited_parameters
@@ -311,7 +311,7 @@ def audit(
     if not named:
         raise ValueError("model has no parameters that require grad")
     device = named[0][1].device
-    b = _prepare(batch, token_weights, cands, device)
+    b = prepare(batch, token_weights, cands, device)
     b.loss = loss
     scale = metric_scaler([p for _, p in named], metric, optimizer)
 
@@ -393,34 +393,6 @@ def _check_candidates(candidates: Sequence[int]) -> list[int]:
     if any(b <= a for a, b in zip(cands, cands[1:], strict=False)):
         raise ValueError(f"candidates must be strictly increasing, got {cands}")
     return cands
-
-
-def _prepare(
-    batch: ProbeBatch, token_weights: torch.Tensor | None, cands: list[int], device: torch.device
-) -> Prepared:
-    shape = tuple(batch.input_ids.shape)
-    if token_weights is not None and tuple(token_weights.shape) != shape:
-        raise ValueError(f"token_weights must have shape {shape}, got {tuple(token_weights.shape)}")
-    am = batch.attention_mask.to(device).long()
-    rm = batch.response_mask.to(device).float()
-    if bool((rm[:, 0] > 0).any()):
-        raise ValueError("response_mask is 1 at column 0, which no logit predicts")
-    if bool(((rm > 0) & (am == 0)).any()):
-        raise ValueError("response_mask is 1 on a position the attention mask excludes")
-    pos = response_positions(rm)  # (B, L), -1 off the response
-    bounds = torch.tensor(cands, device=device)
-    seg = torch.where(pos >= 0, torch.bucketize(pos, bounds, right=True), torch.full_like(pos, -1))
-    counts = torch.bincount(seg[seg >= 0], minlength=len(cands) + 1).tolist()
-    return Prepared(
-        input_ids=batch.input_ids.to(device),
-        attention_mask=am,
-        position_ids=(am.cumsum(dim=1) - 1).clamp_min(0),
-        response_mask=rm,
-        teacher_logprobs=batch.teacher_logprobs.to(device).float(),
-        token_weights=None if token_weights is None else token_weights.to(device).float(),
-        segment=seg,
-        tokens_per_segment=[int(c) for c in counts],
-    )
 
 
 def _prefix_norms(gram: np.ndarray, cands: list[int]) -> dict[int, float]:

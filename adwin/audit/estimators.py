@@ -106,13 +106,27 @@ def bootstrap_ci(
     vectors: (P, K+1, D) per-sample segment vectors. ``cosines`` are the reported point estimates (the
     interval is placed on them: ``cos + quantiles(cos* - median(cos*))``).
     """
+    return bootstrap_ci_of_gram(cross_gram(vectors), candidates, cosines, estimator=estimator, level=level,
+                                n_boot=n_boot, seed=seed)
+
+
+def bootstrap_ci_of_gram(
+    h: np.ndarray,
+    candidates: Sequence[int],
+    cosines: dict[int, float],
+    *,
+    estimator: str = "batch",
+    level: float = 0.9,
+    n_boot: int = 200,
+    seed: int = 0,
+) -> dict[int, tuple[float, float]]:
+    """:func:`bootstrap_ci` from the (P, K+1, P, K+1) cross Gram ``H`` (``cross_gram``) of the vectors."""
     if estimator not in ESTIMATORS:
         raise ValueError(f"audit.estimator must be one of {ESTIMATORS}, got {estimator!r}")
     if not 0.0 < level < 1.0:
         raise ValueError(f"audit.ci_level must be in (0, 1), got {level}")
     if n_boot < 10:
         raise ValueError(f"audit.ci_samples must be >= 10, got {n_boot}")
-    h = cross_gram(vectors)  # (P, S, P, S)
     p = h.shape[0]
     k = len(candidates)
     if h.shape[1] != k + 1:

@@ -20,7 +20,7 @@ import torch
 
 from adwin.audit.combine import segment_matrix
 from adwin.audit.sketch import Grads, countsketch
-from adwin.objectives.losses import reverse_kl_pg, token_logprobs
+from adwin.objectives.losses import response_positions, reverse_kl_pg, token_logprobs
 from adwin.sampling.kv_cache import with_cache
 
 # Per-token loss: (student_logprobs, teacher_logprobs, mask) -> (B, L) per-token losses.
@@ -40,6 +40,33 @@ class Prepared:
     segment: torch.Tensor  # (B, L) long: segment of each response token, -1 elsewhere
     tokens_per_segment: list[int]
     loss: str | TokenLoss = "reverse_kl_pg"
+
+
+def prepare(batch: Any, token_weights: torch.Tensor | None, cands: list[int], device: torch.device) -> Prepared:
+    """A ``ProbeBatch`` on ``device`` with each response token's segment (candidate boundaries ``cands``)."""
+    shape = tuple(batch.input_ids.shape)
+    if token_weights is not None and tuple(token_weights.shape) != shape:
+        raise ValueError(f"token_weights must have shape {shape}, got {tuple(token_weights.shape)}")
+    am = batch.attention_mask.to(device).long()
+    rm = batch.response_mask.to(device).float()
+    if bool((rm[:, 0] > 0).any()):
+        raise ValueError("response_mask is 1 at column 0, which no logit predicts")
+    if bool(((rm > 0) & (am == 0)).any()):
+        raise ValueError("response_mask is 1 on a position the attention mask excludes")
+    pos = response_positions(rm)  # (B, L), -1 off the response
+    bounds = torch.tensor(cands, device=device)
+    seg = torch.where(pos >= 0, torch.bucketize(pos, bounds, right=True), torch.full_like(pos, -1))  # (B, L)
+    counts = torch.bincount(seg[seg >= 0], minlength=len(cands) + 1).tolist()
+    return Prepared(
+        input_ids=batch.input_ids.to(device),
+        attention_mask=am,
+        position_ids=(am.cumsum(dim=1) - 1).clamp_min(0),
+        response_mask=rm,
+        teacher_logprobs=batch.teacher_logprobs.to(device).float(),
+        token_weights=None if token_weights is None else token_weights.to(device).float(),
+        segment=seg,
+        tokens_per_segment=[int(c) for c in counts],
+    )
 
 
 def canonical_name(name: str) -> str:

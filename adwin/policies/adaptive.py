@@ -12,9 +12,13 @@ from adwin.policies.base import (
     check_positive_int,
     cosines_of,
     intervals_of,
+    noise_floors_of,
     validate_candidates,
     validate_threshold,
 )
+
+# window.grow_to, in the order the controller's float options encode them (0.0, 1.0)
+GROW_TO: tuple[str, ...] = ("sure", "point")
 
 
 class AdaptiveWindow:
@@ -30,6 +34,13 @@ class AdaptiveWindow:
     to the shortest candidate whose interval lies entirely above the threshold; grow only when the current
     window's interval lies entirely below it (to the shortest candidate entirely above, else the full
     horizon); otherwise keep the window. An interval that straddles the threshold never moves it.
+
+    ``noise_hold`` (``window.noise_hold``, with ``confidence``): an interval that contains the candidate's
+    pure-noise reading (the audit's ``noise_floor``: what its estimator reads when the samples share no signal)
+    carries no information about that candidate, so it neither shrinks the window to it nor grows the window
+    away from it. ``grow_to`` (``window.grow_to``): where a growth goes, ``sure`` the shortest longer candidate
+    whose interval lies above the threshold (else the horizon), ``point`` the shortest longer candidate whose
+    point cosine clears it (else the horizon). docs/decisions.md, "The shortest admissible window".
     """
 
     name: ClassVar[str] = "adwin"
@@ -43,9 +54,15 @@ class AdaptiveWindow:
         max_len: int = 8192,
         initial: int | None = None,
         confidence: bool = False,
+        noise_hold: bool = False,
+        grow_to: str = "sure",
     ) -> None:
         self.max_len = check_positive_int("max_len", max_len)
         self.confidence = bool(confidence)
+        self.noise_hold = bool(noise_hold)
+        if grow_to not in GROW_TO:
+            raise WindowConfigError(f"grow_to must be one of {GROW_TO}, got {grow_to!r}")
+        self.grow_to = grow_to
         self.changes = 0
         self.candidates = validate_candidates(candidates, self.max_len)
         self.threshold = validate_threshold(threshold)
@@ -60,12 +77,15 @@ class AdaptiveWindow:
     @classmethod
     def from_fields(cls, f: PolicyFields) -> AdaptiveWindow:
         return cls(f.candidates, threshold=f.threshold, max_len=f.max_len, initial=f.initial,
-                   confidence=bool(f.options.get("confidence", 0.0)))
+                   confidence=bool(f.options.get("confidence", 0.0)),
+                   noise_hold=bool(f.options.get("noise_hold", 0.0)),
+                   grow_to=GROW_TO[int(f.options.get("grow_to", 0.0))])
 
     @classmethod
     def from_state(cls, state: Mapping[str, Any]) -> AdaptiveWindow:
         policy = cls(state["candidates"], state["threshold"], int(state["max_len"]), int(state["initial"]),
-                     confidence=bool(state.get("confidence", False)))
+                     confidence=bool(state.get("confidence", False)), noise_hold=bool(state.get("noise_hold", False)),
+                     grow_to=str(state.get("grow_to", "sure")))
         policy.load_state_dict(state)
         return policy
 
@@ -77,14 +97,29 @@ class AdaptiveWindow:
         admissible = [c for c in self.candidates if c in cosines and cosines[c] >= self.threshold]
         return min(admissible) if admissible else self.max_len
 
-    def decide_on_evidence(self, intervals: Mapping[int, tuple[float, float]]) -> int:
-        """The ``confidence`` rule (class docstring): move only to or away from an interval clear of the threshold."""
-        sure = [c for c in self.candidates if c in intervals and intervals[c][0] >= self.threshold]
-        target = min(sure) if sure else self.max_len
-        if target < self.current:
-            return target
+    def decide_on_evidence(self, intervals: Mapping[int, tuple[float, float]],
+                           cosines: Mapping[int, float] | None = None,
+                           noise: Mapping[int, float] | None = None) -> int:
+        """The ``confidence`` rule (class docstring): move only to or away from an interval clear of the threshold
+        (and, with ``noise_hold``, clear of the candidate's pure-noise reading ``noise``)."""
+        def informative(c: int) -> bool:
+            if not self.noise_hold or noise is None or c not in noise:
+                return True
+            lo, hi = intervals[c]
+            return not lo <= noise[c] <= hi
+
+        sure = [c for c in self.candidates if c in intervals and intervals[c][0] >= self.threshold and informative(c)]
+        if sure and min(sure) < self.current:
+            return min(sure)
         here = intervals.get(self.current)
-        return target if here is not None and here[1] < self.threshold else self.current
+        if here is None or here[1] >= self.threshold or not informative(self.current):
+            return self.current
+        if self.grow_to == "point" and cosines is not None:
+            longer = [c for c in self.candidates if c > self.current and cosines.get(c, float("-inf")) >= self.threshold
+                      and (c not in intervals or informative(c))]
+        else:
+            longer = [c for c in sure if c > self.current]
+        return min(longer) if longer else self.max_len
 
     def observe(self, result: Any) -> bool:
         cos = cosines_of(result)
@@ -100,7 +135,7 @@ class AdaptiveWindow:
             if missing:
                 raise ValueError(f"window.confidence needs a cosine interval per candidate (audit.ci_level); "
                                  f"the audit has none for {missing}")
-            nxt = self.decide_on_evidence(ci)
+            nxt = self.decide_on_evidence(ci, cos, noise_floors_of(result))
         else:
             nxt = self.decide(cos)
         previous, self.current = self.current, nxt
@@ -119,6 +154,8 @@ class AdaptiveWindow:
             "decisions": self.decisions,
             "changes": self.changes,
             "confidence": self.confidence,
+            "noise_hold": self.noise_hold,
+            "grow_to": self.grow_to,
         }
 
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
@@ -130,3 +167,5 @@ class AdaptiveWindow:
         self.decisions = int(state.get("decisions", 0))
         self.changes = int(state.get("changes", 0))
         self.confidence = bool(state.get("confidence", False))
+        self.noise_hold = bool(state.get("noise_hold", False))
+        self.grow_to = str(state.get("grow_to", "sure"))

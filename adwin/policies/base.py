@@ -103,6 +103,12 @@ def intervals_of(result: Any) -> dict[int, tuple[float, float]]:
     return {int(k): (float(v[0]), float(v[1])) for k, v in dict(raw).items()}
 
 
+def noise_floors_of(result: Any) -> dict[int, float]:
+    """The ``noise_floor`` of an ``AuditResult``-like object (``{candidate: pure-noise reading}``); {} without."""
+    raw = getattr(result, "noise_floor", None) or {}
+    return {int(k): float(v) for k, v in dict(raw).items()}
+
+
 def cosines_of(result: Any) -> dict[int, float]:
     """Accept an ``AuditResult``-like object or a plain mapping of candidate -> cosine."""
     raw = result.cosines if hasattr(result, "cosines") else result
