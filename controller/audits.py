@@ -66,6 +66,13 @@ class _Evidence:
 
     cosines: dict[int, float]
     cosine_ci: dict[int, tuple[float, float]] | None
+    noise_floor: dict[int, float]  # the audit's pure-noise reading per candidate (stats noise_cos_<c>)
+    signal_z: float | None  # its full-gradient signal z (stats signal_z)
+
+
+def _noise_floor(stats: dict[str, float]) -> dict[int, float]:
+    prefix = "noise_cos_"
+    return {int(k[len(prefix):]): v for k, v in stats.items() if k.startswith(prefix) and k[len(prefix):].isdigit()}
 
 
 def _check_intervals(audit: AuditIn, world_size: int, kind: str) -> None:
@@ -283,7 +290,7 @@ class AuditAggregator(ControllerBase):
         adaptive = policy.audited
         if adaptive:
             try:
-                policy.observe(_Evidence(cosines, audit.cosine_ci))
+                policy.observe(_Evidence(cosines, audit.cosine_ci, _noise_floor(stats), stats.get("signal_z")))
             except (WindowConfigError, ValueError) as e:
                 raise InvalidInput(f"audit {audit_id}: {e}") from e
         reason = "audit" if adaptive else "schedule"

@@ -422,7 +422,9 @@ class ProbeClient:
                 self.run_id, p.audit_id,
                 AuditIn(cosines=res.cosines, macro_cosines=res.macro_cosines or None, cosine_ci=res.cosine_ci or None,
                         stats={"elapsed_s": res.elapsed_s, "probes": float(len(p.staleness)),
-                               "weights_version": float(outcome.version)}),
+                               "weights_version": float(outcome.version)}
+                        | {f"noise_cos_{c}": v for c, v in res.noise_floor.items()}
+                        | ({"signal_z": res.extra["signal_z"]} if "signal_z" in res.extra else {})),
                 idempotency_key=f"{self.run_id}-audit-{p.audit_id}")
         except Exception as e:
             if not is_non_finite_audit(e):

@@ -31,3 +31,4 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
         rel = os.path.relpath(str(item.path), root).replace(os.sep, "/")
         if rel.startswith(tuple(p + "/" for p in NUMERIC_PACKAGES)):
             item.add_marker(pytest.mark.numerics)
+

@@ -25,7 +25,13 @@ import torch
 
 from adwin.audit.combine import Combiner, gather_concat, summed_counts
 from adwin.audit.errors import NonFiniteAuditError
-from adwin.audit.estimators import ESTIMATORS, bootstrap_ci, cosine_array, debiased_cosines
+from adwin.audit.estimators import (
+    ESTIMATORS,
+    bootstrap_ci_of_gram,
+    cosine_array,
+    cross_gram,
+    debiased_cosines,
+)
 from adwin.audit.grams import (
     TokenLoss,
     canonical_name,
@@ -36,6 +42,7 @@ from adwin.audit.grams import (
 )
 from adwin.audit.params import audited_parameters
 from adwin.audit.sketch import Grads, countsketch, countsketch_hashes  # noqa: F401  (countsketch_hashes: public API)
+from adwin.audit.truth import noise_floor, signal_z
 from adwin.objectives import precision
 from adwin.objectives.losses import response_positions, reverse_kl_pg, token_logprobs  # noqa: F401  (last two: kept importable here)
 
@@ -82,6 +89,9 @@ class AuditResult:
     params: str = "all"  # which parameters were differentiated (adwin.audit.params)
     batch_cosines: dict[int, float] = field(default_factory=dict)  # batch cosines when estimator != batch
     cosine_ci: dict[int, tuple[float, float]] = field(default_factory=dict)  # bootstrap interval per candidate
+    # what the estimator reads per candidate when the samples share no signal (adwin.audit.truth.noise_floor;
+    # 0 for debiased); from per-sample Grams, so only when the audit computed them
+    noise_floor: dict[int, float] = field(default_factory=dict)
 
     def to_dict(self, *, include_sketch: bool = False) -> dict[str, Any]:
         """JSON-able dict. The sketch (large) is left out unless ``include_sketch``; then it travels as
@@ -101,6 +111,7 @@ class AuditResult:
             "params": self.params,
             "batch_cosines": {str(k): v for k, v in self.batch_cosines.items()},
             "cosine_ci": {str(k): [lo, hi] for k, (lo, hi) in self.cosine_ci.items()},
+            "noise_floor": {str(k): v for k, v in self.noise_floor.items()},
         }
         if include_sketch and self.sketch is not None:
             arr = np.ascontiguousarray(self.sketch, dtype="<f4")
@@ -117,6 +128,9 @@ class AuditResult:
         m = {f"audit/cos_ci_{end}_{c}": v for c, ci in self.cosine_ci.items()
              for end, v in zip(("low", "high"), ci, strict=True)}
         m |= {f"audit/batch_cos_{c}": v for c, v in self.batch_cosines.items()}
+        m |= {f"audit/noise_cos_{c}": v for c, v in self.noise_floor.items()}
+        if "signal_z" in self.extra:
+            m["audit/signal_z"] = self.extra["signal_z"]
         if "debiased_fallbacks" in self.extra:
             m["audit/debiased_fallbacks"] = self.extra["debiased_fallbacks"]
         return m
@@ -139,6 +153,7 @@ class AuditResult:
             params=str(d.get("params", "all")),
             batch_cosines={int(k): float(v) for k, v in d.get("batch_cosines", {}).items()},
             cosine_ci={int(k): (float(v[0]), float(v[1])) for k, v in d.get("cosine_ci", {}).items()},
+            noise_floor={int(k): float(v) for k, v in d.get("noise_floor", {}).items()},
         )
 
 
@@ -348,11 +363,15 @@ def audit(
 
     batch_cos = cosines_from_gram(gram, cands)
     cos, fallbacks = debiased_cosines(gram, sample_grams, cands) if estimator == "debiased" else (batch_cos, 0)
+    h = cross_gram(np.stack(vectors)) if ci_level is not None else None  # (P, K+1, P, K+1)
     ci = (
-        bootstrap_ci(np.stack(vectors), cands, cos, estimator=estimator, level=ci_level, n_boot=ci_samples, seed=seed)
-        if ci_level is not None
+        bootstrap_ci_of_gram(h, cands, cos, estimator=estimator, level=ci_level, n_boot=ci_samples, seed=seed)
+        if h is not None
         else {}
     )
+    floor = (noise_floor(sample_grams, len(cands)) if estimator == "batch" else np.zeros(len(cands))) \
+        if sample_grams else None
+    evidence = {"signal_z": signal_z(h)} if h is not None else {}
     macro_cos = _macro_cosines(sample_grams, cands) if macro else {}
     norms = _prefix_norms(gram, cands)
     norms[max_len] = math.sqrt(max(float(gram.sum()), 0.0))  # the full gradient
@@ -367,12 +386,13 @@ def audit(
         metric=metric,
         elapsed_s=time.perf_counter() - t0,
         extra={"samples": float(n_samples), "max_response_len": float(max_len)}
-        | ({"debiased_fallbacks": float(fallbacks)} if estimator == "debiased" else {}),
+        | ({"debiased_fallbacks": float(fallbacks)} if estimator == "debiased" else {}) | evidence,
         sketch=None if sketch is None else sketch.astype(np.float32),
         estimator=estimator,
         params=params,
         batch_cosines=batch_cos if estimator != "batch" else {},
         cosine_ci=ci,
+        noise_floor={} if floor is None else {c: float(v) for c, v in zip(cands, floor, strict=True)},
     )
 
 

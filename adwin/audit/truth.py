@@ -72,6 +72,19 @@ def noise_floor(sample_grams: np.ndarray | Sequence[np.ndarray], n_cands: int) -
     return cos
 
 
+def signal_z(h: np.ndarray) -> float:
+    """How surely the samples share a full-gradient signal: the cross-sample sum ``D_FF = sum_{i != j} <g_iF, g_jF>``
+    over its standard error under no shared signal, ``sqrt(2 sum_{i != j} <g_iF, g_jF>^2)``.
+
+    With no signal ``D_FF`` is a sum of symmetric, uncorrelated pair terms (mean 0), so ``z`` exceeds 3 about once
+    in 700 audits; a shared direction adds ``P(P-1) |mu_F|^2``. An audit below the policy's ``window.signal_z``
+    carries no information about any window (``window.noise_hold``)."""
+    f = np.asarray(h, dtype=np.float64).sum(axis=(1, 3))  # (P, P): <g_iF, g_jF>
+    off = ~np.eye(f.shape[0], dtype=bool)
+    se = float(np.sqrt(2.0 * np.sum(f[off] ** 2)))
+    return float(f[off].sum()) / se if se > 0 else 0.0
+
+
 def debiased_population(h: np.ndarray, candidates: Sequence[int]) -> tuple[np.ndarray, np.ndarray]:
     """(cosines (K,), defined (K,)) of the debiased estimator on the whole pool."""
     idx = np.arange(h.shape[0])

@@ -44,17 +44,20 @@ class Rule:
     confidence: bool  # window.confidence
     noise_hold: bool = False  # window.noise_hold
     grow_to: str = "sure"  # window.grow_to
+    signal_z: float = 3.0  # window.signal_z
     pool: int = 1  # audits whose probes one decision reads (at fixed weights: a probe batch of pool x P)
 
 
 RULES: tuple[Rule, ...] = (
-    Rule("paper (batch, point)", "batch", False),
-    Rule("debiased, point", "debiased", False),
-    Rule("batch, confidence", "batch", True),
-    Rule("debiased, confidence", "debiased", True),
-    Rule("batch, confidence, noise hold, grow to point", "batch", True, True, "point"),
-    Rule("debiased, confidence, noise hold, grow to point", "debiased", True, True, "point"),
-    Rule("debiased, confidence, noise hold, grow to point, 4 audits pooled", "debiased", True, True, "point", 4),
+    Rule("paper (batch, point)", "batch", confidence=False),
+    Rule("debiased, point", "debiased", confidence=False),
+    Rule("batch, confidence", "batch", confidence=True),
+    Rule("debiased, confidence", "debiased", confidence=True),
+    Rule("batch, confidence, noise hold", "batch", confidence=True, noise_hold=True),
+    Rule("debiased, confidence, noise hold", "debiased", confidence=True, noise_hold=True),
+    Rule("debiased, confidence, noise hold, grow to point", "debiased", confidence=True, noise_hold=True,
+         grow_to="point"),
+    Rule("debiased, confidence, noise hold, 4 audits pooled", "debiased", confidence=True, noise_hold=True, pool=4),
 )
 
 
@@ -155,7 +158,7 @@ def replay(h: np.ndarray, candidates: Sequence[int], horizon: int, threshold: fl
     chosen: dict[int, int] = {}
     for run in range(runs):
         policy = AdaptiveWindow(cands, threshold=threshold, max_len=horizon, confidence=rule.confidence,
-                                noise_hold=rule.noise_hold, grow_to=rule.grow_to)
+                                noise_hold=rule.noise_hold, grow_to=rule.grow_to, signal_z=rule.signal_z)
         for _ in range(audits):
             idx = rng.choice(n, size=batch_p, replace=False)
             g = truth.subset_gram(h, idx)
@@ -168,12 +171,11 @@ def replay(h: np.ndarray, candidates: Sequence[int], horizon: int, threshold: fl
                 cos = cos_b
                 floor = truth.noise_floor(truth.per_sample_grams(h)[idx], k)
             cosines = {c: float(v) for c, v in zip(cands, cos, strict=True)}
-            ci = {}
-            if rule.confidence:
-                sub = h[np.ix_(idx, np.arange(k + 1), idx, np.arange(k + 1))]
-                ci = bootstrap_ci_of_gram(sub, cands, cosines, estimator=rule.estimator, level=0.9, n_boot=100,
-                                          seed=int(rng.integers(1 << 30)))
-            policy.observe(_Audit(cosines, ci, {c: float(v) for c, v in zip(cands, floor, strict=True)}))
+            sub = h[np.ix_(idx, np.arange(k + 1), idx, np.arange(k + 1))]  # (p, K+1, p, K+1)
+            ci = bootstrap_ci_of_gram(sub, cands, cosines, estimator=rule.estimator, level=0.9, n_boot=100,
+                                      seed=int(rng.integers(1 << 30))) if rule.confidence else {}
+            policy.observe(_Audit(cosines, ci, {c: float(v) for c, v in zip(cands, floor, strict=True)},
+                                  truth.signal_z(sub)))
             w = policy.window(0)
             r = truth.rung(w, cands, horizon)
             near += abs(r - target) <= 1
@@ -190,6 +192,7 @@ class _Audit:
     cosines: Mapping[int, float]
     cosine_ci: Mapping[int, tuple[float, float]]
     noise_floor: Mapping[int, float]
+    signal_z: float
 
 
 def truth_markdown(report: Mapping[str, Any]) -> str:

@@ -117,6 +117,11 @@ def _window_fits_horizon(cfg: TrainConfig) -> None:
         raise ValueError(f"window.confidence: policy {w.policy!r} does not decide from audits; unset it")
     if w.confidence and cfg.audit.ci_level is None:
         raise ValueError("window.confidence needs audit.ci_level (e.g. 0.9): the interval it decides on")
+    if not w.confidence:
+        for name, default in (("noise_hold", False), ("grow_to", "sure"), ("signal_z", 3.0)):
+            if getattr(w, name) != default:
+                raise ValueError(f"window.{name} refines window.confidence's rule: set window.confidence: true, "
+                                 f"or leave window.{name} at {default!r}")
 
 
 def _round_fits_active(cfg: TrainConfig) -> None:

@@ -159,6 +159,15 @@ class WindowSection(_Strict, PolicyKnobs):
     confidence: bool = Field(False, description="audited policies: change the window only when a candidate's "
                              "cosine interval (audit.ci_level) is clear of the threshold, never on one that "
                              "straddles it")
+    noise_hold: bool = Field(False, description="with confidence: an audit whose samples show no shared "
+                             "full-gradient direction (its signal z below window.signal_z), or a candidate whose "
+                             "interval contains its pure-noise reading, moves nothing (docs/decisions.md, 'The "
+                             "shortest admissible window')")
+    grow_to: Literal["sure", "point"] = Field("sure", description="with confidence, where a growth goes: the "
+                                              "shortest longer candidate whose interval clears the threshold "
+                                              "(sure) or whose point cosine does (point); else the horizon")
+    signal_z: float = Field(3.0, ge=0.0, le=100.0, description="with noise_hold: the full-gradient signal z "
+                            "(adwin.audit.truth.signal_z) an audit needs to move the window")
 
     def policy_options(self) -> dict[str, float]:
         """Policy-specific numbers for ``build_policy(options=...)``: the sub-section named after the policy
@@ -166,7 +175,10 @@ class WindowSection(_Strict, PolicyKnobs):
         section = getattr(self, self.policy, None)
         opts = {k: float(v) for k, v in section.model_dump().items() if v is not None} \
             if isinstance(section, BaseModel) else {}
-        return opts | ({"confidence": 1.0} if self.confidence else {})
+        if not self.confidence:
+            return opts
+        return opts | {"confidence": 1.0, "noise_hold": float(self.noise_hold),
+                       "grow_to": float(self.grow_to == "point"), "signal_z": self.signal_z}
 
 
 # probe backends whose rounds and audits run in the learner's own step, on the trainer's weights and optimizer

@@ -13,12 +13,20 @@ from adwin.policies.base import (
     cosines_of,
     intervals_of,
     noise_floors_of,
+    signal_z_of,
     validate_candidates,
     validate_threshold,
 )
 
 # window.grow_to, in the order the controller's float options encode them (0.0, 1.0)
 GROW_TO: tuple[str, ...] = ("sure", "point")
+
+
+def _grow_to_option(value: float) -> str:
+    """The controller carries ``grow_to`` as a float option: its index in ``GROW_TO``."""
+    if value not in (0.0, 1.0):
+        raise WindowConfigError(f"option grow_to must be 0 (sure) or 1 (point), got {value}")
+    return GROW_TO[int(value)]
 
 
 class AdaptiveWindow:
@@ -40,7 +48,9 @@ class AdaptiveWindow:
     carries no information about that candidate, so it neither shrinks the window to it nor grows the window
     away from it. ``grow_to`` (``window.grow_to``): where a growth goes, ``sure`` the shortest longer candidate
     whose interval lies above the threshold (else the horizon), ``point`` the shortest longer candidate whose
-    point cosine clears it (else the horizon). docs/decisions.md, "The shortest admissible window".
+    point cosine clears it (else the horizon). With ``noise_hold`` an audit whose full-gradient signal ``z``
+    (``adwin.audit.truth.signal_z``) is below ``signal_z`` (``window.signal_z``) moves nothing: its samples show
+    no shared direction to align with. docs/decisions.md, "The shortest admissible window".
     """
 
     name: ClassVar[str] = "adwin"
@@ -56,6 +66,7 @@ class AdaptiveWindow:
         confidence: bool = False,
         noise_hold: bool = False,
         grow_to: str = "sure",
+        signal_z: float = 3.0,
     ) -> None:
         self.max_len = check_positive_int("max_len", max_len)
         self.confidence = bool(confidence)
@@ -63,6 +74,9 @@ class AdaptiveWindow:
         if grow_to not in GROW_TO:
             raise WindowConfigError(f"grow_to must be one of {GROW_TO}, got {grow_to!r}")
         self.grow_to = grow_to
+        if not math.isfinite(signal_z) or signal_z < 0:
+            raise WindowConfigError(f"signal_z must be a finite number >= 0, got {signal_z}")
+        self.signal_z = float(signal_z)
         self.changes = 0
         self.candidates = validate_candidates(candidates, self.max_len)
         self.threshold = validate_threshold(threshold)
@@ -79,13 +93,14 @@ class AdaptiveWindow:
         return cls(f.candidates, threshold=f.threshold, max_len=f.max_len, initial=f.initial,
                    confidence=bool(f.options.get("confidence", 0.0)),
                    noise_hold=bool(f.options.get("noise_hold", 0.0)),
-                   grow_to=GROW_TO[int(f.options.get("grow_to", 0.0))])
+                   grow_to=_grow_to_option(f.options.get("grow_to", 0.0)),
+                   signal_z=float(f.options.get("signal_z", 3.0)))
 
     @classmethod
     def from_state(cls, state: Mapping[str, Any]) -> AdaptiveWindow:
         policy = cls(state["candidates"], state["threshold"], int(state["max_len"]), int(state["initial"]),
                      confidence=bool(state.get("confidence", False)), noise_hold=bool(state.get("noise_hold", False)),
-                     grow_to=str(state.get("grow_to", "sure")))
+                     grow_to=str(state.get("grow_to", "sure")), signal_z=float(state.get("signal_z", 3.0)))
         policy.load_state_dict(state)
         return policy
 
@@ -99,9 +114,12 @@ class AdaptiveWindow:
 
     def decide_on_evidence(self, intervals: Mapping[int, tuple[float, float]],
                            cosines: Mapping[int, float] | None = None,
-                           noise: Mapping[int, float] | None = None) -> int:
+                           noise: Mapping[int, float] | None = None, z: float | None = None) -> int:
         """The ``confidence`` rule (class docstring): move only to or away from an interval clear of the threshold
         (and, with ``noise_hold``, clear of the candidate's pure-noise reading ``noise``)."""
+        if self.noise_hold and z is not None and z < self.signal_z:
+            return self.current  # no shared full-gradient direction in the samples: nothing to decide on
+
         def informative(c: int) -> bool:
             if not self.noise_hold or noise is None or c not in noise:
                 return True
@@ -135,7 +153,7 @@ class AdaptiveWindow:
             if missing:
                 raise ValueError(f"window.confidence needs a cosine interval per candidate (audit.ci_level); "
                                  f"the audit has none for {missing}")
-            nxt = self.decide_on_evidence(ci, cos, noise_floors_of(result))
+            nxt = self.decide_on_evidence(ci, cos, noise_floors_of(result), signal_z_of(result))
         else:
             nxt = self.decide(cos)
         previous, self.current = self.current, nxt
@@ -156,6 +174,7 @@ class AdaptiveWindow:
             "confidence": self.confidence,
             "noise_hold": self.noise_hold,
             "grow_to": self.grow_to,
+            "signal_z": self.signal_z,
         }
 
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
@@ -169,3 +188,4 @@ class AdaptiveWindow:
         self.confidence = bool(state.get("confidence", False))
         self.noise_hold = bool(state.get("noise_hold", False))
         self.grow_to = str(state.get("grow_to", "sure"))
+        self.signal_z = float(state.get("signal_z", 3.0))

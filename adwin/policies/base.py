@@ -109,6 +109,14 @@ def noise_floors_of(result: Any) -> dict[int, float]:
     return {int(k): float(v) for k, v in dict(raw).items()}
 
 
+def signal_z_of(result: Any) -> float | None:
+    """The audit's full-gradient signal z (``signal_z``, or ``extra["signal_z"]`` of an ``AuditResult``); None."""
+    z = getattr(result, "signal_z", None)
+    if z is None:
+        z = (getattr(result, "extra", None) or {}).get("signal_z")
+    return None if z is None else float(z)
+
+
 def cosines_of(result: Any) -> dict[int, float]:
     """Accept an ``AuditResult``-like object or a plain mapping of candidate -> cosine."""
     raw = result.cosines if hasattr(result, "cosines") else result
