@@ -32,6 +32,7 @@ from typing import Any
 
 import torch
 
+from adwin.backends.structure import is_lora
 from adwin.runtime.checkpoint import staging_folder
 from adwin.sampling.lora import (
     LORA_EXPORT,
@@ -39,7 +40,6 @@ from adwin.sampling.lora import (
     CheckpointMismatch,
     base_checkpoint,
     export_lora,
-    is_lora,
 )
 
 log = logging.getLogger(__name__)

@@ -17,7 +17,6 @@ folder) at the end of a run.
 from __future__ import annotations
 
 import logging
-import sys
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any, Protocol
@@ -25,6 +24,7 @@ from typing import Any, Protocol
 import torch
 
 from adwin.backends import BackendUnavailable
+from adwin.backends.structure import is_lora
 
 log = logging.getLogger(__name__)
 
@@ -64,12 +64,6 @@ def require_peft() -> Any:
         raise LoraUnavailable(f"model.lora: LoRA students need peft, which is not installed ({e}): {INSTALL_HINT}, "
                               "or drop model.lora to fine-tune every parameter") from e
     return peft
-
-
-def is_lora(model: Any) -> bool:
-    """Whether ``model`` is a peft-wrapped student (never imports peft: a model from it implies it is loaded)."""
-    peft = sys.modules.get("peft")
-    return peft is not None and isinstance(model, peft.PeftModel)
 
 
 def trainable_named_parameters(model: torch.nn.Module) -> list[tuple[str, torch.nn.Parameter]]:
