@@ -33,11 +33,10 @@ from typing import Any
 import torch
 
 from adwin.backends.structure import is_lora
-from adwin.runtime.checkpoint import staging_folder
+from adwin.runtime.checkpoint import CheckpointMismatch, staging_folder
 from adwin.sampling.lora import (
     LORA_EXPORT,
     MERGED_DIR,
-    CheckpointMismatch,
     base_checkpoint,
     export_lora,
 )

@@ -13,9 +13,8 @@ from trainer_fixtures import save_tiny
 
 from adwin.backends.structure import is_lora
 from adwin.config import LoraSection
-from adwin.runtime.checkpoint import load_weights
+from adwin.runtime.checkpoint import CheckpointMismatch, load_weights
 from adwin.sampling.lora import (
-    CheckpointMismatch,
     LoraTargetError,
     LoraUnavailable,
     apply_lora,
