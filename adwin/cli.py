@@ -26,15 +26,15 @@ COMMANDS: list[tuple[tuple[str, ...], str, str]] = [
     (("bench", "memory"), "adwin.bench.memory",
      "peak memory per rank of a replicated (DDP) and a sharded (FSDP) student, and the largest student each fits"),
     (("bench", "eval"), "adwin.bench.evaluation", "evaluation cost: transformers' generate vs the compacting sampler"),
-    (("bench", "compare"), "adwin.bench.compare", "every window method side by side: accuracy, tokens, FLOPs, time"),
+    (("bench", "compare"), "adwin.bench.compare.command", "every window method side by side: accuracy, tokens, FLOPs, time"),
     (("bench", "teacher"), "adwin.bench.teacher",
      "training steps/s with the teacher in process vs behind a server; the server's tokens/s under concurrent clients"),
-    (("bench", "gpu"), "adwin.bench.gpu", "check a GPU setup and measure decode speed and ADWIN's overhead in 8 minutes"),
+    (("bench", "gpu"), "adwin.bench.gpu.command", "check a GPU setup and measure decode speed and ADWIN's overhead in 8 minutes"),
     (("bench", "audit-truth"), "adwin.bench.audit_truth",
      "each candidate window's population cosine at a checkpoint, what a probe batch reads, and the rule's replay"),
-    (("bench", "curve"), "adwin.bench.curve",
+    (("bench", "curve"), "adwin.bench.compare.curve",
      "the learning curve of full-rollout OPD on a task: accuracy and line measures every few steps, with CIs"),
-    (("bench", "async"), "adwin.bench.asyncopd", "sync trainer vs AsyncOPD streaming: tokens/s, staleness, paired accuracy"),
+    (("bench", "async"), "adwin.bench.compare.asyncopd", "sync trainer vs AsyncOPD streaming: tokens/s, staleness, paired accuracy"),
 ]
 
 

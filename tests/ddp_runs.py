@@ -172,9 +172,8 @@ def _sharded_audits(dist: Any, rank: int, variant: str) -> dict[str, Any]:
 
     from adwin.audit.alignment import ProbeBatch
     from adwin.audit.job import AuditJob, AuditSettings, run_audit_job
-    from adwin.backends.fsdp import full_tensor
+    from adwin.backends.fsdp import full_tensor, shard_student
     from adwin.config import load_config
-    from adwin.loop.fsdp import shard_student
     from adwin.loop.parts import build_optimizer
     from adwin.sampling.lora import apply_lora, trainable_parameters
 

@@ -6,9 +6,7 @@ the audit's backward cost falls roughly by the fraction of blocks left out. The 
 prefix and full gradients restricted to those parameters; whether that changes the window decision is a
 measured question (``adwin bench audit-agreement``), not an assumption.
 
-Blocks are found generically for HF causal LMs (Llama, Qwen2, Mistral: ``model.layers``; GPT-2:
-``transformer.h``; ...): the ``torch.nn.ModuleList`` with ``config.num_hidden_layers`` entries (or, without
-that config key, the longest ModuleList). Outside the blocks, everything except the input embeddings (token
+Blocks are found generically for HF causal LMs (``adwin.backends.structure.transformer_blocks``). Outside the blocks, everything except the input embeddings (token
 and learned position embeddings) counts as the head. An LM head tied to the input embeddings is the same
 tensor as the embedding, whose gradient needs the full backward; ``top:N`` leaves it out and says so.
 """
@@ -18,6 +16,8 @@ from __future__ import annotations
 import logging
 import re
 from typing import TYPE_CHECKING
+
+from adwin.backends.structure import transformer_blocks
 
 if TYPE_CHECKING:  # torch stays out of the config's import (parse_audit_params validates audit.params)
     import torch
@@ -35,22 +35,6 @@ def parse_audit_params(spec: str) -> int | None:
     if m is None or int(m.group(1)) < 1:
         raise ValueError(f"audit.params must be 'all' or 'top:N' with N >= 1, got {spec!r}")
     return int(m.group(1))
-
-
-def transformer_blocks(model: torch.nn.Module) -> torch.nn.ModuleList:
-    """The model's stack of transformer blocks (the ModuleList of ``config.num_hidden_layers`` entries)."""
-    import torch
-    lists = [(name, m) for name, m in model.named_modules() if isinstance(m, torch.nn.ModuleList) and len(m) > 0]
-    n_layers = getattr(getattr(model, "config", None), "num_hidden_layers", None)
-    if n_layers is not None:
-        lists = [(name, m) for name, m in lists if len(m) == int(n_layers)]
-    if not lists:
-        raise ValueError(
-            "audit.params=top:N needs a model with a ModuleList of transformer blocks"
-            + (f" of config.num_hidden_layers={n_layers} entries" if n_layers is not None else "")
-            + "; use audit.params=all for this model"
-        )
-    return max(lists, key=lambda nm: len(nm[1]))[1]
 
 
 def audited_parameters(

@@ -169,7 +169,7 @@ def _rows(pool: Any, idx: Any) -> Any:
 def _agreement(model: Any, pool: Any, cands: list[int], threshold: float, max_len: int,
                args: argparse.Namespace) -> dict[str, Any]:
     from adwin.audit.alignment import audit
-    from adwin.audit.params import transformer_blocks
+    from adwin.backends.structure import transformer_blocks
     from adwin.policies.adaptive import AdaptiveWindow
 
     decide = AdaptiveWindow(cands, threshold, max_len=max(max_len, cands[-1])).decide

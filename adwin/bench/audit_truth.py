@@ -247,8 +247,8 @@ def _steps(text: str) -> list[int]:
 
 
 def _sample_checkpoints(args: argparse.Namespace, at: list[int], out_dir: Path) -> tuple[list[dict], dict]:
-    from adwin.bench.compare import command_line, git_commit, load_run_parts
-    from adwin.bench.curve import CurveStop, curve_config
+    from adwin.bench.compare.command import command_line, git_commit, load_run_parts
+    from adwin.bench.compare.curve import CurveStop, curve_config
     from adwin.controller import Controller
     from adwin.loop.trainer import train
 

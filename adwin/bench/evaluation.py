@@ -40,7 +40,7 @@ def main(args: argparse.Namespace) -> int:
     from rich.console import Console
     from rich.table import Table
 
-    from adwin.config import load_config, resolve_config, parse_set
+    from adwin.config import load_config, parse_set, resolve_config
     from adwin.loop.evaluate import evaluate
     from adwin.loop.parts import load_parts
     from adwin.loop.sampler import Sampler

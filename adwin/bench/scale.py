@@ -130,7 +130,7 @@ def main(args: argparse.Namespace) -> int:
     from rich.table import Table
 
     from adwin.audit.alignment import DEFAULT_SKETCH_DIM
-    from adwin.config import load_config, resolve_config, parse_set
+    from adwin.config import load_config, parse_set, resolve_config
     from adwin.loop.parts import load_parts
 
     if args.steps < 2:

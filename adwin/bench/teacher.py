@@ -127,10 +127,9 @@ def throughput(url: str, clients: int, args: argparse.Namespace, vocab: int) -> 
 
 
 def main(args: argparse.Namespace) -> int:
+    import torch
     from rich.console import Console
     from rich.table import Table
-
-    import torch
 
     from adwin import tasks
     from adwin.controller.serve import spawn_service

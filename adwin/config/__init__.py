@@ -14,6 +14,7 @@ from adwin.config.loading import (
     DEFAULT_PRESET,
     ConfigSource,
     UnknownPreset,
+    apply_overrides,
     apply_policy_spec,
     default_config_path,
     load_config,
@@ -51,7 +52,7 @@ __all__ = [
     "AsyncOPDSection", "AuditConfig", "ConfigSource", "ControllerSection", "DataConfig", "EvalConfig",
     "ISHighField", "ISLowField", "ISMethodField", "LoggingConfig", "LoraSection", "LossConfig", "ModelConfig", "OAPLSection",
     "OptimConfig", "ProbeConfig", "RolloutConfig", "SurpriseSection", "TrainConfig", "UnknownPreset",
-    "WindowSection", "_Strict", "apply_policy_spec", "check_engines", "check_is_bounds", "check_oapl",
+    "WindowSection", "_Strict", "apply_overrides", "apply_policy_spec", "check_engines", "check_is_bounds", "check_oapl",
     "default_config_path", "lag_of", "load_config", "load_source", "parse_set", "policy_overrides",
     "preset_names", "preset_path", "resolve_config", "vllm_engine_count",
 ]

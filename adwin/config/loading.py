@@ -95,15 +95,7 @@ def load_config(path: str | Path | None = None, overrides: dict[str, Any] | None
     It is chosen before validation, so the rules that need it (``rollout.seeding: per_sample``) see it. A
     backend that is named is kept, and ``check_data_parallel`` refuses one that cannot work, naming the fix.
     """
-    data = _read(path)
-    for dotted, value in (overrides or {}).items():
-        node = data
-        *parents, leaf = dotted.split(".")
-        for i, p in enumerate(parents):
-            node = node.setdefault(p, {})
-            if not isinstance(node, dict):  # e.g. ``rollout: 5`` and then ``rollout.top_p``
-                raise ValueError(f"{dotted}: {'.'.join(parents[: i + 1])} is not a config section (got {node!r})")
-        node[leaf] = value
+    data = apply_overrides(_read(path), overrides or {})
     probes = data.get("probes", {})
     if world > 1 and isinstance(probes, dict) and probes.get("backend", "auto") == "auto":
         try:
@@ -115,6 +107,20 @@ def load_config(path: str | Path | None = None, overrides: dict[str, Any] | None
                      "the thread and ray backends work with one process only)", world)
             return fitted
     return TrainConfig.model_validate(data)
+
+
+def apply_overrides(data: dict[str, Any], overrides: dict[str, Any]) -> dict[str, Any]:
+    """Set each dotted override (``{"window.threshold": 0.8}``) in the nested mapping ``data``, in place, and
+    return it; a missing section is created, a dotted path through a value that is not a section is refused."""
+    for dotted, value in overrides.items():
+        node = data
+        *parents, leaf = dotted.split(".")
+        for i, p in enumerate(parents):
+            node = node.setdefault(p, {})
+            if not isinstance(node, dict):  # e.g. ``rollout: 5`` and then ``rollout.top_p``
+                raise ValueError(f"{dotted}: {'.'.join(parents[: i + 1])} is not a config section (got {node!r})")
+        node[leaf] = value
+    return data
 
 
 def _read(path: str | Path | None) -> dict[str, Any]:

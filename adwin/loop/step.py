@@ -122,7 +122,7 @@ def optimize(student: torch.nn.Module, optimizer: torch.optim.Optimizer, schedul
     that count, the gradients and the metrics' sums across ranks; metrics are then global on every rank
     except the ratio percentiles (``loss/is_ratio_*``), which are this rank's. A sharded student
     (``model.sharding: fsdp``) sums its gradients itself: each backward reduce-scatters them into this
-    rank's shards (``adwin.loop.fsdp``), so the reducer sums only the normaliser and the metrics.
+    rank's shards (``adwin.backends.fsdp``), so the reducer sums only the normaliser and the metrics.
 
     Returns the metrics and the student's per-token logprobs before the update (B, L): the behavior
     logprobs of this step's prefixes, which probes carry forward.

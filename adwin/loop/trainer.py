@@ -15,12 +15,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from adwin.backends.fsdp import shard_student
+from adwin.backends.structure import is_lora
 from adwin.config import TrainConfig
 from adwin.controller.api import ControllerAPI
 from adwin.loop.accounting import Clock
 from adwin.loop.distributed import LocalDist
 from adwin.loop.evaluate import evaluate
-from adwin.loop.fsdp import shard_student
 from adwin.loop.outage import score_or_outage, step_start, stop_after_outage
 from adwin.loop.parts import Parts, build_optimizer, load_parts, open_loggers, run_spec, seed_everything
 from adwin.loop.probing import open_probe_side
@@ -42,7 +43,7 @@ from adwin.runtime.resume import (
     truncate_metrics,
 )
 from adwin.runtime.sharded_checkpoint import export_student, stage_sharded
-from adwin.sampling.lora import LORA_EXPORT, MERGED_DIR, export_lora, is_lora
+from adwin.sampling.lora import LORA_EXPORT, MERGED_DIR, export_lora
 from adwin.sampling.static_decode import LEDGER as COMPILES
 
 
@@ -70,14 +71,14 @@ def train(cfg: TrainConfig, controller: ControllerAPI | None, parts: Parts | Non
     ``dist``: this process's rank of a data-parallel run (``adwin.loop.distributed``; ``controller`` is None on
     ranks > 0): each rank samples and differentiates its shard of the step's rows, rank 0 alone talks to the
     controller and logs, and every rank trains on the same window (docs/decisions.md, "Data-parallel training").
-    With ``model.sharding: fsdp`` the student is sharded over the ranks first (``adwin.loop.fsdp``), checkpoints
+    With ``model.sharding: fsdp`` the student is sharded over the ranks first (``adwin.backends.fsdp``), checkpoints
     hold its shards, and the run ends by exporting it whole (``TrainResult.student_dir``; docs/decisions.md,
     "Sharded students").
     """
     dist = dist or LocalDist()
     check_data_parallel(cfg, dist.world)
     parts = parts or load_parts(cfg)
-    sharded = cfg.model.sharding == "fsdp"  # before the optimizer: it must hold the shards (adwin.loop.fsdp)
+    sharded = cfg.model.sharding == "fsdp"  # before the optimizer: it must hold the shards (adwin.backends.fsdp)
     shard_student(parts.student, cfg, dist)
     # batch seeding: ranks must not draw the same noise for different prompts; one process: unchanged
     seed_everything(cfg.seed + (dist.rank if cfg.rollout.seeding == "batch" else 0))

@@ -29,6 +29,9 @@ from typing import Any
 import numpy as np
 import torch
 
+from adwin.backends.structure import is_lora
+from adwin.sampling.lora import ADAPTER_CONFIG, ADAPTER_WEIGHTS, require_peft
+
 log = logging.getLogger(__name__)
 
 _NAME = re.compile(r"^checkpoint-(\d+)$")
@@ -165,12 +168,46 @@ def latest_checkpoint(run_dir: str | Path) -> Path | None:
     return None
 
 
-def load_weights(path: str | Path, model: torch.nn.Module) -> None:
-    """Load a ``save_pretrained`` folder's weights into ``model`` in place (the optimizer keeps its params); a
-    LoRA student's folder holds its adapter only (``adwin.sampling.lora``)."""
+class CheckpointMismatch(ValueError):
+    """A checkpoint folder's kind (full weights or LoRA adapter) is not the student's."""
+
+
+def is_adapter_folder(path: str | Path) -> bool:
+    return (Path(path) / ADAPTER_CONFIG).is_file()
+
+
+def load_adapter(path: str | Path, model: torch.nn.Module) -> None:
+    """Load an adapter folder's weights into the LoRA ``model`` in place (the optimizer keeps its params)."""
     from safetensors.torch import load_file
 
-    from adwin.sampling.lora import check_checkpoint_kind, is_adapter_folder, load_adapter
+    peft = require_peft()
+    path = Path(path)
+    try:
+        result = peft.set_peft_model_state_dict(model, load_file(str(path / ADAPTER_WEIGHTS)))
+    except RuntimeError as e:  # shapes differ: another rank or other targets
+        raise CheckpointMismatch(f"{path}: adapter does not match the student's model.lora ({e})") from e
+    adapters = [k for k in result.missing_keys if "lora_" in k]  # the base weights are never in an adapter
+    if result.unexpected_keys or adapters:
+        raise CheckpointMismatch(f"{path}: adapter does not match the student's model.lora (missing "
+                                 f"{sorted(adapters)[:3]}, unexpected {sorted(result.unexpected_keys)[:3]})")
+
+
+def check_checkpoint_kind(path: str | Path, model: torch.nn.Module) -> None:
+    """A LoRA student resumes from an adapter folder, a full one from a full checkpoint; else say which is which."""
+    adapter = is_adapter_folder(path)
+    if adapter and not is_lora(model):
+        raise CheckpointMismatch(f"{path}: the checkpoint holds LoRA adapters but the run's config has no "
+                                 "model.lora; resume with the run's own config.json")
+    if is_lora(model) and not adapter:
+        raise CheckpointMismatch(f"{path}: the checkpoint holds full weights but the run's config sets model.lora; "
+                                 "resume with the run's own config.json")
+
+
+def load_weights(path: str | Path, model: torch.nn.Module) -> None:
+    """Load a ``save_pretrained`` folder's weights into ``model`` in place (the optimizer keeps its params); a
+    LoRA student's folder holds its adapter only (``load_adapter``); a folder of the other kind is refused
+    (``check_checkpoint_kind``)."""
+    from safetensors.torch import load_file
 
     path = Path(path)
     check_checkpoint_kind(path, model)

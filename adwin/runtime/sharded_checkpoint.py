@@ -32,14 +32,13 @@ from typing import Any
 
 import torch
 
-from adwin.runtime.checkpoint import staging_folder
+from adwin.backends.structure import is_lora
+from adwin.runtime.checkpoint import CheckpointMismatch, staging_folder
 from adwin.sampling.lora import (
     LORA_EXPORT,
     MERGED_DIR,
-    CheckpointMismatch,
     base_checkpoint,
     export_lora,
-    is_lora,
 )
 
 log = logging.getLogger(__name__)

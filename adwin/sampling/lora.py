@@ -8,8 +8,8 @@ so a full fine-tuning student and a LoRA student go through the same code (docs/
 
 peft is an optional extra (``adwin[lora]``), imported only when a LoRA student is built or loaded: a missing
 install is a ``LoraUnavailable`` naming ``model.lora``. Checkpoints of a LoRA student hold the adapter only
-(``PeftModel.save_pretrained``: ``adapter_model.safetensors`` + ``adapter_config.json``); ``load_adapter``
-reads one back in place (``adwin.runtime.checkpoint.load_weights`` picks it for an adapter folder);
+(``PeftModel.save_pretrained``: ``adapter_model.safetensors`` + ``adapter_config.json``); the checkpoint code
+reads one back in place and refuses a folder of the other kind (``adwin.runtime.checkpoint.load_weights``);
 ``export_lora`` writes the adapter and the merged student (peft's ``merge_and_unload``, a plain transformers
 folder) at the end of a run.
 """
@@ -17,7 +17,6 @@ folder) at the end of a run.
 from __future__ import annotations
 
 import logging
-import sys
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any, Protocol
@@ -43,10 +42,6 @@ class LoraTargetError(ValueError):
     """A ``model.lora.target_modules`` entry matches no module of the student."""
 
 
-class CheckpointMismatch(ValueError):
-    """A checkpoint folder's kind (full weights or LoRA adapter) is not the student's."""
-
-
 class LoraSpec(Protocol):
     """What ``apply_lora`` reads (``adwin.config.sections.LoraSection`` has these fields)."""
 
@@ -64,12 +59,6 @@ def require_peft() -> Any:
         raise LoraUnavailable(f"model.lora: LoRA students need peft, which is not installed ({e}): {INSTALL_HINT}, "
                               "or drop model.lora to fine-tune every parameter") from e
     return peft
-
-
-def is_lora(model: Any) -> bool:
-    """Whether ``model`` is a peft-wrapped student (never imports peft: a model from it implies it is loaded)."""
-    peft = sys.modules.get("peft")
-    return peft is not None and isinstance(model, peft.PeftModel)
 
 
 def trainable_named_parameters(model: torch.nn.Module) -> list[tuple[str, torch.nn.Parameter]]:
@@ -156,37 +145,6 @@ def apply_lora(model: torch.nn.Module, spec: LoraSpec, seed: int = 0) -> torch.n
 def lora_dropout_modules(model: torch.nn.Module) -> list[torch.nn.Module]:
     """The dropout layers peft puts on the adapters' input (``lora_dropout``; identities when dropout is 0)."""
     return [m for n, m in model.named_modules() if ".lora_dropout." in f".{n}." and isinstance(m, torch.nn.Dropout)]
-
-
-def is_adapter_folder(path: str | Path) -> bool:
-    return (Path(path) / ADAPTER_CONFIG).is_file()
-
-
-def load_adapter(path: str | Path, model: torch.nn.Module) -> None:
-    """Load an adapter folder's weights into the LoRA ``model`` in place (the optimizer keeps its params)."""
-    from safetensors.torch import load_file
-
-    peft = require_peft()
-    path = Path(path)
-    try:
-        result = peft.set_peft_model_state_dict(model, load_file(str(path / ADAPTER_WEIGHTS)))
-    except RuntimeError as e:  # shapes differ: another rank or other targets
-        raise CheckpointMismatch(f"{path}: adapter does not match the student's model.lora ({e})") from e
-    adapters = [k for k in result.missing_keys if "lora_" in k]  # the base weights are never in an adapter
-    if result.unexpected_keys or adapters:
-        raise CheckpointMismatch(f"{path}: adapter does not match the student's model.lora (missing "
-                                 f"{sorted(adapters)[:3]}, unexpected {sorted(result.unexpected_keys)[:3]})")
-
-
-def check_checkpoint_kind(path: str | Path, model: torch.nn.Module) -> None:
-    """A LoRA student resumes from an adapter folder, a full one from a full checkpoint; else say which is which."""
-    adapter = is_adapter_folder(path)
-    if adapter and not is_lora(model):
-        raise CheckpointMismatch(f"{path}: the checkpoint holds LoRA adapters but the run's config has no "
-                                 "model.lora; resume with the run's own config.json")
-    if is_lora(model) and not adapter:
-        raise CheckpointMismatch(f"{path}: the checkpoint holds full weights but the run's config sets model.lora; "
-                                 "resume with the run's own config.json")
 
 
 def base_checkpoint(model: torch.nn.Module) -> str | None:

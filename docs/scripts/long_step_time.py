@@ -1,6 +1,6 @@
 """The step time of full-rollout OPD on a long task at the suite's long sizing, beside the machine's reference figure
 (the SFT step of `adwin prepare`, default profile, 2 threads: the machine reference of docs/benchmarks.md), and against the suite's
-cost model (`adwin.bench.compare_plan.rollout_s`), in one process, one after the other, with the load average.
+cost model (`adwin.bench.compare.plan.rollout_s`), in one process, one after the other, with the load average.
 
     python docs/scripts/long_step_time.py [--task chain-long] [--steps 3] [--sft-steps 30]
 
@@ -41,8 +41,8 @@ def sft_step_s(steps: int) -> float:
 def opd_steps(task: str, steps: int) -> list[dict[str, float]]:
     """Seconds of each full-rollout step (rollout, teacher, train) at the suite's long sizing, on one thread; no
     start-of-run evaluation, 2 problems at the end."""
-    from adwin.bench.compare import load_run_parts
-    from adwin.bench.curve import TRAIN_PHASES, curve_config
+    from adwin.bench.compare.command import load_run_parts
+    from adwin.bench.compare.curve import TRAIN_PHASES, curve_config
     from adwin.controller import Controller
     from adwin.loop.trainer import train
 
@@ -68,7 +68,7 @@ def main() -> None:
     p.add_argument("--steps", type=int, default=3)
     p.add_argument("--sft-steps", type=int, default=30)
     a = p.parse_args()
-    from adwin.bench.compare_plan import SIZING, rollout_s
+    from adwin.bench.compare.plan import SIZING, rollout_s
 
     load_before = os.getloadavg()
     sft = sft_step_s(a.sft_steps)

@@ -11,6 +11,7 @@ import torch
 from client_rounds import advance
 from tiny_models import make_tiny_llama
 
+from adwin.backends.structure import is_lora
 from adwin.cli import main
 from adwin.config import LoraSection
 from adwin.controller import Controller
@@ -19,7 +20,7 @@ from adwin.objectives.losses import token_logprobs
 from adwin.probes.async_executor import AsyncProbeExecutor
 from adwin.probes.executors import build_executor
 from adwin.probes.pool import Probe, ProbePool
-from adwin.sampling.lora import apply_lora, is_lora, trainable_named_parameters
+from adwin.sampling.lora import apply_lora, trainable_named_parameters
 
 ray = pytest.importorskip("ray")
 

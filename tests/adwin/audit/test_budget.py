@@ -14,7 +14,7 @@ from hypothesis import strategies as st
 from pydantic import ValidationError
 
 from adwin.audit.budget import KINDS, BudgetError, DecisionBudget, FlopsModel, RunShape, simulate
-from adwin.bench.compare_stats import estimate_flops
+from adwin.bench.compare.stats import estimate_flops
 from adwin.config import load_config
 
 

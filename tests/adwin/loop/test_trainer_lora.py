@@ -13,6 +13,7 @@ import torch
 from safetensors.torch import load_file
 from trainer_fixtures import tiny_overrides
 
+from adwin.backends.structure import is_lora
 from adwin.config import load_config
 from adwin.controller import Controller
 from adwin.loop.parts import load_parts
@@ -20,7 +21,7 @@ from adwin.loop.trainer import train
 from adwin.probes.extender import ModelExtender, snapshot_weights
 from adwin.runtime.checkpoint import latest_checkpoint
 from adwin.runtime.resume import open_resumed_controller
-from adwin.sampling.lora import LORA_EXPORT, is_lora, trainable_named_parameters
+from adwin.sampling.lora import LORA_EXPORT, trainable_named_parameters
 
 peft = pytest.importorskip("peft")  # the lora extra
 

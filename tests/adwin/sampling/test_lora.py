@@ -11,15 +11,14 @@ import torch
 from tiny_models import make_tiny_llama
 from trainer_fixtures import save_tiny
 
+from adwin.backends.structure import is_lora
 from adwin.config import LoraSection
-from adwin.runtime.checkpoint import load_weights
+from adwin.runtime.checkpoint import CheckpointMismatch, load_weights
 from adwin.sampling.lora import (
-    CheckpointMismatch,
     LoraTargetError,
     LoraUnavailable,
     apply_lora,
     export_lora,
-    is_lora,
     load_trained_state,
     lora_dropout_modules,
     trainable_named_parameters,

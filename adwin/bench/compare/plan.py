@@ -18,7 +18,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from adwin.bench.compare_methods import Method
+from adwin.bench.compare.methods import Method
 from adwin.tasks.chain import MAX_RESPONSE_TOKENS
 from adwin.tasks.suite import BuiltinTask, get_task
 
@@ -235,6 +235,6 @@ def plan_line(p: dict[str, Any], profile: str = "default") -> str:
     if p.get("device", "cpu") != "cpu":
         return (f"{head}, estimated {math.ceil(p['wall_s'] / 60)} min on one GPU, {p['jobs']} runs at once (minutes "
                 f"per task: {per}; UNMEASURED: from GPU_POSITION_S = {GPU_POSITION_S * 1e3:.0f} ms per decoding "
-                f"position, adwin.bench.compare_plan)")
+                f"position, adwin.bench.compare.plan)")
     return (f"{head}, estimated {math.ceil(p['wall_s'] / 60)} min at {p['jobs']} job(s) on an idle machine "
             f"(minutes per task: {per}; reference: SFT step 0.080 s)")

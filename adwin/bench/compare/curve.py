@@ -2,7 +2,7 @@
 suite's batch it takes the student to move.
 
 One run of ``window.policy: full`` through ``adwin.loop.trainer.train`` with the suite's preset and its sizing of
-the task's regime (``adwin.bench.compare_plan.SIZING``: on the long tasks 8 prompts x 4 rollouts, 128 evaluation
+the task's regime (``adwin.bench.compare.plan.SIZING``: on the long tasks 8 prompts x 4 rollouts, 128 evaluation
 problems), evaluated every ``--eval-every`` steps. Each evaluation gives, per measure (accuracy and the task's line
 measures, :meth:`adwin.tasks.suite.BuiltinTask.score_lines`), the mean with a 95 % bootstrap CI over problems and
 the paired difference to the start-of-run evaluation (every evaluation samples the same problems from the same
@@ -49,7 +49,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--max-steps", type=int, default=500, help="stop here whatever the budget (default 500)")
     p.add_argument("--measure", default=None,
                    help="the measure whose move ends the run: accuracy, lines_right, closing_right (default: the "
-                        "one the suite reads for the task, adwin.bench.compare_plan.suite_measure)")
+                        "one the suite reads for the task, adwin.bench.compare.plan.suite_measure)")
     p.add_argument("--confirm", type=int, default=2,
                    help="evaluations in a row on which the measure's paired CI lies above the start (default 2)")
     p.add_argument("--profile", choices=("default", "tiny"), default="default", help="built-in task models")
@@ -64,9 +64,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 def curve_config(args: argparse.Namespace) -> Any:
     """The run's config: the suite's preset shaped and sized for the task (compare_plan), full-rollout OPD,
     ``--max-steps`` steps evaluated every ``--eval-every``; the user's ``--set`` wins."""
-    from adwin.bench.compare import base_overrides, run_config
-    from adwin.bench.compare_methods import all_methods
-    from adwin.bench.compare_plan import SIZING, SUITE_CONFIG, regime, task_config
+    from adwin.bench.compare.command import run_config
+    from adwin.bench.compare.methods import all_methods
+    from adwin.bench.compare.plan import SIZING, SUITE_CONFIG, regime, task_config
+    from adwin.bench.compare.setup import base_overrides
     from adwin.config import TrainConfig, load_config, parse_set, resolve_config
     from adwin.tasks.suite import get_task
 
@@ -91,7 +92,7 @@ def measure_rows(log_entry: Any, start: Any) -> dict[str, dict[str, Any]]:
     to the start-of-run evaluation ``start``."""
     import numpy as np
 
-    from adwin.bench.compare_tasks import bootstrap_mean_ci
+    from adwin.bench.compare.tasks import bootstrap_mean_ci
 
     out: dict[str, dict[str, Any]] = {}
     for measure in log_entry.scores:
@@ -177,7 +178,7 @@ class Curve:
 
 
 def _append(path: Path, row: Mapping[str, Any]) -> None:
-    from adwin.bench.compare_report import clean
+    from adwin.bench.compare.report import clean
 
     with path.open("a", encoding="utf-8") as fh:
         fh.write(json.dumps(clean(row)) + "\n")
@@ -193,7 +194,7 @@ def _ci(v: Mapping[str, float] | None, signed: bool = False) -> str:
 def curve_markdown(meta: Mapping[str, Any], rows: Sequence[Mapping[str, Any]],
                    summary: Mapping[str, Any] | None = None) -> str:
     """The curve as a table: per evaluation each measure with its CI and its paired difference to the start."""
-    from adwin.bench.compare_report import markdown_table
+    from adwin.bench.compare.report import markdown_table
 
     measures = list(rows[0]["measures"]) if rows else []
     header = ["step", "wall min", *(c for m in measures for c in (f"{m} [95% CI]", f"Δ {m} vs step 0 [paired CI]")),
@@ -218,7 +219,7 @@ def curve_markdown(meta: Mapping[str, Any], rows: Sequence[Mapping[str, Any]],
 
 def plot_curve(rows: Sequence[Mapping[str, Any]], path: Path, meta: Mapping[str, Any]) -> None:
     """Each measure against the step, a 95 % CI band over problems around it."""
-    from adwin.bench.compare_report import _plt
+    from adwin.bench.compare.report import _plt
 
     plt = _plt()
     fig, ax = plt.subplots(figsize=(8, 5))
@@ -242,8 +243,8 @@ def plot_curve(rows: Sequence[Mapping[str, Any]], path: Path, meta: Mapping[str,
 def main(args: argparse.Namespace) -> int:
     from rich.console import Console
 
-    from adwin.bench.compare import command_line, git_commit, load_run_parts
-    from adwin.bench.compare_plan import suite_measure
+    from adwin.bench.compare.command import command_line, git_commit, load_run_parts
+    from adwin.bench.compare.plan import suite_measure
     from adwin.controller import Controller
     from adwin.loop.trainer import train
     from adwin.tasks.suite import get_task

@@ -8,7 +8,7 @@ time allows, within a budget per device; and the lines the plan prints to say wh
 * GPU (``--device cuda``, every method of a task at once on one device): each long task within
   ``GPU_LONG_TASK_MIN``, at the preset's batch (128 rollouts: on a latency-bound GPU the batch is nearly free) and
   the short tasks' evaluation size; the short tasks at the most seeds. Sized from an unmeasured estimate of the GPU
-  step (``adwin.bench.compare_plan.GPU_POSITION_S``), which the plan says.
+  step (``adwin.bench.compare.plan.GPU_POSITION_S``), which the plan says.
 
 ``--quick`` and ``--profile tiny`` keep their fixed sizing (``SIZING``).
 """
@@ -19,7 +19,7 @@ import dataclasses
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
-from adwin.bench.compare_plan import SIZING, Sizing, regime, suite_measure
+from adwin.bench.compare.plan import SIZING, Sizing, regime, suite_measure
 from adwin.tasks.suite import get_task
 
 CPU_BUDGET_MIN = 120.0  # the whole suite on the 2-core machine
@@ -36,7 +36,7 @@ CURVE: dict[str, tuple[int | None, int]] = {"chain-long": (20, 25), "chain-late-
 GPU_SIZING: dict[str, Sizing] = {"short": Sizing(20, 1024, seeds=SHORT_SEEDS[0], eval_batch=256),
                                  "long": Sizing(8, 1024, seeds=1, eval_batch=256)}
 
-# sizes per task -> the plan of ``adwin.bench.compare_plan.plan`` (its ``wall_s`` and ``task_wall_s``)
+# sizes per task -> the plan of ``adwin.bench.compare.plan.plan`` (its ``wall_s`` and ``task_wall_s``)
 Estimate = Callable[[Mapping[str, Sizing]], Mapping[str, Any]]
 
 
@@ -55,7 +55,7 @@ def size_suite(mode: str, device: str, tasks: Sequence[str], estimate: Estimate)
     """Per task its sizing, and the plan's lines saying which and why."""
     if mode != "default":
         return {t: SIZING[mode][regime(get_task(t))] for t in tasks}, [
-            f"sizing: {mode}: the fixed smoke sizing (adwin.bench.compare_plan.SIZING), not the curve's steps"]
+            f"sizing: {mode}: the fixed smoke sizing (adwin.bench.compare.plan.SIZING), not the curve's steps"]
     table = SIZING["default"] if device == "cpu" else GPU_SIZING
     longs = [t for t in tasks if regime(get_task(t)) == "long"]
     shorts = [t for t in tasks if t not in longs]

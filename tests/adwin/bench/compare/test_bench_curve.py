@@ -9,7 +9,7 @@ from typing import Any
 
 import pytest
 
-from adwin.bench.curve import Curve, CurveStop, first_moved_step, measure_rows, moved
+from adwin.bench.compare.curve import Curve, CurveStop, first_moved_step, measure_rows, moved
 from adwin.cli import main
 from adwin.loop.evaluate import EvalRows
 

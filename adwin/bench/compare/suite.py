@@ -12,9 +12,9 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from adwin.bench.compare_plan import suite_measure
-from adwin.bench.compare_report import SMOKE_BANNER, _plt, clean, markdown_table
-from adwin.bench.compare_tasks import LONG_TASK, REFERENCE, goal_lines, regrets, samples_needed, suite_goals
+from adwin.bench.compare.plan import suite_measure
+from adwin.bench.compare.report import SMOKE_BANNER, _plt, clean, markdown_table
+from adwin.bench.compare.tasks import LONG_TASK, REFERENCE, goal_lines, regrets, samples_needed, suite_goals
 
 RATIOS = {"train_wall_s": "e2e wall", "flops": "FLOPs", "rollout_tokens": "rollout tokens"}
 
@@ -109,7 +109,7 @@ def headline_markdown(suite: Mapping[str, Any], methods: Mapping[str, Sequence[A
     """The headline for README and docs/benchmarks.md: per task, full, linear, every fixed window and ADWIN-0.7 with
     the task's measure (and accuracy beside a line measure), their paired 95 % CIs against full, x full e2e wall and
     x full FLOPs; then the cross-task regret and the goal lines as the suite printed them."""
-    from adwin.bench.compare_report import ci_text
+    from adwin.bench.compare.report import ci_text
 
     meta = suite["meta"]
     banner = f"**{SMOKE_BANNER.format(mode=meta['mode'])}**\n\n" if meta.get("smoke") else ""

@@ -1,5 +1,5 @@
 """The methods ``adwin bench compare`` runs: each a key, a label and the config overrides that make it, and
-how ``--methods`` and the defaults pick among them (``adwin/bench/compare.py`` runs them)."""
+how ``--methods`` and the defaults pick among them (``adwin/bench/compare/command.py`` runs them)."""
 
 from __future__ import annotations
 

@@ -9,8 +9,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from adwin.bench.compare import final_eval_scores, parse_tasks
-from adwin.bench.compare_tasks import bootstrap_mean_ci, measures_of, paired_stats, regrets, samples_needed
+from adwin.bench.compare.command import final_eval_scores
+from adwin.bench.compare.setup import parse_tasks
+from adwin.bench.compare.tasks import bootstrap_mean_ci, measures_of, paired_stats, regrets, samples_needed
 from adwin.cli import main
 
 

@@ -3,7 +3,7 @@
 Both runs train the same preset (``configs/default.yaml`` unless ``--config``) on the same fixed window
 (``--window``, 128 by default; no probes, so neither run spends anything on audits), the same seed, the
 same samples per update and the same number of updates, so they train on about the same number of rollout
-tokens (each report row gives its own count). Each run is ``adwin.bench.compare.run_one``: fresh models
+tokens (each report row gives its own count). Each run is ``adwin.bench.compare.command.run_one``: fresh models
 from one prepared asset folder, an embedded controller, one torch intra-op thread (as ``adwin train`` gives
 the built-in models), the same held-out problems evaluated at the start and at the end.
 
@@ -13,7 +13,7 @@ pipeline overlap (AsyncOPD's ``pipeline/overlap``: busy stage seconds over wall;
 the requests submitted but never trained (up to ``(tau + 1) * B`` are in flight when a streaming run ends:
 in a short run that generation is a large share of the rollout work),
 and accuracy after the same number of updates with a 95 % bootstrap CI over problems, plus the paired
-difference AsyncOPD - sync (``adwin.bench.compare_tasks``: problem by problem, resampling problems keeps
+difference AsyncOPD - sync (``adwin.bench.compare.tasks``: problem by problem, resampling problems keeps
 the pairing). The goal line: AsyncOPD trains >= 1.2x the synchronous trainer's tokens per second at an
 accuracy whose paired CI is not entirely below the synchronous trainer's.
 
@@ -39,7 +39,7 @@ import os
 from pathlib import Path
 from typing import Any
 
-from adwin.bench.compare_methods import Method
+from adwin.bench.compare.methods import Method
 
 log = logging.getLogger(__name__)
 
@@ -123,7 +123,7 @@ def report(rows: dict[str, dict[str, Any]]) -> dict[str, Any]:
     """Per scheduler its measured row, and the comparison: speed-up, paired accuracy difference, goal."""
     import numpy as np
 
-    from adwin.bench.compare_tasks import bootstrap_mean_ci
+    from adwin.bench.compare.tasks import bootstrap_mean_ci
 
     out: dict[str, Any] = {"runs": {}}
     for key, row in rows.items():
@@ -171,7 +171,7 @@ def table(res: dict[str, Any]) -> str:
 
 
 def main(args: argparse.Namespace) -> int:
-    from adwin.bench.compare import _json_default, command_line, run_one
+    from adwin.bench.compare.command import _json_default, command_line, run_one
     from adwin.config import default_config_path, load_config
 
     mode = "tiny" if args.profile == "tiny" else "quick" if args.quick else "default"

@@ -1,4 +1,4 @@
-"""The suite's sizing (``adwin.bench.compare_sizing``): the long tasks at the learning curve's steps, the short tasks
+"""The suite's sizing (``adwin.bench.compare.sizing``): the long tasks at the learning curve's steps, the short tasks
 at the most seeds that fit, a cut said out loud when the steps do not fit; the CPU, quick and GPU plans as printed."""
 
 from __future__ import annotations
@@ -9,10 +9,10 @@ from typing import Any
 
 import pytest
 
-from adwin.bench import compare_sizing
-from adwin.bench.compare_plan import SIZING, SUITE_TASKS, Sizing
-from adwin.bench.compare_setup import setup
-from adwin.bench.compare_sizing import (
+from adwin.bench.compare import sizing as compare_sizing
+from adwin.bench.compare.plan import SIZING, SUITE_TASKS, Sizing
+from adwin.bench.compare.setup import setup
+from adwin.bench.compare.sizing import (
     CPU_BUDGET_MIN,
     GPU_LONG_TASK_MIN,
     SHORT_SEEDS,
@@ -66,7 +66,7 @@ def test_quick_and_tiny_keep_their_fixed_sizing(curve) -> None:
     for mode in ("quick", "tiny"):
         sizes, notes = size_suite(mode, "cpu", SUITE_TASKS, _estimate(100.0, 100.0))
         assert sizes["chain-long"] == SIZING[mode]["long"] and sizes["chain"] == SIZING[mode]["short"]
-        assert notes == [f"sizing: {mode}: the fixed smoke sizing (adwin.bench.compare_plan.SIZING), not the curve's "
+        assert notes == [f"sizing: {mode}: the fixed smoke sizing (adwin.bench.compare.plan.SIZING), not the curve's "
                          "steps"]
 
 

@@ -8,7 +8,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from adwin.bench.asyncopd import GOAL_SPEEDUP, report, speed
+from adwin.bench.compare.asyncopd import GOAL_SPEEDUP, report, speed
 from adwin.cli import build_parser
 
 
@@ -39,7 +39,7 @@ def test_report_gives_the_speedup_and_the_paired_accuracy_difference(stream_wall
 
 @pytest.mark.timeout(300)
 def test_bench_async_runs_both_schedulers_on_the_tiny_profile(tmp_path: Path, monkeypatch, capsys) -> None:
-    monkeypatch.chdir(Path(__file__).resolve().parents[3])  # configs/default.yaml is the base preset
+    monkeypatch.chdir(Path(__file__).resolve().parents[4])  # configs/default.yaml is the base preset
     args = build_parser().parse_args(["bench", "async", "--profile", "tiny", "--workers", "thread",
                                       "--out", str(tmp_path)])
     assert args._module.main(args) == 0
@@ -60,7 +60,7 @@ def test_bench_async_runs_both_schedulers_on_the_tiny_profile(tmp_path: Path, mo
 
 
 def test_workers_option_names_the_streaming_runs_and_refuses_unknown_kinds() -> None:
-    from adwin.bench.asyncopd import parse_workers
+    from adwin.bench.compare.asyncopd import parse_workers
 
     assert parse_workers("thread,ray,thread") == ["thread", "ray"]
     with pytest.raises(ValueError, match="--workers"):

@@ -10,10 +10,10 @@ from pathlib import Path
 import pytest
 import torch
 
-from adwin.bench.gpu import goals, report
-from adwin.bench.gpu_models import TINY, build_pair
-from adwin.bench.gpu_runs import summarize, with_ratios
-from adwin.bench.gpu_setup import bounded, gpu_tests, junit_counts
+from adwin.bench.gpu.command import goals, report
+from adwin.bench.gpu.models import TINY, build_pair
+from adwin.bench.gpu.runs import summarize, with_ratios
+from adwin.bench.gpu.setup import bounded, gpu_tests, junit_counts
 from adwin.cli import main
 
 

@@ -12,9 +12,8 @@ from typing import Any
 
 import pytest
 
-from adwin.bench import compare
-from adwin.bench.compare_methods import all_methods, select_methods
-from adwin.bench.compare_plan import (
+from adwin.bench.compare.methods import all_methods, select_methods
+from adwin.bench.compare.plan import (
     SIZING,
     SUITE_CONFIG,
     SUITE_TASKS,
@@ -25,8 +24,9 @@ from adwin.bench.compare_plan import (
     suite_measure,
     task_config,
 )
-from adwin.bench.compare_suite import cross_task, mean_over_tasks
-from adwin.bench.compare_tasks import MEASURES, goal_lines, regrets, suite_goals
+from adwin.bench.compare.setup import base_overrides
+from adwin.bench.compare.suite import cross_task, mean_over_tasks
+from adwin.bench.compare.tasks import MEASURES, goal_lines, regrets, suite_goals
 from adwin.cli import main
 from adwin.config import load_config, resolve_config
 from adwin.tasks.suite import get_task
@@ -34,7 +34,7 @@ from adwin.tasks.suite import get_task
 
 def _suite_base(mode: str = "default") -> Any:
     args = argparse.Namespace(set=[], suite=True)
-    return load_config(resolve_config(SUITE_CONFIG).path, compare.base_overrides(args, mode, 20))
+    return load_config(resolve_config(SUITE_CONFIG).path, base_overrides(args, mode, 20))
 
 
 def test_the_suite_preset_is_proportioned_like_the_paper() -> None:
@@ -83,7 +83,7 @@ def test_a_user_set_batch_wins_over_the_sizing() -> None:
 
 
 def test_long_rollouts_cost_more_than_their_window_share() -> None:
-    from adwin.bench.compare_plan import rollout_s
+    from adwin.bench.compare.plan import rollout_s
 
     assert rollout_s(2048, "short") == pytest.approx(2 * rollout_s(1024, "short"))  # linear on short tasks
     long = [rollout_s(w, "long") for w in (512, 1024, 2048)]
@@ -122,7 +122,7 @@ def _entry(acc: float, wall: float, flops: float, diff: tuple[float, float] | No
 
 def _results(adwin_acc: float, adwin_wall: float, long_diff: tuple[float, float]) -> tuple[dict, dict]:
     """Five tasks, full / linear / two fixed rungs / ADWIN; ADWIN's accuracy and wall given."""
-    from adwin.bench.compare_methods import Method
+    from adwin.bench.compare.methods import Method
 
     per_task, methods = {}, {}
     for task in SUITE_TASKS:
@@ -244,7 +244,7 @@ def test_tiny_suite_runs_the_five_tasks_with_their_shapes(tmp_path: Path, monkey
 
 
 def test_labels_of_neighbouring_points_at_one_regret_take_different_heights() -> None:
-    from adwin.bench.compare_suite import label_offsets
+    from adwin.bench.compare.suite import label_offsets
 
     points = [(0.05, 0.047), (0.08, 0.047), (0.17, 0.047), (0.18, 0.047), (0.48, 0.047), (0.37, 0.039)]
     offsets = label_offsets(points)

@@ -9,8 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from adwin.bench.compare import all_methods, fast_opd_schedule, quick_keys, select_methods
-from adwin.bench.compare_stats import aggregate, estimate_flops, goal_check, mean_std
+from adwin.bench.compare.methods import all_methods, fast_opd_schedule, quick_keys, select_methods
+from adwin.bench.compare.stats import aggregate, estimate_flops, goal_check, mean_std
 from adwin.cli import main
 
 
@@ -110,14 +110,9 @@ def test_the_shared_start_of_run_evaluation_equals_each_methods_own(tmp_path: Pa
     itself must get exactly the same numbers, whatever the method, and its final scores stay paired."""
     import argparse
 
-    from adwin.bench.compare import (
-        TINY_OVERRIDES,
-        Method,
-        all_methods,
-        base_overrides,
-        initial_eval_job,
-        run_one,
-    )
+    from adwin.bench.compare.command import initial_eval_job, run_one
+    from adwin.bench.compare.methods import Method, all_methods
+    from adwin.bench.compare.setup import TINY_OVERRIDES, base_overrides
     from adwin.config import load_config
 
     monkeypatch.setenv("ADWIN_HOME", str(tmp_path / "home"))
@@ -136,7 +131,7 @@ def test_the_shared_start_of_run_evaluation_equals_each_methods_own(tmp_path: Pa
 
 
 def test_a_compare_across_tasks_defaults_to_the_goals_methods() -> None:
-    from adwin.bench.compare import all_methods, select_methods, suite_keys
+    from adwin.bench.compare.methods import all_methods, select_methods, suite_keys
 
     cands = [32, 64, 128, 192, 256]
     chosen = [m.key for m in select_methods(None, all_methods(320, cands), suite_keys(cands))]

@@ -114,8 +114,8 @@ def suite_goals(regret: Mapping[str, Mapping[str, Any]], tasks: Sequence[str], w
     ``regret``: :func:`regrets` over the cross-task names (``fixed-rung<k>`` and fixed windows by value);
     ``wall_ratio``: per name, end-to-end wall over full's averaged over tasks; ``share_max``: the largest
     learner-side decision share of any run; ``long_task``: the per-method results of ``LONG_TASK``
-    (``adwin.bench.compare_report.finish``'s ``methods``), None when it did not run; ``long_measure``: what its goal
-    reads (``adwin.bench.compare_plan.suite_measure``); ``measures``: per task the measure its regret is of (None: accuracy
+    (``adwin.bench.compare.report.finish``'s ``methods``), None when it did not run; ``long_measure``: what its goal
+    reads (``adwin.bench.compare.plan.suite_measure``); ``measures``: per task the measure its regret is of (None: accuracy
     everywhere)."""
     share = {"max_share": share_max, "limit": SHARE_MAX,
              "met": bool(math.isfinite(share_max) and share_max <= SHARE_MAX)}

@@ -21,8 +21,9 @@ from adwin.controller import Controller
 from adwin.loop.distributed import LocalDist
 from adwin.loop.parts import build_optimizer
 from adwin.loop.trainer import train
+from adwin.runtime.checkpoint import CheckpointMismatch
 from adwin.runtime.sharded_checkpoint import SHARDED_DIR, load_sharded, stage_sharded
-from adwin.sampling.lora import LORA_EXPORT, CheckpointMismatch, apply_lora
+from adwin.sampling.lora import LORA_EXPORT, apply_lora
 
 pytest.importorskip("peft")  # the lora extra
 

@@ -14,14 +14,14 @@ one per core; the results do not depend on it, only the wall times do). The buil
 problems are the same for every run. Output: a table, ``<out>/<date>[-quick|-tiny]/results.json``,
 ``accuracy_vs_tokens.png``, ``windows.png`` and ``index.html``.
 
-Each task's runs get the task's own horizon and candidate ladder (``adwin.bench.compare_plan.task_config``), and
+Each task's runs get the task's own horizon and candidate ladder (``adwin.bench.compare.plan.task_config``), and
 a planned-cost line is printed before the first run. ``--suite`` is the five-task suite proportioned like the
 paper (``configs/suite.yaml``, per-task steps and evaluation size; docs/benchmarks.md, "The five-task suite").
 
 ``--tasks chain,chain-drift,chain-late`` runs every method on every built-in task (paired: the same seeds,
 training prompts and evaluation problems across methods) into ``<out>/<date>/<task>/`` each, plus a
 cross-task ``index.html`` and ``suite.json`` with each method's regret and worst-case regret
-(``adwin.bench.compare_tasks``). One task (``chain``) by default.
+(``adwin.bench.compare.tasks``). One task (``chain``) by default.
 
 ``--quick`` is a smoke run (one seed, 8 steps, six methods, 64 evaluation problems) and says so in every output;
 ``--profile tiny`` uses the tiny built-in models and a tiny budget (the test suite's smoke test).
@@ -52,49 +52,12 @@ import time
 from pathlib import Path
 from typing import Any
 
-from adwin.bench.compare_methods import (  # noqa: F401  (re-exported: the compare's public names)
-    ASYNC_LAGS,
-    FAST_OPD,
-    IW_GAMMA,
-    THRESHOLDS,
-    Method,
-    all_methods,
-    asyncopd_methods,
-    fast_opd_schedule,
-    quick_keys,
-    select_methods,
-    suite_keys,
-    suite_quick_keys,
-)
+from adwin.bench.compare.methods import Method
+from adwin.bench.compare.setup import STEPS, base_overrides
 from adwin.bench.workers import spawn_pool
-from adwin.tasks.suite import DEFAULT_TASK, TASK_NAMES, get_task
+from adwin.tasks.suite import DEFAULT_TASK, TASK_NAMES
 
 log = logging.getLogger(__name__)
-
-STEPS = {"default": 30, "quick": 8, "tiny": 2}
-SEEDS = {"default": 2, "quick": 1, "tiny": 1}
-TINY_OVERRIDES: dict[str, Any] = {  # a budget the test suite can afford (< 60 s for the whole compare)
-    "rollout.prompts_per_step": 2, "rollout.samples_per_prompt": 2, "rollout.max_response_len": 16,
-    "window.candidates": [4, 8, 12], "window.initial": None, "probes.batch_size": 2, "probes.offers_per_step": 2,
-    "probes.staleness_limit": 2, "probes.max_active": 8, "eval.n_problems": 4, "eval.every": 0,
-}
-
-
-# 16 rollouts per step (8 prompts x 2), not configs/default.yaml's 128: a dozen methods x seeds x tasks must fit
-# the budget of a many-method compare (the suite proper has its own preset, configs/suite.yaml); P stays 8
-BATCH_OVERRIDES: dict[str, Any] = {"rollout.prompts_per_step": 8, "rollout.samples_per_prompt": 2,
-                                   "probes.offers_per_step": 4}
-QUICK_OVERRIDES: dict[str, Any] = BATCH_OVERRIDES | {"eval.n_problems": 64}  # smoke run: half the problems
-# the full suite: 1,024 problems x k=1 x 2 seeds = 2,048 samples per method, about what the worst case asks
-# for a paired 95 % half-width <= 0.03 (compare_tasks.samples_needed(0.03) = 2,135; the measured half-widths are
-# reported). Affordable within the hour on 2 cores since evaluation drops stopped rows from its batches
-# (eval.compact, ~2x cheaper; docs/decisions.md, "Evaluation drops stopped rows from its batches (`eval.compact`)").
-# At equal cost more problems beat more samples per problem: samples of one problem are correlated, distinct
-# problems are not
-DEFAULT_OVERRIDES: dict[str, Any] = BATCH_OVERRIDES | {"eval.n_problems": 1024, "eval.k": 1}
-
-
-
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--profile", choices=("default", "tiny"), default="default",
@@ -105,7 +68,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--suite", action="store_true",
                    help="the five-task suite proportioned like the paper: configs/suite.yaml (128 rollouts per "
                         "step, P = 8, the default probe backend and audit budget), the goal's methods, steps and "
-                        "evaluation problems per task (adwin.bench.compare_plan.SIZING); --quick: its smoke run; "
+                        "evaluation problems per task (adwin.bench.compare.plan.SIZING); --quick: its smoke run; "
                         "--tasks: a subset of the five")
     p.add_argument("--quick", action="store_true", help="smoke run: one seed, fewer steps, six methods")
     p.add_argument("--methods", help="comma-separated method keys or families (full, linear, fixed, fixed-64, adwin, "
@@ -126,51 +89,13 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                         "1 for --profile tiny; --device cuda: every method of a task at once)")
     p.add_argument("--device", choices=("cpu", "cuda"), default="cpu",
                    help="where the runs train (model.device); the suite's sizing and plan follow it "
-                        "(adwin.bench.compare_sizing)")
-
-
-def parse_tasks(spec: str) -> list[str]:
-    """``--tasks``: comma-separated built-in task names, each known, in order, without repeats."""
-    names = [x.strip() for x in spec.split(",") if x.strip()]
-    if not names:
-        raise ValueError(f"--tasks: name at least one of {', '.join(TASK_NAMES)}")
-    for name in names:
-        get_task(name)  # raises naming the allowed ones
-    return list(dict.fromkeys(names))
-
-
-def parse_seeds(spec: str | None, default: int) -> list[int]:
-    if not spec:
-        return list(range(default))
-    if "," in spec:
-        return [int(x) for x in spec.split(",") if x.strip()]
-    n = int(spec)
-    if n < 1:
-        raise ValueError("--seeds must be >= 1")
-    return list(range(n))
-
-
-def base_overrides(args: argparse.Namespace, mode: str, steps: int) -> dict[str, Any]:
-    from adwin.config import parse_set
-
-    if getattr(args, "suite", False):
-        # the suite keeps its preset's batch, probe backend and budget; the tiny profile shrinks them
-        ov: dict[str, Any] = dict(TINY_OVERRIDES) if mode == "tiny" else {}
-    else:
-        ov = dict({"tiny": TINY_OVERRIDES, "quick": QUICK_OVERRIDES, "default": DEFAULT_OVERRIDES}[mode])
-        # inline probe rounds keep every method's run a pure function of its seed, so the methods differ only
-        # by what they are; `--set probes.backend=thread` measures the asynchronous variant instead
-        ov["probes.backend"] = "inline"
-    ov |= parse_set(args.set)
-    ov |= {"steps": steps, "eval.every": 0, "controller.serve": False, "logging.progress": False, "logging.stdout": False,
-           "logging.wandb": "off"}
-    return ov
+                        "(adwin.bench.compare.sizing)")
 
 
 def main(args: argparse.Namespace) -> int:
     from rich.console import Console
 
-    from adwin.bench.compare_setup import setup
+    from adwin.bench.compare.setup import setup
 
     run = setup(args)
     mode, tasks, seeds, config_path, base = run.mode, run.tasks, run.seeds, run.config_path, run.base
@@ -190,8 +115,8 @@ def main(args: argparse.Namespace) -> int:
         "assets_seed": args.assets_seed, "jobs": args.jobs, "device": args.device, "sizing": notes,
         "machine_before": machine_info(),
     }
-    from adwin.bench.compare_report import finish
-    from adwin.bench.compare_suite import finish_suite
+    from adwin.bench.compare.report import finish
+    from adwin.bench.compare.suite import finish_suite
 
     per_task: dict[str, dict[str, Any]] = {}
     for task, task_base, chosen in shaped:
@@ -304,15 +229,9 @@ def run_all(base: Any, methods: list[Method], seeds: list[int], args: argparse.N
 
 
 def run_config(base: Any, method: Method | None, seed: int, assets_seed: int, out_dir: Path | None) -> Any:
-    from adwin.config import TrainConfig
+    from adwin.config import TrainConfig, apply_overrides
 
-    data = base.model_dump(mode="json")
-    for dotted, value in (method.overrides if method else {}).items():
-        node = data
-        *parents, leaf = dotted.split(".")
-        for p in parents:
-            node = node[p]
-        node[leaf] = value
+    data = apply_overrides(base.model_dump(mode="json"), method.overrides if method else {})
     data |= {"seed": seed}
     if method is not None and out_dir is not None:
         data |= {"name": f"{method.key}-seed{seed}", "out_dir": str(out_dir / "runs")}
@@ -352,7 +271,7 @@ def run_one(base: Any, method: Method, seed: int, profile: str, assets_seed: int
             initial_eval: dict[str, float] | None = None) -> dict[str, Any]:
     """One training run through ``adwin.loop.trainer.train`` (or ``train_asyncopd`` for ``scheduler: asyncopd``)
     with an embedded controller; its measured row. ``initial_eval``: the seed's shared start-of-run evaluation (:func:`initial_eval_job`); None evaluates."""
-    from adwin.bench.compare_stats import measure_run
+    from adwin.bench.compare.stats import measure_run
     from adwin.controller import Controller
     from adwin.loop.trainer import train
     from adwin.probes.settings import param_count

@@ -1,5 +1,7 @@
 """What ``adwin bench compare`` will run, decided before the first run: each task's config and methods, its seeds,
-the suite's sizing (``adwin.bench.compare_sizing``) and the planned cost (``adwin.bench.compare_plan``)."""
+the suite's sizing (``adwin.bench.compare.sizing``) and the planned cost (``adwin.bench.compare.plan``); and what
+the command line says of it (``--tasks``, ``--seeds``, the budget's overrides), which ``curve`` and the tests read
+too."""
 
 from __future__ import annotations
 
@@ -8,7 +10,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from adwin.bench.compare_methods import (
+from adwin.bench.compare.methods import (
     Method,
     all_methods,
     quick_keys,
@@ -16,12 +18,35 @@ from adwin.bench.compare_methods import (
     suite_keys,
     suite_quick_keys,
 )
+from adwin.tasks.suite import DEFAULT_TASK, TASK_NAMES, get_task
+
+STEPS = {"default": 30, "quick": 8, "tiny": 2}
+SEEDS = {"default": 2, "quick": 1, "tiny": 1}
+TINY_OVERRIDES: dict[str, Any] = {  # a budget the test suite can afford (< 60 s for the whole compare)
+    "rollout.prompts_per_step": 2, "rollout.samples_per_prompt": 2, "rollout.max_response_len": 16,
+    "window.candidates": [4, 8, 12], "window.initial": None, "probes.batch_size": 2, "probes.offers_per_step": 2,
+    "probes.staleness_limit": 2, "probes.max_active": 8, "eval.n_problems": 4, "eval.every": 0,
+}
+
+
+# 16 rollouts per step (8 prompts x 2), not configs/default.yaml's 128: a dozen methods x seeds x tasks must fit
+# the budget of a many-method compare (the suite proper has its own preset, configs/suite.yaml); P stays 8
+BATCH_OVERRIDES: dict[str, Any] = {"rollout.prompts_per_step": 8, "rollout.samples_per_prompt": 2,
+                                   "probes.offers_per_step": 4}
+QUICK_OVERRIDES: dict[str, Any] = BATCH_OVERRIDES | {"eval.n_problems": 64}  # smoke run: half the problems
+# the full suite: 1,024 problems x k=1 x 2 seeds = 2,048 samples per method, about what the worst case asks
+# for a paired 95 % half-width <= 0.03 (compare_tasks.samples_needed(0.03) = 2,135; the measured half-widths are
+# reported). Affordable within the hour on 2 cores since evaluation drops stopped rows from its batches
+# (eval.compact, ~2x cheaper; docs/decisions.md, "Evaluation drops stopped rows from its batches (`eval.compact`)").
+# At equal cost more problems beat more samples per problem: samples of one problem are correlated, distinct
+# problems are not
+DEFAULT_OVERRIDES: dict[str, Any] = BATCH_OVERRIDES | {"eval.n_problems": 1024, "eval.k": 1}
 
 
 @dataclass
 class Setup:
     """What a compare will run, decided before the first run: the shaped tasks, their seeds, the plan and its
-    sizing lines (``adwin.bench.compare_sizing``)."""
+    sizing lines (``adwin.bench.compare.sizing``)."""
 
     mode: str
     tasks: list[str]
@@ -34,18 +59,16 @@ class Setup:
     notes: list[str]
 
     def plan_lines(self, profile: str) -> list[str]:
-        from adwin.bench.compare_plan import plan_line
+        from adwin.bench.compare.plan import plan_line
 
         return [plan_line(self.planned, profile), *self.notes]
 
 
 def setup(args: argparse.Namespace) -> Setup:
     """Shape every task, size the suite and plan it; sets ``args.jobs`` when it was left to its default."""
-    from adwin.bench.compare import SEEDS, STEPS, base_overrides, parse_seeds, parse_tasks
-    from adwin.bench.compare_plan import SUITE_CONFIG, SUITE_TASKS, plan
-    from adwin.bench.compare_sizing import size_suite
+    from adwin.bench.compare.plan import SUITE_CONFIG, SUITE_TASKS, plan
+    from adwin.bench.compare.sizing import size_suite
     from adwin.config import load_config, resolve_config
-    from adwin.tasks.suite import DEFAULT_TASK
 
     mode = "tiny" if args.profile == "tiny" else "quick" if args.quick else "default"
     tasks = parse_tasks(args.tasks) if args.tasks else list(SUITE_TASKS) if args.suite else [DEFAULT_TASK]
@@ -83,7 +106,7 @@ def setup(args: argparse.Namespace) -> Setup:
 def shape_task(base: Any, task: str, args: argparse.Namespace, mode: str, size: Any, n_tasks: int) -> tuple[Any, list[Method]]:
     """``task``'s run config (its horizon, ladder and, in the suite, its ``size``: steps, batch, evaluation) and
     its methods."""
-    from adwin.bench.compare_plan import task_config
+    from adwin.bench.compare.plan import task_config
     from adwin.config import parse_set
 
     cfg = task_config(base, task, args.profile, list(parse_set(args.set)), size.eval_problems if size else None,
@@ -105,3 +128,41 @@ def shape_task(base: Any, task: str, args: argparse.Namespace, mode: str, size: 
 def task_seeds(seeds: list[int], size: Any, spec: str | None) -> list[int]:
     """The seeds a task runs: the sizing's count unless ``--seeds`` named them."""
     return list(range(size.seeds)) if size is not None and size.seeds and spec is None else seeds
+
+
+def parse_tasks(spec: str) -> list[str]:
+    """``--tasks``: comma-separated built-in task names, each known, in order, without repeats."""
+    names = [x.strip() for x in spec.split(",") if x.strip()]
+    if not names:
+        raise ValueError(f"--tasks: name at least one of {', '.join(TASK_NAMES)}")
+    for name in names:
+        get_task(name)  # raises naming the allowed ones
+    return list(dict.fromkeys(names))
+
+
+def parse_seeds(spec: str | None, default: int) -> list[int]:
+    if not spec:
+        return list(range(default))
+    if "," in spec:
+        return [int(x) for x in spec.split(",") if x.strip()]
+    n = int(spec)
+    if n < 1:
+        raise ValueError("--seeds must be >= 1")
+    return list(range(n))
+
+
+def base_overrides(args: argparse.Namespace, mode: str, steps: int) -> dict[str, Any]:
+    from adwin.config import parse_set
+
+    if getattr(args, "suite", False):
+        # the suite keeps its preset's batch, probe backend and budget; the tiny profile shrinks them
+        ov: dict[str, Any] = dict(TINY_OVERRIDES) if mode == "tiny" else {}
+    else:
+        ov = dict({"tiny": TINY_OVERRIDES, "quick": QUICK_OVERRIDES, "default": DEFAULT_OVERRIDES}[mode])
+        # inline probe rounds keep every method's run a pure function of its seed, so the methods differ only
+        # by what they are; `--set probes.backend=thread` measures the asynchronous variant instead
+        ov["probes.backend"] = "inline"
+    ov |= parse_set(args.set)
+    ov |= {"steps": steps, "eval.every": 0, "controller.serve": False, "logging.progress": False, "logging.stdout": False,
+           "logging.wandb": "off"}
+    return ov

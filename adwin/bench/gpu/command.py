@@ -9,7 +9,7 @@ b. tests: ``pytest -m gpu`` over the checkout's GPU-marked test modules (skipped
 c. decode: ms per decode step of adwin's rollout engine, uncompiled and compiled (``rollout.compile``), against
    transformers' ``generate(cache_implementation="static")`` on the same model and rows (goal: within 1.25x);
 d. runs: the fixed window (``window.initial``) and full-rollout OPD first, then ADWIN with ``inline``,
-   ``rollout`` and ``thread`` probes, on a ~135M-parameter Llama pair built in code (``adwin.bench.gpu_models``)
+   ``rollout`` and ``thread`` probes, on a ~135M-parameter Llama pair built in code (``adwin.bench.gpu.models``)
    or the checkpoints named by ``--student``/``--teacher``; ADWIN's wall per step over the fixed window's (goal
    <= 1.1x) and the learner's decision share (goal <= 0.10).
 
@@ -30,7 +30,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from adwin.bench.gpu_runs import BASELINES, VARIANTS
+from adwin.bench.gpu.runs import BASELINES, VARIANTS
 
 log = logging.getLogger(__name__)
 
@@ -63,7 +63,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 def main(args: argparse.Namespace) -> int:
     from transformers.utils import logging as hf_logging
 
-    from adwin.bench.gpu_setup import setup_check
+    from adwin.bench.gpu.setup import setup_check
 
     hf_logging.disable_progress_bar()
 
@@ -93,7 +93,7 @@ def main(args: argparse.Namespace) -> int:
     record("pair", {"student": str(student), "teacher": str(teacher), "dtype": dtype, "built": args.student is None,
                     "seconds": time.perf_counter() - t1})
     if "tests" in parts:
-        from adwin.bench.gpu_setup import gpu_tests
+        from adwin.bench.gpu.setup import gpu_tests
 
         tests = Path(args.tests) if args.tests else None
         record("tests", gpu_tests(tests, min(TESTS_SHARE * args.budget, _left(deadline)), out))
@@ -126,15 +126,15 @@ def _left(deadline: float) -> float:
 def _pair(args: argparse.Namespace, out: Path, dtype: str) -> tuple[Path, Path]:
     if args.student is not None:
         return Path(args.student), Path(args.teacher)
-    from adwin.bench.gpu_models import SMOLLM2_135M, TINY, build_pair
+    from adwin.bench.gpu.models import SMOLLM2_135M, TINY, build_pair
 
     return build_pair(out / "pair", TINY if args.quick else SMOLLM2_135M, dtype)
 
 
 def _decode(args: argparse.Namespace, student: Path, dtype: str, device: str, out: Path,
             timeout_s: float) -> dict[str, Any]:
-    from adwin.bench.gpu_decode import read_decode, run_decode
-    from adwin.bench.gpu_setup import bounded
+    from adwin.bench.gpu.decode import read_decode, run_decode
+    from adwin.bench.gpu.setup import bounded
 
     rows, new = args.rows or (4 if args.quick else 64), args.new_tokens or (16 if args.quick else 256)
     path = out / "decode.jsonl"
@@ -147,7 +147,7 @@ def _decode(args: argparse.Namespace, student: Path, dtype: str, device: str, ou
 
 def _runs(args: argparse.Namespace, variants: list[str], student: Path, teacher: Path, device: str, dtype: str,
           out: Path, deadline: float, record: Any) -> list[dict[str, Any]]:
-    from adwin.bench.gpu_runs import (
+    from adwin.bench.gpu.runs import (
         GPU_SETTINGS,
         QUICK_SETTINGS,
         metrics_rows,
@@ -158,7 +158,7 @@ def _runs(args: argparse.Namespace, variants: list[str], student: Path, teacher:
         summarize,
         with_ratios,
     )
-    from adwin.bench.gpu_setup import bounded
+    from adwin.bench.gpu.setup import bounded
 
     settings = (QUICK_SETTINGS if args.quick else GPU_SETTINGS) | {"model.dtype": dtype}
     sets = run_overrides(settings, student, teacher, device, args.set)
@@ -212,7 +212,7 @@ def _f(x: Any, fmt: str = "{:.2f}") -> str:
 
 def report(result: dict[str, Any]) -> str:
     """The bench as markdown: a header line per fact, then one table per part."""
-    from adwin.bench.compare_report import markdown_table
+    from adwin.bench.compare.report import markdown_table
 
     s = result["setup"]
     lines = [f"# adwin bench gpu{' --quick' if result['quick'] else ''}", "",

@@ -9,8 +9,8 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from adwin.bench.compare_stats import FLOPS_FORMULA, FLOPS_NOTE, aggregate, goal_check
-from adwin.bench.compare_tasks import MEASURES, measures_of, paired_stats
+from adwin.bench.compare.stats import FLOPS_FORMULA, FLOPS_NOTE, aggregate, goal_check
+from adwin.bench.compare.tasks import MEASURES, measures_of, paired_stats
 
 SMOKE_BANNER = "SMOKE RUN ({mode}): one seed, few steps, reduced budget. Not a result; do not quote these numbers."
 
