@@ -25,6 +25,7 @@ anything else propagates.
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 import logging
 import threading
@@ -59,6 +60,7 @@ from adwin.probes.auditors import (
     _merged,
     _Pending,
 )
+from adwin.probes.evidence import EvidencePool
 from adwin.probes.expiry import drop_overstale, evict_expired
 from adwin.probes.offers import OFFER_FINISHED, is_complete, offer_indices
 from adwin.probes.pool import Probe, ProbePool, Score
@@ -105,10 +107,15 @@ class ProbeClient:
     _expiry_warned: bool = False
     _held: list[Held] = field(default_factory=list)  # ready batches awaiting their pool (``adwin.probes.pooling``)
     _budget_lock: threading.Lock = field(default_factory=threading.Lock)  # AsyncOPD offers from its feeder thread
+    _evidence: EvidencePool | None = None  # audit.evidence_audits > 1: the audits a decision pools
 
     def __post_init__(self) -> None:
         if self.offer_finished not in OFFER_FINISHED:
             raise ValueError(f"offer_finished must be one of {OFFER_FINISHED}, got {self.offer_finished!r}")
+        s = self.settings
+        if s is not None and s.evidence_audits > 1:
+            self._evidence = EvidencePool(s.evidence_audits, s.evidence_decay, self.staleness_limit, s.estimator,
+                                          s.ci_level, s.ci_samples, s.seed)
 
     @property
     def max_len(self) -> int:
@@ -417,6 +424,8 @@ class ProbeClient:
         """Send one finished audit to the controller; an audit refused for NaN/Inf leaves the window as it was."""
         try:
             outcome = p.future.result()
+            if self._evidence is not None:  # the decision reads this audit's samples with the earlier ones
+                outcome = dataclasses.replace(outcome, result=self._evidence.apply(outcome.result, outcome.version))
             res = outcome.result
             out = self.controller.submit_audit(
                 self.run_id, p.audit_id,

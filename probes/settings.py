@@ -34,7 +34,8 @@ def audit_settings(audit: AuditConfig, candidates: Sequence[int], *, seed: int =
                          sketch_dim=audit.sketch_dim, seed=seed, macro=audit.macro, params=audit.params,
                          estimator=audit.estimator, ci_level=audit.ci_level, ci_samples=audit.ci_samples,
                          is_method=p.is_method, is_low=p.is_low, is_high=p.is_high, is_level=p.is_level,
-                         micro_batch=micro_batch, autocast=autocast)
+                         micro_batch=micro_batch, autocast=autocast, evidence_audits=audit.evidence_audits,
+                         evidence_decay=audit.evidence_decay)
 
 
 def audit_schedule(audit: AuditConfig, threshold: float) -> AuditSchedule | None:

@@ -92,6 +92,9 @@ class AuditResult:
     # what the estimator reads per candidate when the samples share no signal (adwin.audit.truth.noise_floor;
     # 0 for debiased); from per-sample Grams, so only when the audit computed them
     noise_floor: dict[int, float] = field(default_factory=dict)
+    # (P, K+1, D) per-sample segment sketches when the audit computed them (audit.ci_level): what a later decision
+    # pools (adwin.audit.evidence); never serialized
+    vectors: np.ndarray | None = field(default=None, repr=False)
 
     def to_dict(self, *, include_sketch: bool = False) -> dict[str, Any]:
         """JSON-able dict. The sketch (large) is left out unless ``include_sketch``; then it travels as
@@ -129,8 +132,8 @@ class AuditResult:
              for end, v in zip(("low", "high"), ci, strict=True)}
         m |= {f"audit/batch_cos_{c}": v for c, v in self.batch_cosines.items()}
         m |= {f"audit/noise_cos_{c}": v for c, v in self.noise_floor.items()}
-        if "signal_z" in self.extra:
-            m["audit/signal_z"] = self.extra["signal_z"]
+        m |= {f"audit/{k}": self.extra[k] for k in ("signal_z", "evidence_samples", "evidence_audits")
+              if k in self.extra}
         if "debiased_fallbacks" in self.extra:
             m["audit/debiased_fallbacks"] = self.extra["debiased_fallbacks"]
         return m
@@ -393,6 +396,7 @@ def audit(
         batch_cosines=batch_cos if estimator != "batch" else {},
         cosine_ci=ci,
         noise_floor={} if floor is None else {c: float(v) for c, v in zip(cands, floor, strict=True)},
+        vectors=np.stack(vectors).astype(np.float32) if vectors else None,
     )
 
 

@@ -47,6 +47,8 @@ class AuditSettings:
     is_level: str = "token"
     micro_batch: int | None = None  # rows per forward/backward (optim.micro_batch_size); None: the whole batch
     autocast: str = "off"  # model.autocast of the audit's forwards
+    evidence_audits: int = 1  # audit.evidence_audits: audits a decision pools (the probe client's, probes/evidence.py)
+    evidence_decay: float = 0.7  # audit.evidence_decay
     extra: dict[str, Any] = field(default_factory=dict)  # further keyword arguments of ``audit``
 
 

@@ -45,7 +45,8 @@ class Rule:
     noise_hold: bool = False  # window.noise_hold
     grow_to: str = "sure"  # window.grow_to
     signal_z: float = 3.0  # window.signal_z
-    pool: int = 1  # audits whose probes one decision reads (at fixed weights: a probe batch of pool x P)
+    pool: int = 1  # audit.evidence_audits
+    decay: float = 0.7  # audit.evidence_decay
 
 
 RULES: tuple[Rule, ...] = (
@@ -58,6 +59,7 @@ RULES: tuple[Rule, ...] = (
     Rule("debiased, confidence, noise hold, grow to point", "debiased", confidence=True, noise_hold=True,
          grow_to="point"),
     Rule("debiased, confidence, noise hold, 4 audits pooled", "debiased", confidence=True, noise_hold=True, pool=4),
+    Rule("batch, confidence, noise hold, 4 audits pooled", "batch", confidence=True, noise_hold=True, pool=4),
 )
 
 
@@ -68,7 +70,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--sizes", default="2,8,32,64", help="probe batch sizes P the estimators are read at")
     p.add_argument("--draws", type=int, default=200, help="random probe batches per P (default 200)")
     p.add_argument("--update-rollouts", type=int, default=32, help="R of the update view (default 32)")
-    p.add_argument("--probe-batch", type=int, default=None, help="the replay's P (default: the run's)")
+    p.add_argument("--probe-batch", default=None, help="the replay's P, comma-separated (default: the run's and 8)")
     p.add_argument("--replay-audits", type=int, default=12, help="audits per replayed run (default 12)")
     p.add_argument("--replay-runs", type=int, default=40, help="replayed runs per rule (default 40)")
     p.add_argument("--sketch-dim", type=int, default=16384, help="CountSketch dimension (default 16384)")
@@ -97,9 +99,10 @@ def main(args: argparse.Namespace) -> int:
         meta = dict(checkpoints[0]["meta"]) | {"replayed_from": [str(p) for p in args.from_npz]}
     else:
         checkpoints, meta = _sample_checkpoints(args, at, out_dir)
-    p_run = int(args.probe_batch or meta["probe_batch"])
+    p_run = sorted({int(x) for x in str(args.probe_batch).split(",")}) if args.probe_batch else \
+        sorted({int(meta["probe_batch"]), 8})
     rng = np.random.default_rng(args.seed)
-    report = {"meta": meta | {"sizes": sizes, "replay_probe_batch": p_run}, "checkpoints": []}
+    report = {"meta": meta | {"sizes": sizes, "replay_probe_batches": p_run}, "checkpoints": []}
     for ck in checkpoints:
         report["checkpoints"].append(measure_checkpoint(ck["h"], ck["candidates"], ck["horizon"], ck["threshold"],
                                                         sizes=sizes, draws=args.draws, r=args.update_rollouts,
@@ -115,7 +118,7 @@ def main(args: argparse.Namespace) -> int:
 
 
 def measure_checkpoint(h: np.ndarray, candidates: Sequence[int], horizon: int, threshold: float, *,
-                       sizes: Sequence[int], draws: int, r: int, p_run: int, audits: int, runs: int,
+                       sizes: Sequence[int], draws: int, r: int, p_run: Sequence[int], audits: int, runs: int,
                        rng: np.random.Generator) -> dict[str, Any]:
     """Every table row of one checkpoint from its (N, K+1, N, K+1) cross Gram."""
     from adwin.audit import truth
@@ -137,54 +140,51 @@ def measure_checkpoint(h: np.ndarray, candidates: Sequence[int], horizon: int, t
         "readings": {str(p): {est: [asdict(x) for x in xs] for est, xs in by.items()} for p, by in readings.items()},
         "update_view": {"R": r, **{str(c): v for c, v in zip([*cands, "full"], update, strict=True)}},
         "truth_window": window, "surely_admissible_window": sure,
-        "replay": {rule.name: replay(h, cands, horizon, threshold, rule, p=p_run, audits=audits, runs=runs,
-                                     truth_window=window, rng=rng) for rule in RULES},
+        "replay": {str(p): {rule.name: replay(h, cands, horizon, threshold, rule, p=p, audits=audits, runs=runs,
+                                              truth_window=window, rng=rng) for rule in RULES} for p in p_run},
     }
 
 
 def replay(h: np.ndarray, candidates: Sequence[int], horizon: int, threshold: float, rule: Rule, *, p: int,
-           audits: int, runs: int, truth_window: int, rng: np.random.Generator) -> dict[str, Any]:
+           audits: int, runs: int, truth_window: int, rng: np.random.Generator, cadence: int = 1,
+           level: float = 0.9) -> dict[str, Any]:
     """``runs`` runs of ``audits`` audits of ``p`` probes drawn from the pool (the weights held fixed, so the right
-    window never moves): ADWIN's policy with ``rule``'s settings decides after each; the share of decisions within
-    one rung of ``truth_window``, exactly on it, and the windows chosen."""
+    window never moves; within a run no sample is drawn twice): ADWIN's policy with ``rule``'s settings decides
+    after each, on the estimators the product computes (``adwin.audit.evidence``; a pooled rule weights the last
+    ``rule.pool`` audits' samples by ``rule.decay ** age``, ``cadence`` steps between audits). Returns the share of
+    decisions within one rung of ``truth_window``, exactly on it, and the windows chosen."""
     from adwin.audit import truth
-    from adwin.audit.estimators import bootstrap_ci_of_gram, cosine_array
+    from adwin.audit.evidence import evidence_of_gram
     from adwin.policies.adaptive import AdaptiveWindow
 
-    cands, k, n = list(candidates), len(candidates), h.shape[0]
-    batch_p = min(n, p * rule.pool)
+    cands, n = list(candidates), h.shape[0]
+    if audits * p > n:
+        raise ValueError(f"{audits} audits of {p} probes need {audits * p} distinct samples; the pool has {n}")
     target = truth.rung(truth_window, cands, horizon)
-    near = exact = total = 0
+    near = exact = 0
     chosen: dict[int, int] = {}
-    for run in range(runs):
+    for _ in range(runs):
         policy = AdaptiveWindow(cands, threshold=threshold, max_len=horizon, confidence=rule.confidence,
                                 noise_hold=rule.noise_hold, grow_to=rule.grow_to, signal_z=rule.signal_z)
-        for _ in range(audits):
-            idx = rng.choice(n, size=batch_p, replace=False)
-            g = truth.subset_gram(h, idx)
-            cos_b, _ = cosine_array(g, k)
-            if rule.estimator == "debiased":
-                cos_d, ok = cosine_array(truth.subset_debiased(h, idx), k)
-                cos = np.where(ok, cos_d, cos_b)
-                floor = np.zeros(k)
-            else:
-                cos = cos_b
-                floor = truth.noise_floor(truth.per_sample_grams(h)[idx], k)
-            cosines = {c: float(v) for c, v in zip(cands, cos, strict=True)}
-            sub = h[np.ix_(idx, np.arange(k + 1), idx, np.arange(k + 1))]  # (p, K+1, p, K+1)
-            ci = bootstrap_ci_of_gram(sub, cands, cosines, estimator=rule.estimator, level=0.9, n_boot=100,
-                                      seed=int(rng.integers(1 << 30))) if rule.confidence else {}
-            policy.observe(_Audit(cosines, ci, {c: float(v) for c, v in zip(cands, floor, strict=True)},
-                                  truth.signal_z(sub)))
+        order = rng.permutation(n)
+        for a in range(audits):
+            first = max(0, a - rule.pool + 1)
+            idx = order[first * p:(a + 1) * p]
+            ages = cadence * (a - np.arange(first, a + 1))  # (audits pooled,)
+            weights = np.repeat(rule.decay ** ages.astype(float), p)  # (m,): decay ** age per sample
+            sub = h[np.ix_(idx, np.arange(len(cands) + 1), idx, np.arange(len(cands) + 1))]  # (m, K+1, m, K+1)
+            sub = sub * weights[:, None, None, None] * weights[None, None, :, None]
+            ev = evidence_of_gram(sub, cands, estimator=rule.estimator, level=level if rule.confidence else None,
+                                  n_boot=100, seed=int(rng.integers(1 << 30)))
+            policy.observe(_Audit(ev.cosines, ev.cosine_ci, ev.noise_floor, ev.signal_z))
             w = policy.window(0)
             r = truth.rung(w, cands, horizon)
             near += abs(r - target) <= 1
             exact += r == target
-            total += 1
             chosen[w] = chosen.get(w, 0) + 1
-        del run
-    return {"within_one_rung": near / total, "exact": exact / total, "decisions": total, "probe_batch": batch_p,
-            "windows": {str(w): c / total for w, c in sorted(chosen.items())}}
+    total = runs * audits
+    return {"within_one_rung": near / total, "exact": exact / total, "decisions": total, "probe_batch": p,
+            "pooled_audits": rule.pool, "windows": {str(w): c / total for w, c in sorted(chosen.items())}}
 
 
 @dataclass
@@ -224,12 +224,12 @@ def truth_markdown(report: Mapping[str, Any]) -> str:
             row.append(f"{ck['update_view'][str(c)]:.2f}")
             lines.append("| " + " | ".join(row) + " |")
         lines.append("| full | | | " + " | " * (2 * len(sizes)) + f"{ck['update_view']['full']:.2f} |")
-        lines += ["", f"Replay at P = {next(iter(ck['replay'].values()))['probe_batch']} (pooled rules: their batch)"
-                  f", truth's window {ck['truth_window']}:", "",
-                  "| rule | within one rung | exactly | windows chosen (share) |", "|---|---|---|---|"]
-        for name, r in ck["replay"].items():
-            ws = ", ".join(f"{w}: {100 * s:.0f} %" for w, s in r["windows"].items())
-            lines.append(f"| {name} | {100 * r['within_one_rung']:.0f} % | {100 * r['exact']:.0f} % | {ws} |")
+        for p, rules in ck["replay"].items():
+            lines += ["", f"Replay at P = {p}, truth's window {ck['truth_window']}:", "",
+                      "| rule | within one rung | exactly | windows chosen (share) |", "|---|---|---|---|"]
+            for name, r in rules.items():
+                ws = ", ".join(f"{w}: {100 * s:.0f} %" for w, s in r["windows"].items())
+                lines.append(f"| {name} | {100 * r['within_one_rung']:.0f} % | {100 * r['exact']:.0f} % | {ws} |")
         lines.append("")
     return "\n".join(lines)
 

@@ -248,6 +248,12 @@ class AuditConfig(_Strict):
                                  "extension, the teacher's scoring of probes, drift diagnostics, audits) may take; "
                                  "it sets the offer and audit cadence. None = offer every step and audit every "
                                  "ready probe batch (audit.every / skip_margin still apply)")
+    evidence_audits: int = Field(1, ge=1, le=64, description="audits whose probe samples one decision reads: this "
+                                 "audit's and up to N - 1 earlier ones (within the staleness limit), weighted by "
+                                 "audit.evidence_decay per step of age; needs audit.ci_level (its per-sample "
+                                 "vectors); 1 = this audit alone (docs/decisions.md, 'The shortest admissible window')")
+    evidence_decay: float = Field(0.7, gt=0.0, le=1.0, description="with evidence_audits > 1: an earlier sample's "
+                                  "weight per optimizer step between its audit's weights and the newest")
     pool_max: int = Field(4, ge=1, le=1024, description="with a budget: most probe batches (of probes.batch_size) "
                           "pooled into one audit, evidence bought with what rarer decisions save; 1 = no pooling")
     budget_seconds: bool = Field(True, description="with a budget: also hold offer rounds while the learner's own "
