@@ -112,10 +112,6 @@ class ProbeClient:
     def __post_init__(self) -> None:
         if self.offer_finished not in OFFER_FINISHED:
             raise ValueError(f"offer_finished must be one of {OFFER_FINISHED}, got {self.offer_finished!r}")
-        s = self.settings
-        if s is not None and s.evidence_audits > 1:
-            self._evidence = EvidencePool(s.evidence_audits, s.evidence_decay, self.staleness_limit, s.estimator,
-                                          s.ci_level, s.ci_samples, s.seed)
 
     @property
     def max_len(self) -> int:
@@ -424,7 +420,11 @@ class ProbeClient:
         """Send one finished audit to the controller; an audit refused for NaN/Inf leaves the window as it was."""
         try:
             outcome = p.future.result()
-            if self._evidence is not None:  # the decision reads this audit's samples with the earlier ones
+            s = self.settings  # set after construction (and per call by the generic recipe)
+            if s is not None and s.evidence_audits > 1:  # the decision reads this audit's samples with earlier ones
+                if self._evidence is None:
+                    self._evidence = EvidencePool(s.evidence_audits, s.evidence_decay, self.staleness_limit,
+                                                  s.estimator, s.ci_level, s.ci_samples, s.seed)
                 outcome = dataclasses.replace(outcome, result=self._evidence.apply(outcome.result, outcome.version))
             res = outcome.result
             out = self.controller.submit_audit(

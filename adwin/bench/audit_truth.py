@@ -92,6 +92,11 @@ def main(args: argparse.Namespace) -> int:
     if args.rollouts < max(sizes + [args.update_rollouts + 2]):
         raise ValueError(f"--rollouts {args.rollouts} must cover the largest P ({max(sizes)}) and "
                          f"--update-rollouts + 2 ({args.update_rollouts + 2})")
+    if args.probe_batch:
+        most = max(int(x) for x in str(args.probe_batch).split(","))
+        if args.replay_audits * most > args.rollouts:
+            raise ValueError(f"--replay-audits {args.replay_audits} of up to {most} probes need "
+                             f"{args.replay_audits * most} distinct rollouts; --rollouts is {args.rollouts}")
     out_dir = Path(args.out) / f"{args.task}-{dt.datetime.now().strftime('%Y-%m-%d-%H%M')}"
     out_dir.mkdir(parents=True, exist_ok=True)
     if args.from_npz:

@@ -38,7 +38,8 @@ def _seed(ctrl: Controller) -> str:
             batch = ctrl.next_probe_batch(rid)
             cos = cosines[step // 4]
             ci = {c: (max(-1.0, v - 0.05), min(1.0, v + 0.05)) for c, v in cos.items()}  # audit.ci_level intervals
-            ctrl.submit_audit(rid, batch.audit_id, AuditIn(cosines=cos, cosine_ci=ci))
+            noise = {f"noise_cos_{c}": (c / 32) ** 0.5 for c in cos}  # each candidate's pure-noise reading
+            ctrl.submit_audit(rid, batch.audit_id, AuditIn(cosines=cos, cosine_ci=ci, stats=noise))
     return rid
 
 
@@ -68,6 +69,7 @@ def test_run_page_draws_all_charts_in_headless_chromium(tmp_path):
         assert 'data-drawn="' in html and "window <b>" in html
         cos_block = html.split('id="chart-cosines"', 1)[1].split('class="chart"', 1)[0]
         assert 'class="yerror"' in cos_block  # each audit's cosine interval as an error bar
+        assert "w=4 pure noise" in cos_block  # each candidate's pure-noise reading beside its cosine
         assert re.search(r"changes per audit \d\.\d\d", html)
         assert "loss/total" in html and "eval/accuracy" in html  # the legends of the two new charts
         assert "— browser-run-name" in html  # the run's name ...

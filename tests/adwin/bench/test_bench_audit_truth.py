@@ -1,0 +1,86 @@
+"""adwin bench audit-truth: the replay of ADWIN's online rule on pools whose truth is set, and the command on the
+tiny built-in task (one checkpoint sampled, then replayed from its saved Gram)."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+sys.path.append(str(Path(__file__).resolve().parents[1] / "audit"))  # tests/adwin/audit/synthetic_pool.py
+from synthetic_pool import synthetic_vectors  # noqa: E402
+
+from adwin.audit.estimators import cross_gram  # noqa: E402
+from adwin.bench.audit_truth import RULES, Rule, replay  # noqa: E402
+from adwin.cli import main  # noqa: E402
+
+CANDS, HORIZON = [64, 128, 256, 512, 1024], 2048
+TOKENS = [64, 64, 128, 256, 512, 1024]
+NOISE_HOLD = [r for r in RULES if r.noise_hold]
+
+
+def _h(cosines: list[float], signal: float, seed: int = 1) -> np.ndarray:
+    return cross_gram(synthetic_vectors(128, cosines, signal=signal, tokens=TOKENS, seed=seed))
+
+
+@pytest.mark.parametrize("p", [2, 8])
+@pytest.mark.parametrize("rule", NOISE_HOLD, ids=[r.name for r in NOISE_HOLD])
+def test_pure_noise_never_moves_a_noise_hold_window(rule: Rule, p: int) -> None:
+    out = replay(_h([0.2, 0.3, 0.35, 0.5, 0.85], 0.0), CANDS, HORIZON, 0.7, rule, p=p, audits=12, runs=6,
+                 truth_window=1024, rng=np.random.default_rng(0))
+    assert out["windows"] == {"1024": 1.0}  # the initial window, the largest candidate
+
+
+def test_on_pure_noise_the_papers_rule_moves_the_window() -> None:
+    """Why noise_hold exists: the batch cosine of a long prefix reads sqrt(w / H) in noise, near the threshold."""
+    out = replay(_h([0.2, 0.3, 0.35, 0.5, 0.85], 0.0), CANDS, HORIZON, 0.7, RULES[0], p=8, audits=12, runs=6,
+                 truth_window=1024, rng=np.random.default_rng(0))
+    assert out["windows"].get("2048", 0.0) > 0.1
+
+
+@pytest.mark.parametrize("p, rule", [(8, "debiased, confidence, noise hold"),
+                                     (2, "debiased, confidence, noise hold, 4 audits pooled")])
+def test_at_small_p_the_debiased_noise_hold_rule_lands_on_the_true_window(p: int, rule: str) -> None:
+    aligned = _h([0.9, 0.95, 0.97, 0.98, 0.99], np.sqrt(sum(TOKENS) / 6))  # truth: 64, noise scale 6
+    (r,) = [x for x in RULES if x.name == rule]
+    out = replay(aligned, CANDS, HORIZON, 0.7, r, p=p, audits=12, runs=6, truth_window=64,
+                 rng=np.random.default_rng(0))
+    # the first audit starts at the largest candidate; from the second on the rule sits at the truth
+    assert out["within_one_rung"] >= 0.8
+
+
+def test_the_batch_estimator_at_small_p_is_held_above_the_true_window_by_its_bias() -> None:
+    aligned = _h([0.9, 0.95, 0.97, 0.98, 0.99], np.sqrt(sum(TOKENS) / 6))
+    out = replay(aligned, CANDS, HORIZON, 0.7, RULES[2], p=8, audits=12, runs=6, truth_window=64,
+                 rng=np.random.default_rng(0))  # batch, confidence
+    assert out["within_one_rung"] < 0.2
+
+
+def test_the_command_samples_a_checkpoint_writes_its_tables_and_replays_from_the_saved_gram(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    args = ["bench", "audit-truth", "--task", "chain", "--profile", "tiny", "--rollouts", "24", "--sizes", "2,8",
+            "--draws", "10", "--update-rollouts", "8", "--replay-audits", "3", "--replay-runs", "2",
+            "--probe-batch", "2", "--out", str(tmp_path)]
+    assert main(args) == 0
+    (run,) = tmp_path.iterdir()
+    report = json.loads((run / "truth.json").read_text())
+    (ck,) = report["checkpoints"]
+    assert ck["step"] == 0 and ck["pool"]["rollouts"] == 24
+    assert set(ck["population"]) == {str(c) for c in ck["candidates"]}
+    assert set(ck["replay"]["2"]) == {r.name for r in RULES}
+    assert "Truth's window" in (run / "truth.md").read_text() and "Truth's window" in capsys.readouterr().out
+    assert main(args[:-2] + ["--out", str(tmp_path / "again"), "--from-npz", str(run / "gram-0.npz")]) == 0
+    (again,) = (tmp_path / "again").iterdir()
+    replayed = json.loads((again / "truth.json").read_text())["checkpoints"][0]
+    assert replayed["population"] == ck["population"] and replayed["truth_window"] == ck["truth_window"]
+
+
+def test_more_probes_than_the_pool_holds_is_refused_before_any_compute(tmp_path: Path) -> None:
+    assert main(["bench", "audit-truth", "--task", "chain", "--profile", "tiny", "--rollouts", "4", "--sizes", "8",
+                 "--out", str(tmp_path)]) == 2
+    assert main(["bench", "audit-truth", "--task", "chain", "--profile", "tiny", "--rollouts", "40", "--sizes", "8",
+                 "--update-rollouts", "8", "--probe-batch", "8", "--replay-audits", "6", "--out", str(tmp_path)]) == 2
+    assert not any(tmp_path.iterdir())
