@@ -238,6 +238,21 @@ def test_a_skipped_audit_consumes_its_batch_and_leaves_the_window_and_the_decisi
         api.submit_audit(rid, third.audit_id, AuditIn(skipped=True, cosines={4: 0.9}))
 
 
+def test_a_noise_hold_policy_decides_on_the_audits_signal_z_and_noise_readings_in_its_stats(api):
+    opts = {"confidence": 1.0, "noise_hold": 1.0, "grow_to": 1.0, "signal_z": 3.0}
+    rid = api.register_run(run_spec(policy={"candidates": CANDIDATES, "max_len": MAX_LEN, "options": opts})).run_id
+    ci = {4: (0.8, 0.9), 8: (0.85, 0.95), 16: (0.9, 1.0)}  # 4 is surely above the threshold
+    cos = {c: (lo + hi) / 2 for c, (lo, hi) in ci.items()}
+    first = _batch(api, rid)
+    out = api.submit_audit(rid, first.audit_id, AuditIn(cosines=cos, cosine_ci=ci, stats={"signal_z": 1.0}))
+    assert out.decision.window == max(CANDIDATES)  # no shared signal: the window holds
+    second = _batch(api, rid, step=1)
+    noise = {"noise_cos_4": 0.85, "noise_cos_8": 0.1, "noise_cos_16": 0.1}  # 4's interval holds its noise reading
+    out = api.submit_audit(rid, second.audit_id, AuditIn(cosines=cos, cosine_ci=ci, stats={"signal_z": 5.0} | noise))
+    assert out.decision.window == 8
+    assert api.telemetry(rid).audits[-1]["stats"]["noise_cos_4"] == 0.85
+
+
 def test_no_candidate_clearing_the_threshold_falls_back_to_the_full_horizon(api):
     rid = api.register_run(run_spec()).run_id
     batch = _batch(api, rid)
