@@ -9,7 +9,7 @@ the batch (``Cache.batch_select_indices``), so a step costs what its live rows c
 The samples are ``generate``'s: the same tempered, top-p filtered distribution (transformers' own
 warpers), greedy at temperature 0, and under per-row seeds (``rollout.seeding: per_sample``) the same
 tokens as :func:`adwin.sampling.rollout.generate` with ``row_seeds`` (each row's ``k``-th token uses its
-generator's ``k``-th draw, :class:`adwin.sampling.seeding.SeededSampling`), up to float rounding that
+generator's ``k``-th draw, :class:`adwin.decode.sampler.TokenSampler`), up to float rounding that
 batch composition can change. Under batch seeding the noise comes from torch's global RNG, drawn for the
 live rows only, so which draw a row gets differs from ``generate``'s (the distribution does not).
 """
@@ -20,9 +20,9 @@ from collections.abc import Sequence
 
 import torch
 
+from adwin.decode.sampler import TokenSampler
 from adwin.sampling.kv_cache import cache_keyword, returned_cache
 from adwin.sampling.rollout import Generation, left_pad
-from adwin.sampling.seeding import SeededSampling
 from adwin.sampling.static_decode import (
     CompileSetting,
     StaticBatch,
@@ -53,7 +53,7 @@ def generate_compacting(model: torch.nn.Module, contexts: Sequence[Sequence[int]
         return Generation(responses, finished, None)
     device = next(model.parameters()).device
     ids, mask = left_pad(contexts, pad_id, device)  # (B, T)
-    pick = _sampler(temperature, top_p, row_seeds, device)
+    pick = TokenSampler(temperature, top_p, row_seeds=row_seeds, device=device)  # (b, V), rows (b,) -> (b,)
     eos_t = torch.tensor(sorted(eos), device=device)
     if compile_wanted(compile, device) and (compile is True or lays_rows(model)):  # auto: eager where it cannot
         steps = _static_loop(model, contexts, budget, pad_id, pick, eos_t, responses, finished, shrink)
@@ -137,28 +137,3 @@ def _static_loop(model: torch.nn.Module, contexts: Sequence[Sequence[int]], budg
     finally:
         model.train(was_training)
     return budget
-
-
-def _sampler(temperature: float, top_p: float, row_seeds: Sequence[int] | None, device: torch.device):
-    """``(logits (b, V), live rows (b,)) -> tokens (b,)``: greedy, per-row seeded, or global-RNG sampling."""
-    if temperature <= 0:
-        return lambda logits, live: logits.argmax(dim=-1)
-    if row_seeds is not None:
-        seeded = SeededSampling(row_seeds, temperature, top_p, device)
-        generators = seeded.generators
-
-        def per_row(logits: torch.Tensor, live: torch.Tensor) -> torch.Tensor:
-            seeded.generators = [generators[i] for i in live.tolist()]  # each live row draws from its own stream
-            return seeded(live[:, None], logits).argmax(dim=-1)
-
-        return per_row
-    from transformers import LogitsProcessorList, TemperatureLogitsWarper, TopPLogitsWarper
-
-    warpers = LogitsProcessorList([TemperatureLogitsWarper(temperature)]
-                                  + ([TopPLogitsWarper(top_p)] if top_p < 1.0 else []))
-
-    def global_rng(logits: torch.Tensor, live: torch.Tensor) -> torch.Tensor:
-        probs = torch.softmax(warpers(live[:, None], logits.float()), dim=-1)  # (b, V)
-        return torch.multinomial(probs, num_samples=1).squeeze(1)
-
-    return global_rng

@@ -178,17 +178,17 @@ def generate(
     ids, mask = left_pad(contexts, pad_id, device)  # (B, T)
     compiled = generate_kwargs(model, len(contexts), ids.shape[1], max_new) | {
         "stopping_criteria": stop_dummy_rows(n, len(contexts), device)} if static else {}
-    if sampling is None and row_seeds is not None and temperature > 0:
+    if sampling is None and temperature > 0:
         from transformers import LogitsProcessorList
 
-        from adwin.sampling.seeding import SeededSampling
+        from adwin.decode.sampler import TokenSampler
 
-        # argmax over Gumbel-perturbed scores: HF's greedy path, no warpers of its own
-        sampling = {"do_sample": False, "logits_processor": LogitsProcessorList(
-            [SeededSampling(row_seeds, temperature, top_p, device)])}
+        # the shared sampler picks each token (per-row Gumbel noise, or a multinomial draw on the global RNG as
+        # transformers' own sampler draws it); generate's greedy path then takes that token
+        sampler = TokenSampler(temperature, top_p, row_seeds=row_seeds, device=device)
+        sampling = {"do_sample": False, "logits_processor": LogitsProcessorList([sampler.logits_processor()])}
     if sampling is None:
-        sampling = {"do_sample": True, "temperature": temperature, "top_p": top_p, "top_k": 0} if temperature > 0 \
-            else {"do_sample": False}
+        sampling = {"do_sample": False}
     was_training = model.training
     model.eval()
     try:

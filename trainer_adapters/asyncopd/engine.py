@@ -18,8 +18,8 @@ Keep-mode (AsyncOPD's prefix-cache reset): ``load_weights`` drops the cache and 
 kept across a weight sync is prefilled again, its whole prefix under the new weights, at the next step; a
 request whose cache is still valid is never re-encoded.
 
-Sampling (``behavior_sample``): each token from the behavior distribution ``softmax(logits / T)``,
-top-p filtered when ``top_p < 1`` (the realized token's logprob is that filtered distribution's, like
+Sampling (``behavior_sample`` on the shared ``adwin.decode.sampler.TokenSampler``): each token from the
+behavior distribution ``softmax(logits / T)``, top-p filtered when ``top_p < 1`` (the realized token's logprob is that filtered distribution's, like
 vLLM's processed logprobs), and for the multi-sample MC estimator ``m`` actions drawn iid (with
 replacement) from the same distribution with their behavior logprobs (AsyncOPD Appendix G). The draws come
 from the engine's generator in the requests' order, so they do not depend on the batch layout.
@@ -33,6 +33,7 @@ from typing import Any
 
 import torch
 
+from adwin.decode.sampler import TokenSampler
 from adwin.sampling.kv_cache import cache_keyword, returned_cache
 from adwin.sampling.lora import load_trained_state
 from adwin.sampling.rollout import left_pad
@@ -47,25 +48,15 @@ class UnsupportedCacheError(ValueError):
     """The model's KV cache has layers whose rows cannot be left-padded and merged (e.g. sliding windows)."""
 
 
-def behavior_sample(logits: torch.Tensor, gen: torch.Generator, *, temperature: float, top_p: float, m: int,
-                    eos: set[int]) -> list[TokenOut]:
+def behavior_sample(logits: torch.Tensor, sampler: TokenSampler, *, m: int, eos: set[int]) -> list[TokenOut]:
     """One token per row of ``logits`` (n, V) from the behavior distribution, with ``m`` MC actions each."""
-    scaled = logits.float().cpu() / temperature  # (n, V)
-    if top_p < 1.0:
-        from transformers import TopPLogitsWarper
-
-        scaled = TopPLogitsWarper(top_p)(None, scaled)  # filtered tokens: -inf
-    logp = torch.log_softmax(scaled, dim=-1)  # (n, V)
-    probs = logp.exp()
-    tok = torch.multinomial(probs, 1, generator=gen)  # (n, 1)
-    tok_lp = logp.gather(-1, tok).squeeze(-1)  # (n,)
-    n = logits.shape[0]
-    if m == 0:
-        return [TokenOut(int(tok[b, 0]), float(tok_lp[b]), eos=int(tok[b, 0]) in eos) for b in range(n)]
-    acts = torch.multinomial(probs, m, replacement=True, generator=gen)  # (n, m)
-    acts_lp = logp.gather(-1, acts)  # (n, m)
-    return [TokenOut(int(tok[b, 0]), float(tok_lp[b]), eos=int(tok[b, 0]) in eos,
-                     mc_actions=acts[b].tolist(), mc_logprobs=acts_lp[b].tolist()) for b in range(n)]
+    drawn = sampler.behavior(logits, m)
+    tok, tok_lp = drawn.tokens.tolist(), drawn.logprobs.tolist()  # (n,)
+    if drawn.actions is None or drawn.action_logprobs is None:
+        return [TokenOut(t, lp, eos=t in eos) for t, lp in zip(tok, tok_lp, strict=True)]
+    acts, acts_lp = drawn.actions.tolist(), drawn.action_logprobs.tolist()  # (n, m)
+    return [TokenOut(t, lp, eos=t in eos, mc_actions=a, mc_logprobs=alp)
+            for t, lp, a, alp in zip(tok, tok_lp, acts, acts_lp, strict=True)]
 
 
 def _layers(cache: Any) -> list[Any]:
@@ -93,8 +84,6 @@ class HFRolloutEngine:
                  compile: CompileSetting = False, max_len: int | None = None) -> None:
         if temperature <= 0:
             raise ValueError("the MC estimator needs a sampling distribution: temperature must be > 0")
-        if not 0.0 < top_p <= 1.0:
-            raise ValueError(f"top_p must be in (0, 1], got {top_p}")
         if mc_samples < 0:
             raise ValueError(f"mc_samples must be >= 0, got {mc_samples}")
         if not 0.0 <= admit_fraction <= 1.0:
@@ -105,6 +94,7 @@ class HFRolloutEngine:
         self.m = mc_samples  # 0: no MC cache
         self.version = 0
         self.gen = torch.Generator().manual_seed(seed)
+        self.sampler = TokenSampler(temperature, top_p, generator=self.gen)  # refuses a top_p outside (0, 1]
         self.admit_fraction = admit_fraction
         self._stepped: set[str] = set()  # requests that got a token at the previous step
         self.prefilled_tokens = 0  # context tokens encoded by prefills (a kept request's rebuild included)
@@ -214,8 +204,7 @@ class HFRolloutEngine:
         self._stepped = {it.request_id for it in advancing}
         if not advancing:
             return [None] * len(items)
-        outs = iter(behavior_sample(self.next_logits(advancing), self.gen, temperature=self.temperature,
-                                    top_p=self.top_p, m=self.m, eos=self.eos))
+        outs = iter(behavior_sample(self.next_logits(advancing), self.sampler, m=self.m, eos=self.eos))
         return [next(outs) if g else None for g in going]
 
     @torch.no_grad()
