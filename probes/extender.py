@@ -8,10 +8,10 @@ from dataclasses import dataclass
 
 import torch
 
+from adwin.decode.static_cache import CompileSetting
 from adwin.probes.pool import Extension
 from adwin.sampling.lora import load_trained_state, trained_state
 from adwin.sampling.rollout import generate
-from adwin.sampling.static_decode import CompileSetting
 
 
 @dataclass

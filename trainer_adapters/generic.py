@@ -38,6 +38,7 @@ from adwin.backends.teacher_client import ClientSettings
 from adwin.config import AuditConfig
 from adwin.controller.api import ControllerAPI
 from adwin.controller.schemas import AuditOut, ProbeOut, ProbePlanOut, ProbeReportIn, RunIn, StepMetricsIn
+from adwin.decode.static_cache import CompileSetting
 from adwin.objectives.losses import token_logprobs
 from adwin.probes.async_executor import AsyncProbeExecutor
 from adwin.probes.client import InlineAuditor, ProbeClient
@@ -48,7 +49,6 @@ from adwin.probes.workers import InlineWorker
 from adwin.runtime.resilient_controller import controller_metrics, drain_controller
 from adwin.sampling.rollout import generate
 from adwin.sampling.served_teacher import ServedTeachers
-from adwin.sampling.static_decode import CompileSetting
 from adwin.trainer_adapters.registration import check_feasible, register, resilient
 
 Extend = Callable[[list[list[int]], list[int]], tuple[list[list[int]], list[bool]]]

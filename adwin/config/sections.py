@@ -10,9 +10,9 @@ from pydantic import BaseModel, Field, field_validator, model_validator
 
 from adwin.config.base import ISHighField, ISLowField, ISMethodField, _Strict, check_is_bounds
 from adwin.config.teacher_server import TeacherServerConfig
+from adwin.decode.static_cache import CompileSetting
 from adwin.policies.fields import DEFAULT_CANDIDATES, Candidates, PolicyKnobs
 from adwin.policies.registry import PolicyName
-from adwin.sampling.static_decode import CompileSetting
 from adwin.tasks.suite import DEFAULT_TASK, TASK_NAMES
 
 DEFAULT_VLLM_GPU_MEMORY = 0.3  # ModelConfig.vllm_gpu_memory's default
@@ -131,7 +131,7 @@ class RolloutConfig(_Strict):
         "(data-parallel runs then match the 1-process run; adwin.sampling.seeding)")
     compile: CompileSetting = Field(
         "auto", description="decode the student on a static KV cache with transformers' compiled step (rollouts, "
-        "probe rounds, evaluation, the AsyncOPD engine; adwin.sampling.static_decode): auto = on when the "
+        "probe rounds, evaluation, the AsyncOPD engine; adwin.decode.static_cache): auto = on when the "
         "student is on CUDA; a run compiles one shape per batch and cache bucket (docs/decisions.md 'Compiled "
         "decoding'); the vLLM backend refuses true")
 

@@ -27,8 +27,8 @@ import torch
 from adwin.backends.fsdp import full_weights
 from adwin.backends.vllm_rollout import VLLMRollout
 from adwin.config import TrainConfig
+from adwin.decode.static_cache import CompileSetting
 from adwin.sampling.rollout import Generation, generate
-from adwin.sampling.static_decode import CompileSetting
 
 log = logging.getLogger(__name__)
 

@@ -17,6 +17,7 @@ from typing import Any
 
 from adwin.config import TrainConfig
 from adwin.controller.api import ControllerAPI
+from adwin.decode.static_cache import LEDGER as COMPILES
 from adwin.loop.accounting import Clock
 from adwin.loop.distributed import LocalDist
 from adwin.loop.evaluate import evaluate
@@ -43,7 +44,6 @@ from adwin.runtime.resume import (
 )
 from adwin.runtime.sharded_checkpoint import export_student, stage_sharded
 from adwin.sampling.lora import LORA_EXPORT, MERGED_DIR, export_lora, is_lora
-from adwin.sampling.static_decode import LEDGER as COMPILES
 
 
 @dataclass

@@ -20,10 +20,9 @@ from collections.abc import Sequence
 
 import torch
 
+from adwin.decode.kv_cache import cache_keyword, returned_cache
 from adwin.decode.sampler import TokenSampler
-from adwin.sampling.kv_cache import cache_keyword, returned_cache
-from adwin.sampling.rollout import Generation, left_pad
-from adwin.sampling.static_decode import (
+from adwin.decode.static_cache import (
     CompileSetting,
     StaticBatch,
     batch_bucket,
@@ -31,6 +30,7 @@ from adwin.sampling.static_decode import (
     compile_wanted,
     lays_rows,
 )
+from adwin.sampling.rollout import Generation, left_pad
 
 
 @torch.no_grad()

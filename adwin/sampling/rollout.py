@@ -14,7 +14,7 @@ from typing import Any
 
 import torch
 
-from adwin.sampling.static_decode import (
+from adwin.decode.static_cache import (
     CompileSetting,
     compile_wanted,
     generate_kwargs,
@@ -159,7 +159,7 @@ def generate(
     depend on the rest of the batch; without it HF draws the batch's noise from the global RNG. The model samples in eval mode (no dropout: tokens come
     from the policy the loss and the audit evaluate) and gets its previous mode back. ``compile``
     (``rollout.compile``; ``auto``: on CUDA) decodes on a static cache with transformers' compiled step, the
-    batch filled with dummy rows to its bucket (``adwin.sampling.static_decode``).
+    batch filled with dummy rows to its bucket (``adwin.decode.static_cache``).
     """
     if sampling is not None and (temperature != 1.0 or top_p != 1.0 or row_seeds is not None):
         raise ValueError("give temperature/top_p (and row_seeds) or sampling (HF generate arguments), not both")

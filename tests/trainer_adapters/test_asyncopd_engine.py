@@ -14,8 +14,8 @@ import torch
 from tiny_models import make_tiny_llama, make_tiny_sliding_window_model
 
 from adwin.decode.sampler import TokenSampler
+from adwin.decode.static_cache import LEDGER
 from adwin.sampling.rollout import left_pad
-from adwin.sampling.static_decode import LEDGER
 from adwin.trainer_adapters.asyncopd.engine import HFRolloutEngine, behavior_sample
 from adwin.trainer_adapters.asyncopd.items import StreamItem, TokenOut
 from adwin.trainer_adapters.asyncopd.slots import DECODER
@@ -244,7 +244,7 @@ def test_a_compiled_engine_needs_the_longest_request_to_size_its_cache() -> None
 
 
 def test_a_compiled_engine_refuses_a_sliding_window_cache_when_built() -> None:
-    from adwin.sampling.static_decode import StaticCacheError
+    from adwin.decode.static_cache import StaticCacheError
 
     sliding = make_tiny_sliding_window_model()
     with pytest.raises(StaticCacheError, match="rollout.compile"):

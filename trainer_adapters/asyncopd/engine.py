@@ -33,11 +33,11 @@ from typing import Any
 
 import torch
 
+from adwin.decode.kv_cache import cache_keyword, returned_cache
 from adwin.decode.sampler import TokenSampler
-from adwin.sampling.kv_cache import cache_keyword, returned_cache
+from adwin.decode.static_cache import CompileSetting, compile_wanted
 from adwin.sampling.lora import load_trained_state
 from adwin.sampling.rollout import left_pad
-from adwin.sampling.static_decode import CompileSetting, compile_wanted
 from adwin.trainer_adapters.asyncopd.items import StreamItem, TokenOut
 from adwin.trainer_adapters.asyncopd.slots import StaticSlots
 

@@ -2,7 +2,7 @@
 
 A compiled decode step needs fixed shapes, and requests join and leave the engine at every step. The layout:
 
-- **Slots.** The batch has a bucketed number of rows (``adwin.sampling.static_decode.batch_bucket``); a request
+- **Slots.** The batch has a bucketed number of rows (``adwin.decode.static_cache.batch_bucket``); a request
   holds one row (its slot) while it decodes; a free slot decodes a pad token into a column only it attends to.
 - **One shared write column.** Every step writes column ``c`` of every row, then ``c + 1``: the compiled step is
   the same graph whatever the rows' lengths. Positions (RoPE) count each row's real tokens, the mask says which
@@ -28,9 +28,8 @@ from typing import Any
 
 import torch
 
-from adwin.sampling.kv_cache import returned_cache
-from adwin.sampling.rollout import left_pad
-from adwin.sampling.static_decode import (
+from adwin.decode.kv_cache import returned_cache
+from adwin.decode.static_cache import (
     StaticBatch,
     StaticCacheError,
     batch_bucket,
@@ -38,6 +37,7 @@ from adwin.sampling.static_decode import (
     lays_rows,
     static_layer_kinds,
 )
+from adwin.sampling.rollout import left_pad
 from adwin.trainer_adapters.asyncopd.items import StreamItem
 
 DECODER = "asyncopd-engine"

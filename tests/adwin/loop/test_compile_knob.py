@@ -1,7 +1,7 @@
 """``rollout.compile`` reaches every decoder of the student: the rollout engine, compact evaluation, the probe
 workers' extenders (inline, thread, Ray), the generic adapter's extender and the AsyncOPD engines. Each test
-records what a decoder was called or built with (the compiled paths themselves: tests/adwin/sampling/
-test_static_decode.py, tests/trainer_adapters/test_asyncopd_engine.py)."""
+records what a decoder was called or built with (the compiled paths themselves: tests/adwin/decode/
+test_static_cache.py, tests/trainer_adapters/test_asyncopd_engine.py)."""
 
 from __future__ import annotations
 

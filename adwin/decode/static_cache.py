@@ -216,7 +216,7 @@ class StaticBatch:
     def __init__(self, model: torch.nn.Module, rows: int, columns: int, decoder: str) -> None:
         from transformers import StaticCache
 
-        from adwin.sampling.kv_cache import cache_keyword
+        from adwin.decode.kv_cache import cache_keyword
 
         self.model, self.rows, self.columns = model, rows, columns
         device = next(model.parameters()).device

@@ -12,10 +12,10 @@ from hypothesis import given
 from hypothesis import strategies as st
 from tiny_models import make_tiny_llama, make_tiny_sliding_window_model
 
+from adwin.decode.static_cache import LEDGER, MIN_CACHE, batch_bucket, cache_bucket, compile_wanted
 from adwin.sampling.compact import generate_compacting
 from adwin.sampling.rollout import generate
 from adwin.sampling.seeding import row_seed
-from adwin.sampling.static_decode import LEDGER, MIN_CACHE, batch_bucket, cache_bucket, compile_wanted
 
 EOS = {2}
 CONTEXTS = [[1, 5, 6, 7], [1, 9], [1, 3, 4, 5, 6, 7, 8]]
@@ -128,7 +128,7 @@ def test_a_deep_copy_of_a_compiled_model_decodes_with_its_own_weights(model) -> 
     """transformers caches the compiled call on the model; a replica (probe worker) must not inherit it."""
     import copy
 
-    from adwin.sampling.static_decode import without_compiled
+    from adwin.decode.static_cache import without_compiled
 
     generate(model, CONTEXTS, [4, 4, 4], eos=EOS, pad_id=0, temperature=0.0, compile=True)  # the original compiled
     replica = without_compiled(copy.deepcopy(model))
@@ -143,7 +143,7 @@ def test_a_deep_copy_of_a_compiled_model_decodes_with_its_own_weights(model) -> 
 def test_a_sliding_window_cache_is_refused_by_the_row_laying_decoders_before_any_decode(model) -> None:
     """Sliding-window layers roll their columns: compact evaluation and the AsyncOPD engine cannot lay rows
     into them. ``true`` refuses by type; ``auto`` (on CUDA) decodes such a model eagerly instead."""
-    from adwin.sampling.static_decode import StaticCacheError, lays_rows
+    from adwin.decode.static_cache import StaticCacheError, lays_rows
 
     sliding = make_tiny_sliding_window_model()
     assert lays_rows(model) and not lays_rows(sliding)
@@ -158,8 +158,8 @@ def test_a_lora_student_decodes_compiled_to_the_eager_tokens_and_follows_its_ada
 
     pytest.importorskip("peft")
     from adwin.config import LoraSection
+    from adwin.decode.static_cache import without_compiled
     from adwin.sampling.lora import apply_lora, trainable_parameters
-    from adwin.sampling.static_decode import without_compiled
 
     student = apply_lora(without_compiled(copy.deepcopy(model)), LoraSection(r=4))
     kw = {"eos": EOS, "pad_id": 0, "temperature": 0.9, "top_p": 0.8,
