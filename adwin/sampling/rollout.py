@@ -14,23 +14,19 @@ from typing import Any
 
 import torch
 
+from adwin.decode.loop import Generation, decode, left_pad
+from adwin.decode.sampler import SamplingError, TokenSampler
 from adwin.decode.static_cache import (
     CompileSetting,
     compile_wanted,
     generate_kwargs,
+    lays_rows,
     pad_rows,
     stop_dummy_rows,
 )
 
-
-@dataclass
-class Generation:
-    """Per-sample continuations; ragged lists because every sample stops at its own length."""
-
-    response_ids: list[list[int]]  # generated tokens, EOS included when emitted
-    finished: list[bool]  # emitted EOS within the budget
-    logprobs: list[list[float]] | None = None  # log p(token) under the generating weights (temperature 1)
-    decode_steps: int = 0  # token positions the call decoded for its batch (before rows are cut to their budgets)
+__all__ = ["Generation", "Rows", "decode", "encode_prompts", "eos_ids", "generate", "hf_generate", "layout",
+           "left_pad", "pad_id_of", "response_values"]
 
 
 @dataclass
@@ -82,18 +78,6 @@ def encode_prompts(tokenizer: object, texts: Sequence[str], max_prompt_len: int)
     return out
 
 
-def left_pad(seqs: Sequence[Sequence[int]], pad_id: int, device: torch.device | str) -> tuple[torch.Tensor, torch.Tensor]:
-    """(B, L) ids and attention mask with every sequence flush right."""
-    width = max(len(s) for s in seqs)
-    ids = torch.full((len(seqs), width), pad_id, dtype=torch.long)
-    mask = torch.zeros((len(seqs), width), dtype=torch.long)
-    for b, s in enumerate(seqs):
-        if s:
-            ids[b, width - len(s) :] = torch.tensor(list(s), dtype=torch.long)
-            mask[b, width - len(s) :] = 1
-    return ids.to(device), mask.to(device)
-
-
 def layout(prompts: Sequence[Sequence[int]], responses: Sequence[Sequence[int]], pad_id: int, *,
            width: int | None = None) -> Rows:
     """Right-padded rows ``prompt + response`` with a response mask; every row holds at least one token.
@@ -133,7 +117,6 @@ def response_values(rows: Rows, values: Sequence[Sequence[Any]], *, fill: float 
     return out
 
 
-@torch.no_grad()
 def generate(
     model: torch.nn.Module,
     contexts: Sequence[Sequence[int]],
@@ -148,47 +131,65 @@ def generate(
     row_seeds: Sequence[int] | None = None,
     compile: CompileSetting = False,
 ) -> Generation:
-    """Continue each context by at most ``budgets[b]`` tokens (batched ``generate``, left-padded).
+    """Continue each context by at most ``budgets[b]`` tokens, rows cut at their first EOS (kept) or their budget.
 
     The one student generator: rollouts, evaluation, probe extension (``adwin.probes.extender``) and the
-    generic adapter's ``hf_extender`` all call it. ``temperature == 0`` decodes greedily; ``top_k`` is off
-    so ``temperature``/``top_p`` alone define the sampling distribution. ``sampling`` replaces those with
-    HF ``generate`` arguments taken verbatim (an adapter following its host trainer's settings). Rows are
-    cut at their first EOS (kept) or their budget. ``row_seeds`` (one per context) gives every row its own
-    sampling noise (``adwin.sampling.seeding``: ``rollout.seeding: per_sample``), so a row's tokens do not
-    depend on the rest of the batch; without it HF draws the batch's noise from the global RNG. The model samples in eval mode (no dropout: tokens come
-    from the policy the loss and the audit evaluate) and gets its previous mode back. ``compile``
-    (``rollout.compile``; ``auto``: on CUDA) decodes on a static cache with transformers' compiled step, the
-    batch filled with dummy rows to its bucket (``adwin.decode.static_cache``).
+    generic adapter's ``hf_extender`` all call it. It runs the one generation loop (``adwin.decode.loop.decode``,
+    every row keeping its place in the batch) with the shared sampler: ``temperature == 0`` decodes greedily,
+    ``temperature``/``top_p`` alone define the sampling distribution. ``row_seeds`` (one per context) gives every
+    row its own sampling noise (``rollout.seeding: per_sample``), so a row's tokens do not depend on the rest of
+    the batch; without it the batch's noise comes from torch's global RNG, drawn as transformers' ``generate``
+    draws it. The model samples in eval mode (no dropout: tokens come from the policy the loss and the audit
+    evaluate) and gets its previous mode back. ``compile`` (``rollout.compile``; ``auto``: on CUDA) decodes on a
+    static cache with transformers' compiled step (``adwin.decode.static_cache``).
+
+    ``sampling`` replaces temperature/top-p with transformers ``generate`` arguments taken verbatim (an adapter
+    following its host trainer's settings: top-k, penalties, the model's generation config): those only
+    transformers' own ``generate`` implements, so such a call runs there (``hf_generate``), as does a compiled
+    call of a model whose static cache cannot lay rows (sliding-window layers).
     """
     if sampling is not None and (temperature != 1.0 or top_p != 1.0 or row_seeds is not None):
         raise ValueError("give temperature/top_p (and row_seeds) or sampling (HF generate arguments), not both")
     n = len(contexts)
     if row_seeds is not None and len(row_seeds) != n:
-        raise ValueError(f"row_seeds: {len(row_seeds)} seeds for {n} contexts")
+        raise SamplingError(f"row_seeds: {len(row_seeds)} seeds for {n} contexts")
+    device = next(model.parameters()).device if n else torch.device("cpu")
+    static = n > 0 and compile_wanted(compile, device)
+    if sampling is not None or (static and not lays_rows(model)):
+        return hf_generate(model, contexts, budgets, eos=eos, pad_id=pad_id, with_logprobs=with_logprobs,
+                           sampling=sampling or {}, sampler=None if sampling is not None else TokenSampler(
+                               temperature, top_p, row_seeds=row_seeds, device=device), static=static)
+    sampler = TokenSampler(temperature, top_p, row_seeds=row_seeds, device=device)
+    return decode(model, contexts, budgets, eos=eos, pad_id=pad_id, sampler=sampler, with_logprobs=with_logprobs,
+                  static=static)
+
+
+@torch.no_grad()
+def hf_generate(model: torch.nn.Module, contexts: Sequence[Sequence[int]], budgets: Sequence[int], *, eos: set[int],
+                pad_id: int, with_logprobs: bool, sampling: Mapping[str, Any], sampler: TokenSampler | None,
+                static: bool) -> Generation:
+    """transformers' ``generate`` on left-padded contexts: ``sampling`` verbatim, or ``sampler`` as its logits
+    processor (greedy argmax of the sampler's scores is the sampler's token); ``static``: its static cache and
+    compiled step, the batch filled with dummy rows that stop after their first token."""
+    n = len(contexts)
     if n == 0:
         return Generation([], [], [] if with_logprobs else None)
     max_new = max(budgets)
     if max_new <= 0:
         return Generation([[] for _ in range(n)], [False] * n, [[] for _ in range(n)] if with_logprobs else None)
     device = next(model.parameters()).device
-    static = compile_wanted(compile, device)
     if static:  # the batch's bucket: dummy rows after the real ones
-        contexts, budgets, row_seeds = pad_rows(contexts, budgets, row_seeds, pad_id)
+        contexts, budgets, _ = pad_rows(contexts, budgets, None, pad_id)
+        if sampler is not None and sampler.generators is not None:
+            sampler.generators += [torch.Generator(device=device) for _ in range(len(contexts) - n)]
     ids, mask = left_pad(contexts, pad_id, device)  # (B, T)
     compiled = generate_kwargs(model, len(contexts), ids.shape[1], max_new) | {
         "stopping_criteria": stop_dummy_rows(n, len(contexts), device)} if static else {}
-    if sampling is None and temperature > 0:
+    if sampler is not None:
         from transformers import LogitsProcessorList
 
-        from adwin.decode.sampler import TokenSampler
-
-        # the shared sampler picks each token (per-row Gumbel noise, or a multinomial draw on the global RNG as
-        # transformers' own sampler draws it); generate's greedy path then takes that token
-        sampler = TokenSampler(temperature, top_p, row_seeds=row_seeds, device=device)
-        sampling = {"do_sample": False, "logits_processor": LogitsProcessorList([sampler.logits_processor()])}
-    if sampling is None:
-        sampling = {"do_sample": False}
+        sampling = {"do_sample": False} | ({} if sampler.greedy else {
+            "logits_processor": LogitsProcessorList([sampler.logits_processor()])})
     was_training = model.training
     model.eval()
     try:

@@ -69,14 +69,15 @@ def test_compiled_generate_gives_the_eager_tokens_and_logprobs(model, seeding: s
         assert any(not f for f in eager.finished) and any(eager.finished)
 
 
-def test_batch_seeding_draws_the_eager_noise_when_the_batch_fills_its_bucket(model) -> None:
-    """HF draws a batch's noise from the global RNG: with no dummy row the compiled call draws the same numbers
-    (with dummy rows it draws for more rows, so the samples differ but follow the same distribution)."""
-    ctx = CONTEXTS + [[1, 20, 21]]  # 4 rows: a bucket
+@pytest.mark.parametrize("rows", [3, 4])
+def test_batch_seeding_draws_the_eager_noise_whether_or_not_dummy_rows_fill_the_bucket(model, rows: int) -> None:
+    """The global RNG's noise is drawn for the real rows only, in order: dummy rows never move a real row's
+    draw, so the compiled call gives the eager tokens."""
+    ctx = (CONTEXTS + [[1, 20, 21]])[:rows]
     torch.manual_seed(5)
-    eager = generate(model, ctx, [15] * 4, eos=EOS, pad_id=0)
+    eager = generate(model, ctx, [15] * rows, eos=EOS, pad_id=0)
     torch.manual_seed(5)
-    compiled = generate(model, ctx, [15] * 4, eos=EOS, pad_id=0, compile=True)
+    compiled = generate(model, ctx, [15] * rows, eos=EOS, pad_id=0, compile=True)
     assert compiled.response_ids == eager.response_ids
 
 
