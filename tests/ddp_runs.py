@@ -122,7 +122,7 @@ def _generate_with_an_empty_rank(model: Any, rank: int, wait_s: float = 120.0) -
     return. Rows decoded on this rank; raises instead of hanging when a rank is left waiting."""
     import threading
 
-    from adwin.loop.engine import HFEngine
+    from adwin.decode.engine import HFEngine
 
     rows = [[5, 6, 7]] if rank == 0 else []
     out: list[int] = []

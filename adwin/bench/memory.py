@@ -196,7 +196,7 @@ def _rank(rank: int, world: int, port: int, setup: Setup, out: str) -> None:
     torch.set_num_threads(1)
     from adwin.config import load_config
     from adwin.loop.distributed import LocalDist, init_distributed
-    from adwin.loop.engine import HFEngine
+    from adwin.decode.engine import HFEngine
     from adwin.loop.fsdp import shard_student
     from adwin.loop.parts import build_optimizer
     from adwin.loop.step import optimize

@@ -93,7 +93,7 @@ class PromptSpec:
 
 class StreamingEngine(Protocol):
     """A rollout worker's model snapshot, stepping requests that join and leave token by token (continuous
-    batching). Not ``adwin.loop.engine.RolloutEngine``, which continues whole batches of contexts by a budget.
+    batching). Not ``adwin.decode.engine.RolloutEngine``, which continues whole batches of contexts by a budget.
     Called only from its own worker thread."""
 
     version: int

@@ -12,7 +12,7 @@ from typing import Any
 import pytest
 from tiny_models import make_tiny_llama
 
-import adwin.loop.engine as engine_mod
+import adwin.decode.engine as engine_mod
 import adwin.loop.evaluate as evaluate_mod
 import adwin.probes.executors as executors_mod
 import adwin.trainer_adapters.generic as generic_mod

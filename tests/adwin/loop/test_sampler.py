@@ -11,8 +11,8 @@ import torch
 from tiny_models import make_tiny_llama
 
 from adwin.config import load_config
+from adwin.decode.engine import HFEngine
 from adwin.loop.distributed import LocalDist
-from adwin.loop.engine import HFEngine
 from adwin.loop.probe_rounds import RoundExtender
 from adwin.loop.sampler import Sampler
 from adwin.probes.extender import ModelExtender
