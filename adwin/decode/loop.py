@@ -1,7 +1,7 @@
 """The one generation loop of the student: contexts in, per-row continuations out, on a KV cache.
 
 ``decode`` continues a batch of left-padded contexts token by token with the shared ``TokenSampler``. A row
-stops at its first EOS (kept) or at its own budget. Two cache paths, one loop:
+stops at its first EOS (kept) or at its own budget. One loop (``_loop``) over two cache paths:
 
 - **eager**: the model's own KV cache (the ``DynamicCache`` its forward builds, laid out for its layer types,
   sliding windows included);
@@ -112,94 +112,123 @@ def decode(model: torch.nn.Module, contexts: Sequence[Sequence[int]], budgets: S
     was_training = model.training
     model.eval()
     try:
-        loop = _static_loop if static else _eager_loop
-        steps = loop(model, contexts, max(budgets), pad_id, sampler, rows, drop_stopped, shrink, decoder)
+        budget = max(budgets)
+        cache = _StaticCache(model, contexts, budget, pad_id, shrink, decoder) if static else \
+            _EagerCache(model, contexts, budget, pad_id, drop_stopped)
+        steps = _loop(cache, n, budget, pad_id, sampler, rows, drop_stopped)
     finally:
         model.train(was_training)
     return rows.generation(steps)
 
 
-def _eager_loop(model: torch.nn.Module, contexts: Sequence[Sequence[int]], budget: int, pad_id: int,
-                sampler: TokenSampler, rows: _Rows, drop_stopped: bool, shrink: bool, decoder: str) -> int:
-    """The model's own KV cache; returns the steps decoded."""
-    n, device = len(contexts), next(model.parameters()).device
-    ids, mask = left_pad(contexts, pad_id, device)  # (b, T)
-    width = ids.shape[1]
-    origin, live, n_live = list(range(n)), [True] * n, n  # the context of each batch row; still decoding
-    seeds: torch.Tensor | None = None  # (b,) each batch row's seed index once rows left; None: the identity
-    positions = (mask.sum(dim=1) - 1).clamp_min(0)  # (b,) position of each row's last token
-    out = model(input_ids=ids, attention_mask=mask, position_ids=(mask.cumsum(-1) - 1).clamp_min(0), use_cache=True,
-                **last_logits_only(model))
-    logits, cache = out.logits[:, -1].float(), returned_cache(out)  # (b, V)
-    if drop_stopped and (cache is None or not hasattr(cache, "batch_select_indices")):
-        raise UncachedModelError(f"{type(model).__name__} returned no KV cache that can drop rows; evaluate with "
-                                 "eval.compact=false (rows stay in the batch)")
-    mask = torch.cat([mask, mask.new_ones(n, budget)], dim=1)  # (b, T + budget): a step attends to a prefix
-    cache_kw = cache_keyword(model)  # looked up once, not per token
+def _loop(cache: _EagerCache | _StaticCache, n: int, budget: int, pad_id: int, sampler: TokenSampler, rows: _Rows,
+          drop_stopped: bool) -> int:
+    """The generation loop; returns the steps decoded. Batch row ``i`` holds context ``origin[i]`` (``>= n``: a
+    dummy or empty row); ``draw`` the batch rows the sampler draws for, in order (rows that stopped draw too
+    when they keep their place: the batch's noise stays positional)."""
+    size = cache.rows
+    origin, live, n_live = list(range(size)), [i < n for i in range(size)], n
+    draw: slice | torch.Tensor = slice(0, n)
+    seeds: torch.Tensor | None = None  # (b,) the drawn rows' seed indices; None: the identity
+    tokens = torch.full((size,), pad_id, dtype=torch.long, device=cache.device)  # (rows,) each row's newest token
+    logits = cache.logits  # (rows, V) float32
     for step in range(budget):
-        # rows that stopped draw too when they keep their place: the batch's noise stays positional
-        tokens = sampler(logits, seeds)  # (b,)
-        stopped = rows.record(origin, live, tokens, logits)
+        picked = logits[draw]  # (b, V)
+        drawn = sampler(picked, seeds)  # (b,)
+        drawn_rows = range(size)[draw] if isinstance(draw, slice) else draw.tolist()
+        stopped = rows.record([origin[i] for i in drawn_rows], [live[i] for i in drawn_rows], drawn, picked)
         n_live -= len(stopped)
         if step + 1 == budget or n_live == 0:
             return step + 1
-        if drop_stopped and stopped:
-            keep = [i for i, on in enumerate(live) if on]
-            idx = torch.tensor(keep, dtype=torch.long, device=device)  # (b',)
-            cache.batch_select_indices(idx)
-            mask, positions, tokens = mask[idx], positions[idx], tokens[idx]
-            origin, live = [origin[i] for i in keep], [True] * len(keep)
-            seeds = torch.tensor(origin, dtype=torch.long)
-        width += 1
-        positions = positions + 1
-        logits = model(input_ids=tokens[:, None], attention_mask=mask[:, :width], position_ids=positions[:, None],
-                       **{cache_kw: cache}, use_cache=True).logits[:, -1].float()  # (b, V)
-    return budget
-
-
-def _static_loop(model: torch.nn.Module, contexts: Sequence[Sequence[int]], budget: int, pad_id: int,
-                 sampler: TokenSampler, rows: _Rows, drop_stopped: bool, shrink: bool, decoder: str) -> int:
-    """A bucketed ``StaticBatch`` with the compiled step, dummy rows after the real ones; returns the steps."""
-    n, device = len(contexts), next(model.parameters()).device
-    size = batch_bucket(n)
-    ids, mask = left_pad([*contexts, *([[pad_id]] * (size - n))], pad_id, device)  # (size, T)
-    batch = StaticBatch(model, size, cache_bucket(ids.shape[1] + budget), decoder)
-    logits = batch.prefill(ids, mask).float()  # (size, V)
-    origin = list(range(size))  # the context of each batch row; >= n: a dummy or empty row
-    live = [i < n for i in range(size)]
-    n_live = n
-    positions = mask.sum(dim=1) - 1  # (size,) position of each row's last token
-    tokens = torch.full((size,), pad_id, dtype=torch.long, device=device)  # (size,)
-    draw = torch.arange(n, device=device)  # (b,) the batch rows the sampler draws for, in order
-    seeds: torch.Tensor | None = None  # (b,) their seed indices; None: the identity
-    decoding = torch.tensor([True] * size, device=device)  # (size,) False: a stopped row writes a masked column
-    for step in range(budget):
-        drawn = sampler(logits[draw], seeds)  # (b,)
-        on = [live[i] for i in draw.tolist()] if drop_stopped else live[:n]
-        stopped = rows.record([origin[i] for i in draw.tolist()], on, drawn, logits[draw])
-        n_live -= len(stopped)
-        if step + 1 == budget or n_live == 0:
-            return step + 1
-        tokens = tokens.index_copy(0, draw, drawn)
-        positions = positions + 1
+        tokens[draw] = drawn
         if stopped:
-            gone = draw[torch.tensor(stopped, dtype=torch.long, device=device)]
-            for i in gone.tolist():
+            gone = [drawn_rows[i] for i in stopped]
+            for i in gone:
                 live[i] = False
-            decoding[gone] = False
-            if drop_stopped:
-                draw = torch.tensor([i for i, on in enumerate(live) if on], dtype=torch.long, device=device)
-                seeds = torch.tensor([origin[i] for i in draw.tolist()], dtype=torch.long)
-        if drop_stopped and shrink and batch_bucket(n_live) < batch.rows:
-            keep = draw  # (b',) the live rows, in order
-            small = batch_bucket(n_live)
-            batch = batch.select(keep, small, decoder)
-            fill = small - n_live  # empty rows: masked, never read
-            origin = [origin[i] for i in keep.tolist()] + [size + i for i in range(fill)]
-            live = [True] * n_live + [False] * fill
-            tokens = torch.cat([tokens[keep], tokens.new_full((fill,), pad_id)])
-            positions = torch.cat([positions[keep], positions.new_zeros(fill)])
-            decoding = torch.tensor([True] * small, device=device)  # empty rows write columns only they see
-            draw = torch.arange(n_live, device=device)
-        logits = batch.step(tokens, positions, decoding).float()  # (rows, V)
+            if not drop_stopped:
+                cache.stop(gone)
+            else:
+                keep = [i for i, on in enumerate(live) if on]
+                idx = torch.tensor(keep, dtype=torch.long, device=cache.device)  # (b',)
+                if cache.drop(idx, gone):  # the batch is now the kept rows, then empty ones
+                    size = cache.rows
+                    origin = [origin[i] for i in keep] + [n + i for i in range(size - n_live)]
+                    live = [True] * n_live + [False] * (size - n_live)
+                    tokens = torch.cat([tokens[idx], tokens.new_full((size - n_live,), pad_id)])
+                    draw = slice(0, n_live)
+                else:
+                    draw = idx
+                seeds = torch.tensor([origin[i] for i in range(size)[draw]] if isinstance(draw, slice) else
+                                     [origin[i] for i in keep], dtype=torch.long)
+        logits = cache.step(tokens)
     return budget
+
+
+class _EagerCache:
+    """The model's own KV cache (the ``DynamicCache`` its forward builds). A row that stops while keeping its place
+    writes masked columns from then on; a dropped row leaves the cache (``batch_select_indices``)."""
+
+    def __init__(self, model: torch.nn.Module, contexts: Sequence[Sequence[int]], budget: int, pad_id: int,
+                 drop_stopped: bool) -> None:
+        self.model, self.device = model, next(model.parameters()).device
+        ids, mask = left_pad(contexts, pad_id, self.device)  # (b, T)
+        self.rows, self.width = len(contexts), ids.shape[1]
+        self.positions = (mask.sum(dim=1) - 1).clamp_min(0)  # (b,) position of each row's last token
+        out = model(input_ids=ids, attention_mask=mask, position_ids=(mask.cumsum(-1) - 1).clamp_min(0),
+                    use_cache=True, **last_logits_only(model))
+        self.logits, self.cache = out.logits[:, -1].float(), returned_cache(out)  # (b, V)
+        if drop_stopped and (self.cache is None or not hasattr(self.cache, "batch_select_indices")):
+            raise UncachedModelError(f"{type(model).__name__} returned no KV cache that can drop rows; evaluate "
+                                     "with eval.compact=false (rows stay in the batch)")
+        self.mask = torch.cat([mask, mask.new_ones(self.rows, budget)], dim=1)  # (b, T + budget): steps slice it
+        self._kw = cache_keyword(model)  # looked up once, not per token
+
+    def step(self, tokens: torch.Tensor) -> torch.Tensor:
+        """Decode ``tokens`` (b,); next-token logits (b, V) float32."""
+        self.width += 1
+        self.positions = self.positions + 1
+        out = self.model(input_ids=tokens[:, None], attention_mask=self.mask[:, : self.width],
+                         position_ids=self.positions[:, None], **{self._kw: self.cache}, use_cache=True)
+        return out.logits[:, -1].float()
+
+    def stop(self, rows: list[int]) -> None:
+        self.mask[rows, self.width :] = 0
+
+    def drop(self, keep: torch.Tensor, gone: list[int]) -> bool:
+        self.cache.batch_select_indices(keep)
+        self.mask, self.positions, self.rows = self.mask[keep], self.positions[keep], len(keep)
+        return True
+
+
+class _StaticCache:
+    """A bucketed ``StaticBatch`` with the compiled step, dummy rows after the real ones. A stopped row writes
+    masked columns; dropping rows moves the live ones to a smaller bucket once they fit one (``shrink``)."""
+
+    def __init__(self, model: torch.nn.Module, contexts: Sequence[Sequence[int]], budget: int, pad_id: int,
+                 shrink: bool, decoder: str) -> None:
+        self.device, self.shrink, self.decoder = next(model.parameters()).device, shrink, decoder
+        self.rows = batch_bucket(len(contexts))
+        ids, mask = left_pad([*contexts, *([[pad_id]] * (self.rows - len(contexts)))], pad_id, self.device)
+        self.batch = StaticBatch(model, self.rows, cache_bucket(ids.shape[1] + budget), decoder)
+        self.logits = self.batch.prefill(ids, mask).float()  # (rows, V)
+        self.positions = mask.sum(dim=1) - 1  # (rows,) position of each row's last token
+        self.decoding = torch.ones(self.rows, dtype=torch.bool, device=self.device)  # (rows,) False: masked column
+
+    def step(self, tokens: torch.Tensor) -> torch.Tensor:
+        self.positions = self.positions + 1
+        return self.batch.step(tokens, self.positions, self.decoding).float()  # (rows, V)
+
+    def stop(self, rows: list[int]) -> None:
+        self.decoding[rows] = False
+
+    def drop(self, keep: torch.Tensor, gone: list[int]) -> bool:
+        if not self.shrink or batch_bucket(len(keep)) >= self.rows:
+            self.stop(gone)
+            return False
+        small = batch_bucket(len(keep))
+        self.batch = self.batch.select(keep, small, self.decoder)
+        fill = small - len(keep)  # empty rows: they write columns only they see, never read
+        self.positions = torch.cat([self.positions[keep], self.positions.new_zeros(fill)])
+        self.decoding = torch.ones(small, dtype=torch.bool, device=self.device)
+        self.rows = small
+        return True
