@@ -240,7 +240,7 @@ def _compiled_decode_on_gathered_weights(ref: Any, shard: Any) -> bool:
     """Whether the sharded student, decoding compiled (``rollout.compile: true``) on its gathered weights, draws
     the tokens ``ref`` draws eagerly (per-sample seeds)."""
     from adwin.backends.fsdp import full_weights
-    from adwin.sampling.rollout import generate
+    from adwin.decode.generate import generate
     from adwin.sampling.seeding import row_seed
 
     contexts, budgets = [[1, 5, 6, 7], [1, 9], [1, 3, 4, 5, 6, 7, 8]], [12, 5, 12]

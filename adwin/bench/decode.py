@@ -22,7 +22,8 @@ from typing import Any
 import torch
 
 from adwin.sampling.compact import generate_compacting
-from adwin.sampling.rollout import Generation, generate
+from adwin.decode.loop import Generation
+from adwin.decode.generate import generate
 from adwin.decode.static_cache import LEDGER
 
 

@@ -8,7 +8,7 @@ times, timed:
 - ``static``: ``model.generate(cache_implementation="static")`` called directly, as a user of transformers would,
   with the engine's sampling arguments (temperature 1, top-p 1, top-k off, the raw logits kept: the engine keeps
   them for the behaviour logprobs); transformers compiles its decode step on CUDA only;
-- ``engine compiled``: ``adwin.decode.engine.HFEngine`` (``adwin.sampling.rollout.generate``) with
+- ``engine compiled``: ``adwin.decode.engine.HFEngine`` (``adwin.decode.generate.generate``) with
   ``rollout.compile`` true: a static cache and transformers' compiled step, the batch bucketed
   (``adwin.decode.static_cache``);
 - ``engine``: the same engine with ``rollout.compile`` false: ``generate`` on a dynamic KV cache.

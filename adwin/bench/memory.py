@@ -201,7 +201,7 @@ def _rank(rank: int, world: int, port: int, setup: Setup, out: str) -> None:
     from adwin.loop.parts import build_optimizer
     from adwin.loop.step import optimize
     from adwin.sampling.lora import apply_lora, require_peft, trainable_parameters
-    from adwin.sampling.rollout import generate
+    from adwin.decode.generate import generate
 
     cfg = load_config(setup.config, setup.overrides, world=world)
     dist, device = init_distributed(cfg.model.device) if world > 1 else (LocalDist(), cfg.model.device)

@@ -1,6 +1,6 @@
 """The one token sampler of the student's decoders: temperature, top-p, and where the noise comes from.
 
-Every decoder (``adwin.sampling.rollout.generate``, the compacting evaluator, the AsyncOPD engine) turns
+Every decoder (``adwin.decode.generate.generate``, the compacting evaluator, the AsyncOPD engine) turns
 next-token logits into tokens here, so they agree on the distribution and on the draws:
 
 - **warp**: ``logits / T`` in float32, then transformers' ``TopPLogitsWarper`` rule (drop the low tail whose mass

@@ -2,7 +2,7 @@
 
 On a GPU a decode step of a small model is kernel launches and Python; transformers' own remedy is a static
 KV cache (fixed shapes) and a compiled decode step (``torch.compile``; CUDA graphs under ``reduce-overhead``).
-Every decoder of the student (``adwin.sampling.rollout.generate``, ``adwin.sampling.compact``, the AsyncOPD
+Every decoder of the student (``adwin.decode.generate.generate``, ``adwin.sampling.compact``, the AsyncOPD
 engine) takes its compile decisions here, so they share one rule:
 
 - ``compile_wanted``: ``auto`` compiles on CUDA only (docs/decisions.md, "Compiled decoding").

@@ -11,9 +11,10 @@ from typing import Literal, Protocol
 
 from adwin.config import TrainConfig
 from adwin.decode.engine import HFEngine, RolloutEngine, VLLMEngine
+from adwin.decode.loop import Generation
 from adwin.loop.parts import Parts
 from adwin.sampling.data import Prompt
-from adwin.sampling.rollout import Generation, Rows, encode_prompts, eos_ids, layout, pad_id_of
+from adwin.sampling.rollout import Rows, encode_prompts, eos_ids, layout, pad_id_of
 
 Backend = Literal["hf", "vllm"]
 

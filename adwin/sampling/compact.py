@@ -8,7 +8,7 @@ live rows cost.
 
 The samples are ``rollout.generate``'s distribution (the shared ``adwin.decode.sampler.TokenSampler``),
 greedy at temperature 0, and under per-row seeds (``rollout.seeding: per_sample``) the same tokens as
-:func:`adwin.sampling.rollout.generate` with ``row_seeds`` (each row's ``k``-th token uses its generator's
+:func:`adwin.decode.generate.generate` with ``row_seeds`` (each row's ``k``-th token uses its generator's
 ``k``-th draw), up to float rounding that batch composition can change. Under batch seeding the noise comes
 from torch's global RNG, drawn for the live rows only, so which draw a row gets differs from ``generate``'s
 (the distribution does not).

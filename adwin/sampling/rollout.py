@@ -1,7 +1,7 @@
 """Student rollouts: prompts to token ids, and the row layouts of prompt + response (generation: ``adwin.decode``).
 
-Generation runs on left-padded prompts (what batched decoding needs); scoring runs on right-padded
-prompt+response rows (what the loss and the audit expect: response position ``j`` counts from the first
+Generation (``adwin.decode.generate.generate``) runs on left-padded prompts (what batched decoding needs);
+scoring runs on right-padded prompt+response rows (what the loss and the audit expect: response position ``j`` counts from the first
 response token). A sample is *finished* when it emitted EOS within its budget, else *unfinished*
 (truncated by the window): only unfinished samples can become probes.
 """
@@ -13,13 +13,6 @@ from dataclasses import dataclass
 from typing import Any
 
 import torch
-
-# the student's generator and its batch layout live in adwin.decode; imported here for the many callers
-from adwin.decode.generate import generate, hf_generate
-from adwin.decode.loop import Generation, decode, left_pad
-
-__all__ = ["Generation", "Rows", "decode", "encode_prompts", "eos_ids", "generate", "hf_generate", "layout",
-           "left_pad", "pad_id_of", "response_values"]
 
 
 @dataclass

@@ -13,10 +13,10 @@ import pytest
 import torch
 from tiny_models import make_tiny_llama, make_tiny_sliding_window_model
 
+from adwin.decode.loop import left_pad
 from adwin.decode.sampler import TokenSampler
 from adwin.decode.slots import DECODER
 from adwin.decode.static_cache import LEDGER
-from adwin.sampling.rollout import left_pad
 from adwin.trainer_adapters.asyncopd.engine import HFRolloutEngine, behavior_sample
 from adwin.trainer_adapters.asyncopd.items import StreamItem, TokenOut
 

@@ -15,8 +15,8 @@ import pytest
 import torch
 from tiny_models import make_tiny_llama
 
+from adwin.decode.generate import generate
 from adwin.sampling.compact import generate_compacting
-from adwin.sampling.rollout import generate
 from adwin.sampling.seeding import row_seed
 from adwin.trainer_adapters.asyncopd.engine import HFRolloutEngine
 from adwin.trainer_adapters.asyncopd.items import StreamItem

@@ -12,9 +12,9 @@ from hypothesis import given
 from hypothesis import strategies as st
 from tiny_models import make_tiny_llama, make_tiny_sliding_window_model
 
+from adwin.decode.generate import generate
 from adwin.decode.static_cache import LEDGER, MIN_CACHE, batch_bucket, cache_bucket, compile_wanted
 from adwin.sampling.compact import generate_compacting
-from adwin.sampling.rollout import generate
 from adwin.sampling.seeding import row_seed
 
 EOS = {2}

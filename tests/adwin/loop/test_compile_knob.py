@@ -17,13 +17,13 @@ import adwin.loop.evaluate as evaluate_mod
 import adwin.probes.executors as executors_mod
 import adwin.trainer_adapters.generic as generic_mod
 from adwin.config import load_config
+from adwin.decode.loop import Generation
 from adwin.loop.evaluate import evaluate
 from adwin.loop.sampler import Sampler
 from adwin.probes.executors import build_executor
 from adwin.probes.extender import ModelExtender
 from adwin.probes.pool import ProbePool
 from adwin.sampling.data import Prompt
-from adwin.sampling.rollout import Generation
 from adwin.tasks.tokenizer import build_tokenizer
 from adwin.trainer_adapters.generic import hf_extender
 

@@ -7,8 +7,8 @@ import torch
 from tiny_models import make_tiny_llama
 
 from adwin.config import load_config
+from adwin.decode.generate import generate
 from adwin.decode.sampler import TokenSampler
-from adwin.sampling.rollout import generate
 from adwin.sampling.seeding import context_keys, row_seed
 
 CONTEXTS = [[1, 5, 6, 7], [1, 9], [1, 3, 4, 5, 6, 7, 8], [1, 10, 11]]
