@@ -127,7 +127,9 @@ def _loop(cache: _EagerCache | _StaticCache, n: int, budget: int, pad_id: int, s
     dummy or empty row); ``draw`` the batch rows the sampler draws for, in order (rows that stopped draw too
     when they keep their place: the batch's noise stays positional)."""
     size = cache.rows
-    origin, live, n_live = list(range(size)), [i < n for i in range(size)], n
+    origin = list(range(size))
+    live = [i < n and rows.budgets[i] > 0 for i in range(size)]  # a row with no budget never records a token
+    n_live = sum(live)
     draw: slice | torch.Tensor = slice(0, n)
     seeds: torch.Tensor | None = None  # (b,) the drawn rows' seed indices; None: the identity
     tokens = torch.full((size,), pad_id, dtype=torch.long, device=cache.device)  # (rows,) each row's newest token
