@@ -33,7 +33,7 @@ from adwin.decode.static_cache import StaticBatch, batch_bucket, cache_bucket
 
 
 class UncachedModelError(ValueError):
-    """The model returned no KV cache whose rows can be dropped (``drop_stopped`` needs one)."""
+    """The model returned no KV cache (or, for ``drop_stopped``, none whose rows can be dropped)."""
 
 
 @dataclass
@@ -182,6 +182,9 @@ class _EagerCache:
         if drop_stopped and (self.cache is None or not hasattr(self.cache, "batch_select_indices")):
             raise UncachedModelError(f"{type(model).__name__} returned no KV cache that can drop rows; evaluate "
                                      "with eval.compact=false (rows stay in the batch)")
+        if self.cache is None:  # a step feeds one token: without the cache it would see no context
+            raise UncachedModelError(f"{type(model).__name__} returned no KV cache (use_cache=True); the decode loop "
+                                     "feeds one token a step on the model's own cache")
         self.mask = torch.cat([mask, mask.new_ones(self.rows, budget)], dim=1)  # (b, T + budget): steps slice it
         self._kw = cache_keyword(model)  # looked up once, not per token
 

@@ -33,3 +33,20 @@ def test_per_row_seeds_give_the_same_tokens_whether_stopped_rows_stay_or_leave(m
                      drop_stopped=True, **kw)
     assert kept.response_ids == dropped.response_ids and kept.finished == dropped.finished
     assert any(kept.finished) or any(len(r) < b for r, b in zip(kept.response_ids, [12, 4, 12, 8], strict=True))
+
+
+def test_a_model_that_returns_no_cache_is_refused_by_type(model) -> None:
+    from adwin.decode.loop import UncachedModelError
+
+    class NoCache(torch.nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.inner = model
+
+        def forward(self, **kw):
+            out = self.inner(**kw)
+            out.past_key_values = None
+            return out
+
+    with pytest.raises(UncachedModelError, match="no KV cache"):
+        decode(NoCache(), CONTEXTS, [3] * 4, eos={2}, pad_id=0, sampler=TokenSampler(0.0))
