@@ -126,7 +126,7 @@ class RolloutConfig(_Strict):
     temperature: float = Field(1.0, gt=0.0, le=10.0, description="sampling temperature of rollouts and probes")
     top_p: float = Field(1.0, gt=0.0, le=1.0, description="nucleus sampling of rollouts and probes; 1 = off")
     seeding: Literal["batch", "per_sample"] = Field(
-        "batch", description="batch: HF generate draws a batch's sampling noise from the global RNG; per_sample: "
+        "batch", description="batch: a batch's sampling noise comes from the global RNG, row by row in batch order; per_sample: "
         "each row from its own generator (run seed, step, row), so a row's tokens do not depend on its batch "
         "(data-parallel runs then match the 1-process run; adwin.sampling.seeding)")
     compile: CompileSetting = Field(
