@@ -18,12 +18,12 @@ from typing import Any
 import torch
 
 from adwin.audit.job import AuditJob, AuditOutcome, run_audit_job
+from adwin.decode.static_cache import CompileSetting, without_compiled
 from adwin.probes.async_executor import AsyncProbeExecutor, FaultPolicy
 from adwin.probes.extender import ModelExtender, snapshot_weights
 from adwin.probes.pool import Extender, ProbePool
 from adwin.probes.riding import RidingWorker
 from adwin.probes.workers import InlineWorker, ProbeWorker, ThreadWorker
-from adwin.sampling.static_decode import CompileSetting, without_compiled
 
 BACKENDS: tuple[str, ...] = ("inline", "thread", "ray", "rollout")
 

@@ -1,4 +1,4 @@
-"""The ``Extender`` over a transformers causal LM (``adwin.sampling.rollout.generate``): what probe workers run
+"""The ``Extender`` over a transformers causal LM (``adwin.decode.generate.generate``): what probe workers run
 on their own student replica, and what the trainer's inline backend runs on its student (``Sampler.extend``)."""
 
 from __future__ import annotations
@@ -8,10 +8,10 @@ from dataclasses import dataclass
 
 import torch
 
+from adwin.decode.generate import generate
+from adwin.decode.static_cache import CompileSetting
 from adwin.probes.pool import Extension
 from adwin.sampling.lora import load_trained_state, trained_state
-from adwin.sampling.rollout import generate
-from adwin.sampling.static_decode import CompileSetting
 
 
 @dataclass

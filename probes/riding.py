@@ -30,9 +30,9 @@ from concurrent.futures import Future
 from typing import Any, Protocol
 
 from adwin.audit.job import AuditJob, AuditOutcome
+from adwin.decode.loop import Generation
 from adwin.probes.pool import Extension
 from adwin.probes.workers import RoundJob, run_now
-from adwin.sampling.rollout import Generation
 
 
 class RoundRunner(Protocol):

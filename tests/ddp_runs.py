@@ -122,7 +122,7 @@ def _generate_with_an_empty_rank(model: Any, rank: int, wait_s: float = 120.0) -
     return. Rows decoded on this rank; raises instead of hanging when a rank is left waiting."""
     import threading
 
-    from adwin.loop.engine import HFEngine
+    from adwin.decode.engine import HFEngine
 
     rows = [[5, 6, 7]] if rank == 0 else []
     out: list[int] = []
@@ -239,7 +239,7 @@ def _compiled_decode_on_gathered_weights(ref: Any, shard: Any) -> bool:
     """Whether the sharded student, decoding compiled (``rollout.compile: true``) on its gathered weights, draws
     the tokens ``ref`` draws eagerly (per-sample seeds)."""
     from adwin.backends.fsdp import full_weights
-    from adwin.sampling.rollout import generate
+    from adwin.decode.generate import generate
     from adwin.sampling.seeding import row_seed
 
     contexts, budgets = [[1, 5, 6, 7], [1, 9], [1, 3, 4, 5, 6, 7, 8]], [12, 5, 12]

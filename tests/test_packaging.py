@@ -18,7 +18,9 @@ FOLDERS = {"adwin": "adwin", "adwin.controller": "controller", "adwin.probes": "
 # The pipeline's layers, bottom first. A module may import its own layer and the layers below it,
 # never one above (function-level imports count too).
 LAYERS: list[tuple[str, ...]] = [
-    ("adwin.objectives", "adwin.backends"),  # math of the losses; engines, FSDP, a model's structure
+    # math of the losses; engines, FSDP, a model's structure; the student's decode engine (token sampler, KV-cache
+    # and static-cache paths)
+    ("adwin.objectives", "adwin.backends", "adwin.decode"),
     # alignment audit; window policies; rollouts, teacher, prompts; the built-in tasks (whose prompts the sampling
     # package serves, and whose prepare measures accuracy with the evaluation's sampler)
     ("adwin.audit", "adwin.policies", "adwin.sampling", "adwin.tasks"),

@@ -38,6 +38,8 @@ from adwin.backends.teacher_client import ClientSettings
 from adwin.config import AuditConfig
 from adwin.controller.api import ControllerAPI
 from adwin.controller.schemas import AuditOut, ProbeOut, ProbePlanOut, ProbeReportIn, RunIn, StepMetricsIn
+from adwin.decode.generate import generate
+from adwin.decode.static_cache import CompileSetting
 from adwin.objectives.losses import token_logprobs
 from adwin.probes.async_executor import AsyncProbeExecutor
 from adwin.probes.client import InlineAuditor, ProbeClient
@@ -46,9 +48,7 @@ from adwin.probes.pool import Extension, Probe, ProbePool, probe_batch
 from adwin.probes.settings import audit_schedule, audit_settings, decision_budget
 from adwin.probes.workers import InlineWorker
 from adwin.runtime.resilient_controller import controller_metrics, drain_controller
-from adwin.sampling.rollout import generate
 from adwin.sampling.served_teacher import ServedTeachers
-from adwin.sampling.static_decode import CompileSetting
 from adwin.trainer_adapters.registration import check_feasible, register, resilient
 
 Extend = Callable[[list[list[int]], list[int]], tuple[list[list[int]], list[bool]]]
@@ -413,7 +413,7 @@ def hf_extender(
     generation_kwargs: dict[str, Any] | None = None,
     compile: CompileSetting = "auto",
 ) -> Extend:
-    """``Extend`` from an HF causal LM: one ``adwin.sampling.rollout.generate`` call per round.
+    """``Extend`` from an HF causal LM: one ``adwin.decode.generate.generate`` call per round.
 
     Sampling follows ``generation_kwargs`` (HF ``generate`` arguments, e.g. the host trainer's
     ``temperature``/``top_p``/``top_k``) over ``do_sample=True`` and the model's generation config. Each

@@ -68,10 +68,10 @@ from adwin.backends.teacher_client import ClientSettings
 from adwin.config import AuditConfig
 from adwin.controller.api import ControllerAPI
 from adwin.controller.schemas import AuditOut, PolicyIn, RunIn
+from adwin.decode.static_cache import CompileSetting
 from adwin.probes.offers import OFFER_FINISHED
 from adwin.probes.settings import param_count, trainable_count
 from adwin.runtime.resilient_controller import controller_metrics
-from adwin.sampling.static_decode import CompileSetting
 from adwin.trainer_adapters.generic import WindowClient, hf_extender
 from adwin.trainer_adapters.trl_teacher import ProbeTeacher, check_trainer, probe_teacher
 
@@ -130,7 +130,7 @@ class AdwinCallback(TrainerCallback):
         self.threshold = threshold
         self.probe_every = probe_every
         self.probe_count = probe_count
-        self.compile = compile  # probe extension's decoding (adwin.sampling.static_decode; auto: on CUDA)
+        self.compile = compile  # probe extension's decoding (adwin.decode.static_cache; auto: on CUDA)
         # one declaration of the audit; the callback knows both models, so the default budget can count FLOPs
         self.audit = audit or AuditConfig(method=audit_method, metric=audit_metric)
         self.report_steps = report_steps

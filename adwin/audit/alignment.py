@@ -290,7 +290,7 @@ def audit(
     ``reference``) or sketches (``sketch``) are summed across ranks before the Gram; per-sample statistics
     are gathered. Every rank returns the 1-process result (up to float summation order).
 
-    Assumes a decoder-only (causal) model that accepts a KV cache (HF ``DynamicCache``, ``adwin.sampling.kv_cache``);
+    Assumes a decoder-only (causal) model that accepts a KV cache (HF ``DynamicCache``, ``adwin.decode.kv_cache``);
     encoder-decoder models are rejected. Position ids come from the attention mask
     (``cumsum - 1``), which equals ``arange`` for right-padded batches.
     """

@@ -20,8 +20,8 @@ import torch
 
 from adwin.audit.combine import segment_matrix
 from adwin.audit.sketch import Grads, countsketch
+from adwin.decode.kv_cache import with_cache
 from adwin.objectives.losses import response_positions, reverse_kl_pg, token_logprobs
-from adwin.sampling.kv_cache import with_cache
 
 # Per-token loss: (student_logprobs, teacher_logprobs, mask) -> (B, L) per-token losses.
 TokenLoss = Callable[[torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor]

@@ -5,8 +5,8 @@ config asking for an engine this machine cannot run into one clear error naming 
 
 - ``vllm_rollout``: student rollout with per-request ``SamplingParams.max_tokens`` (the window for
   rollouts, the remaining budget for probe extension), behavior logprobs, weight sync into the engine
-  after each optimizer step. The synchronous trainer's engine (``adwin.loop.engine``) and the AsyncOPD
-  ``RolloutEngine`` (``adwin.trainer_adapters.asyncopd.vllm``) sit on top of it.
+  after each optimizer step. The synchronous trainer's engine (``adwin.decode.engine``) and the AsyncOPD
+  ``StreamingEngine`` (``adwin.trainer_adapters.asyncopd.vllm``) sit on top of it.
 - ``vllm_teacher``: teacher scoring with ``prompt_logprobs`` (top-k) for ``forward_kl_topk``, or the
   realized tokens' logprobs for the sampled reverse-KL estimators (``model.teacher_backend: vllm``).
 - ``logprob_gap``: the train-rollout logprob gap diagnostic (pure torch).

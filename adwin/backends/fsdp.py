@@ -147,7 +147,7 @@ def full_weights(model: torch.nn.Module) -> Iterator[None]:
     # transformers' generate reads this flag (set by fully_shard) on the model it runs on, the root (a LoRA
     # student's generate runs on it too), to step every rank in lock-step with an all-reduce per token
     # (synced_gpus); on whole weights no rank needs another, and a rank with no rows to decode
-    # (adwin.sampling.rollout.generate returns before generate) would leave the others waiting
+    # (adwin.decode.generate.generate returns before generate) would leave the others waiting
     managed = root.__dict__.get(_MANAGED)
     setattr(root, _MANAGED, False)
     try:

@@ -16,7 +16,7 @@ stand-in outputs. Pieces:
   cache so no KV block computed by the old weights is reused: a kept prefix is re-encoded by the new
   weights (AsyncOPD keep-mode).
 
-The AsyncOPD ``RolloutEngine`` on top of it is ``adwin.trainer_adapters.asyncopd.vllm``.
+The AsyncOPD ``StreamingEngine`` on top of it is ``adwin.trainer_adapters.asyncopd.vllm``.
 """
 
 from __future__ import annotations

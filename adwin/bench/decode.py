@@ -7,7 +7,7 @@ For each model (the built-in default student and a Llama of SmolLM2-135M's width
 code, ``--llama125m-layers`` of its 30 layers), and each decoder (``generate``: rollouts and probe rounds;
 ``compact``: evaluation), the first compiled call is timed apart (it compiles), then warm calls alternate eager and
 compiled so a noisy machine slows both alike. ``ms/step`` is a warm call's seconds over its decode steps; the
-compile seconds are torch's own (``adwin.sampling.static_decode.LEDGER``). Prints one JSON line per row.
+compile seconds are torch's own (``adwin.decode.static_cache.LEDGER``). Prints one JSON line per row.
 """
 
 from __future__ import annotations
@@ -21,9 +21,10 @@ from typing import Any
 
 import torch
 
+from adwin.decode.generate import generate
+from adwin.decode.loop import Generation
+from adwin.decode.static_cache import LEDGER
 from adwin.sampling.compact import generate_compacting
-from adwin.sampling.rollout import Generation, generate
-from adwin.sampling.static_decode import LEDGER
 
 
 def llama_125m_shaped(layers: int) -> torch.nn.Module:

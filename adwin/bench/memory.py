@@ -196,12 +196,12 @@ def _rank(rank: int, world: int, port: int, setup: Setup, out: str) -> None:
     torch.set_num_threads(1)
     from adwin.backends.fsdp import shard_student
     from adwin.config import load_config
+    from adwin.decode.engine import HFEngine
+    from adwin.decode.generate import generate
     from adwin.loop.distributed import LocalDist, init_distributed
-    from adwin.loop.engine import HFEngine
     from adwin.loop.parts import build_optimizer
     from adwin.loop.step import optimize
     from adwin.sampling.lora import apply_lora, require_peft, trainable_parameters
-    from adwin.sampling.rollout import generate
 
     cfg = load_config(setup.config, setup.overrides, world=world)
     dist, device = init_distributed(cfg.model.device) if world > 1 else (LocalDist(), cfg.model.device)

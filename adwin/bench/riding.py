@@ -1,7 +1,7 @@
 """What riding probe rows cost a rollout call (``adwin bench probes --padding``): one transformers ``generate``
 call of the rollout rows alone, the same call with the probe rows in it (left-padded to the probes' longer
 contexts, decoding the same number of steps: riders are capped at the call's window), and the probe rows in a
-call of their own, each with a dynamic KV cache (what ``adwin.sampling.rollout.generate`` uses uncompiled) and a
+call of their own, each with a dynamic KV cache (what ``adwin.decode.generate.generate`` uses uncompiled) and a
 static one (``cache_implementation="static"``, the compiled path's cache). transformers sizes a static cache to the
 longest one the model has seen (``_prepare_static_cache``), and every row attends over the whole cache at every
 step, so the static calls run with the riding call first: the rollout rows alone then decode on the cache the
@@ -22,7 +22,7 @@ CACHES = ("dynamic", "static")
 
 def _call(model: torch.nn.Module, contexts: list[list[int]], window: int, cache: str, pad_id: int,
           never: int) -> Callable[[], None]:
-    from adwin.sampling.rollout import left_pad
+    from adwin.decode.loop import left_pad
 
     device = next(model.parameters()).device
     ids, mask = left_pad(contexts, pad_id, device)  # (B, T)

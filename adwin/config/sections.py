@@ -10,9 +10,9 @@ from pydantic import BaseModel, Field, field_validator, model_validator
 
 from adwin.config.base import ISHighField, ISLowField, ISMethodField, _Strict, check_is_bounds
 from adwin.config.teacher_server import TeacherServerConfig
+from adwin.decode.static_cache import CompileSetting
 from adwin.policies.fields import DEFAULT_CANDIDATES, Candidates, PolicyKnobs
 from adwin.policies.registry import PolicyName
-from adwin.sampling.static_decode import CompileSetting
 from adwin.tasks.suite import DEFAULT_TASK, TASK_NAMES
 
 DEFAULT_VLLM_GPU_MEMORY = 0.3  # ModelConfig.vllm_gpu_memory's default
@@ -126,12 +126,12 @@ class RolloutConfig(_Strict):
     temperature: float = Field(1.0, gt=0.0, le=10.0, description="sampling temperature of rollouts and probes")
     top_p: float = Field(1.0, gt=0.0, le=1.0, description="nucleus sampling of rollouts and probes; 1 = off")
     seeding: Literal["batch", "per_sample"] = Field(
-        "batch", description="batch: HF generate draws a batch's sampling noise from the global RNG; per_sample: "
+        "batch", description="batch: a batch's sampling noise comes from the global RNG, row by row in batch order; per_sample: "
         "each row from its own generator (run seed, step, row), so a row's tokens do not depend on its batch "
         "(data-parallel runs then match the 1-process run; adwin.sampling.seeding)")
     compile: CompileSetting = Field(
         "auto", description="decode the student on a static KV cache with transformers' compiled step (rollouts, "
-        "probe rounds, evaluation, the AsyncOPD engine; adwin.sampling.static_decode): auto = on when the "
+        "probe rounds, evaluation, the AsyncOPD engine; adwin.decode.static_cache): auto = on when the "
         "student is on CUDA; a run compiles one shape per batch and cache bucket (docs/decisions.md 'Compiled "
         "decoding'); the vLLM backend refuses true")
 

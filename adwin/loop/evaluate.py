@@ -22,8 +22,8 @@ import torch
 from adwin.backends.fsdp import full_weights
 from adwin.backends.teacher_client import TeacherUnavailable
 from adwin.config import TrainConfig
+from adwin.decode.engine import HFEngine
 from adwin.loop.distributed import LocalDist
-from adwin.loop.engine import HFEngine
 from adwin.loop.parts import Parts
 from adwin.loop.sampler import Sampler
 from adwin.loop.sharding import seeds_for

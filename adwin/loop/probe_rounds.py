@@ -14,9 +14,9 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from adwin.decode.loop import Generation
 from adwin.loop.distributed import LocalDist
 from adwin.probes.pool import Extension
-from adwin.sampling.rollout import Generation
 from adwin.sampling.seeding import context_keys, row_seed
 
 

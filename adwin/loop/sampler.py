@@ -10,10 +10,11 @@ from dataclasses import dataclass
 from typing import Literal, Protocol
 
 from adwin.config import TrainConfig
-from adwin.loop.engine import HFEngine, RolloutEngine, VLLMEngine
+from adwin.decode.engine import HFEngine, RolloutEngine, VLLMEngine
+from adwin.decode.loop import Generation
 from adwin.loop.parts import Parts
 from adwin.sampling.data import Prompt
-from adwin.sampling.rollout import Generation, Rows, encode_prompts, eos_ids, layout, pad_id_of
+from adwin.sampling.rollout import Rows, encode_prompts, eos_ids, layout, pad_id_of
 
 Backend = Literal["hf", "vllm"]
 
@@ -50,7 +51,7 @@ class Rider(Protocol):
 
 class Sampler:
     """Student sampling for rollouts, evaluation and probe extension: all of it through one ``RolloutEngine``
-    (``adwin.loop.engine``; ``rollout.backend`` picks it), kept on the trainer's weights by ``sync_weights``."""
+    (``adwin.decode.engine``; ``rollout.backend`` picks it), kept on the trainer's weights by ``sync_weights``."""
 
     def __init__(self, parts: Parts, cfg: TrainConfig, engine: RolloutEngine | None = None, *,
                  backend: Backend | None = None) -> None:
@@ -136,4 +137,6 @@ def open_engine(backend: Backend, cfg: TrainConfig, parts: Parts, eos: set[int],
     if not path:  # the engine is built from a checkpoint (then synced with the trainer's weights before use)
         raise ValueError("rollout.backend: 'vllm' loads the student from its checkpoint (a folder or hub id); this "
                          "student was not loaded with from_pretrained (no name_or_path): set rollout.backend=hf")
-    return VLLMEngine.load(cfg, path, eos)
+    return VLLMEngine.load(path, eos, dtype=cfg.model.dtype, seed=cfg.seed,
+                           gpu_memory_utilization=cfg.model.vllm_gpu_memory,
+                           max_model_len=cfg.data.max_prompt_len + cfg.rollout.max_response_len)

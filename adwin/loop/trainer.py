@@ -19,6 +19,7 @@ from adwin.backends.fsdp import shard_student
 from adwin.backends.structure import is_lora
 from adwin.config import TrainConfig
 from adwin.controller.api import ControllerAPI
+from adwin.decode.static_cache import LEDGER as COMPILES
 from adwin.loop.accounting import Clock
 from adwin.loop.distributed import LocalDist
 from adwin.loop.evaluate import evaluate
@@ -44,7 +45,6 @@ from adwin.runtime.resume import (
 )
 from adwin.runtime.sharded_checkpoint import export_student, stage_sharded
 from adwin.sampling.lora import LORA_EXPORT, MERGED_DIR, export_lora
-from adwin.sampling.static_decode import LEDGER as COMPILES
 
 
 @dataclass

@@ -1,36 +1,18 @@
-"""Student rollout backend on transformers ``generate`` (CPU or GPU).
+"""Student rollouts: prompts to token ids, and the row layouts of prompt + response (generation: ``adwin.decode``).
 
-Generation runs on left-padded prompts (what batched decoding needs); scoring runs on right-padded
-prompt+response rows (what the loss and the audit expect: response position ``j`` counts from the first
+Generation (``adwin.decode.generate.generate``) runs on left-padded prompts (what batched decoding needs);
+scoring runs on right-padded prompt+response rows (what the loss and the audit expect: response position ``j`` counts from the first
 response token). A sample is *finished* when it emitted EOS within its budget, else *unfinished*
 (truncated by the window): only unfinished samples can become probes.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
 import torch
-
-from adwin.sampling.static_decode import (
-    CompileSetting,
-    compile_wanted,
-    generate_kwargs,
-    pad_rows,
-    stop_dummy_rows,
-)
-
-
-@dataclass
-class Generation:
-    """Per-sample continuations; ragged lists because every sample stops at its own length."""
-
-    response_ids: list[list[int]]  # generated tokens, EOS included when emitted
-    finished: list[bool]  # emitted EOS within the budget
-    logprobs: list[list[float]] | None = None  # log p(token) under the generating weights (temperature 1)
-    decode_steps: int = 0  # token positions the call decoded for its batch (before rows are cut to their budgets)
 
 
 @dataclass
@@ -82,18 +64,6 @@ def encode_prompts(tokenizer: object, texts: Sequence[str], max_prompt_len: int)
     return out
 
 
-def left_pad(seqs: Sequence[Sequence[int]], pad_id: int, device: torch.device | str) -> tuple[torch.Tensor, torch.Tensor]:
-    """(B, L) ids and attention mask with every sequence flush right."""
-    width = max(len(s) for s in seqs)
-    ids = torch.full((len(seqs), width), pad_id, dtype=torch.long)
-    mask = torch.zeros((len(seqs), width), dtype=torch.long)
-    for b, s in enumerate(seqs):
-        if s:
-            ids[b, width - len(s) :] = torch.tensor(list(s), dtype=torch.long)
-            mask[b, width - len(s) :] = 1
-    return ids.to(device), mask.to(device)
-
-
 def layout(prompts: Sequence[Sequence[int]], responses: Sequence[Sequence[int]], pad_id: int, *,
            width: int | None = None) -> Rows:
     """Right-padded rows ``prompt + response`` with a response mask; every row holds at least one token.
@@ -131,87 +101,3 @@ def response_values(rows: Rows, values: Sequence[Sequence[Any]], *, fill: float 
         if n_r:
             out[b, n_p : n_p + n_r] = torch.tensor(vals, dtype=dtype)
     return out
-
-
-@torch.no_grad()
-def generate(
-    model: torch.nn.Module,
-    contexts: Sequence[Sequence[int]],
-    budgets: Sequence[int],
-    *,
-    eos: set[int],
-    pad_id: int,
-    temperature: float = 1.0,
-    top_p: float = 1.0,
-    with_logprobs: bool = False,
-    sampling: Mapping[str, Any] | None = None,
-    row_seeds: Sequence[int] | None = None,
-    compile: CompileSetting = False,
-) -> Generation:
-    """Continue each context by at most ``budgets[b]`` tokens (batched ``generate``, left-padded).
-
-    The one student generator: rollouts, evaluation, probe extension (``adwin.probes.extender``) and the
-    generic adapter's ``hf_extender`` all call it. ``temperature == 0`` decodes greedily; ``top_k`` is off
-    so ``temperature``/``top_p`` alone define the sampling distribution. ``sampling`` replaces those with
-    HF ``generate`` arguments taken verbatim (an adapter following its host trainer's settings). Rows are
-    cut at their first EOS (kept) or their budget. ``row_seeds`` (one per context) gives every row its own
-    sampling noise (``adwin.sampling.seeding``: ``rollout.seeding: per_sample``), so a row's tokens do not
-    depend on the rest of the batch; without it HF draws the batch's noise from the global RNG. The model samples in eval mode (no dropout: tokens come
-    from the policy the loss and the audit evaluate) and gets its previous mode back. ``compile``
-    (``rollout.compile``; ``auto``: on CUDA) decodes on a static cache with transformers' compiled step, the
-    batch filled with dummy rows to its bucket (``adwin.sampling.static_decode``).
-    """
-    if sampling is not None and (temperature != 1.0 or top_p != 1.0 or row_seeds is not None):
-        raise ValueError("give temperature/top_p (and row_seeds) or sampling (HF generate arguments), not both")
-    n = len(contexts)
-    if row_seeds is not None and len(row_seeds) != n:
-        raise ValueError(f"row_seeds: {len(row_seeds)} seeds for {n} contexts")
-    if n == 0:
-        return Generation([], [], [] if with_logprobs else None)
-    max_new = max(budgets)
-    if max_new <= 0:
-        return Generation([[] for _ in range(n)], [False] * n, [[] for _ in range(n)] if with_logprobs else None)
-    device = next(model.parameters()).device
-    static = compile_wanted(compile, device)
-    if static:  # the batch's bucket: dummy rows after the real ones
-        contexts, budgets, row_seeds = pad_rows(contexts, budgets, row_seeds, pad_id)
-    ids, mask = left_pad(contexts, pad_id, device)  # (B, T)
-    compiled = generate_kwargs(model, len(contexts), ids.shape[1], max_new) | {
-        "stopping_criteria": stop_dummy_rows(n, len(contexts), device)} if static else {}
-    if sampling is None and row_seeds is not None and temperature > 0:
-        from transformers import LogitsProcessorList
-
-        from adwin.sampling.seeding import SeededSampling
-
-        # argmax over Gumbel-perturbed scores: HF's greedy path, no warpers of its own
-        sampling = {"do_sample": False, "logits_processor": LogitsProcessorList(
-            [SeededSampling(row_seeds, temperature, top_p, device)])}
-    if sampling is None:
-        sampling = {"do_sample": True, "temperature": temperature, "top_p": top_p, "top_k": 0} if temperature > 0 \
-            else {"do_sample": False}
-    was_training = model.training
-    model.eval()
-    try:
-        out = model.generate(  # type: ignore[operator]
-            input_ids=ids, attention_mask=mask,
-            **{**sampling, **compiled, "max_new_tokens": max_new, "pad_token_id": pad_id, "eos_token_id": sorted(eos),
-               "return_dict_in_generate": True, "output_logits": with_logprobs},
-        )
-    finally:
-        model.train(was_training)
-    new = out.sequences[:, ids.shape[1] :].tolist()  # (B, n_new)
-    step_lp = None
-    if with_logprobs and out.logits:
-        logits = torch.stack(out.logits, dim=1).float()  # (B, n_new, V)
-        step_lp = torch.log_softmax(logits, dim=-1).gather(-1, out.sequences[:, ids.shape[1] :, None]).squeeze(-1)
-        step_lp = step_lp.tolist()  # (B, n_new)
-    responses, finished, logprobs = [], [], []
-    for b in range(n):  # dummy rows (b >= n) are dropped
-        row = new[b][: max(budgets[b], 0)]
-        stop = next((i for i, tok in enumerate(row) if tok in eos), None)
-        cut = row if stop is None else row[: stop + 1]
-        responses.append(cut)
-        finished.append(stop is not None)
-        if step_lp is not None:
-            logprobs.append(step_lp[b][: len(cut)])
-    return Generation(responses, finished, logprobs if with_logprobs else None, decode_steps=len(new[0]))

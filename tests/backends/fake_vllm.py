@@ -16,7 +16,7 @@ from typing import Any
 
 import torch
 
-from adwin.sampling.rollout import generate
+from adwin.decode.generate import generate
 
 
 def params(**kw: Any) -> SimpleNamespace:

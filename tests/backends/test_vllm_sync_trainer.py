@@ -21,7 +21,7 @@ from adwin.backends.vllm_rollout import VLLMRollout
 from adwin.backends.vllm_teacher import VLLMTeacher
 from adwin.config import load_config
 from adwin.controller import Controller
-from adwin.loop.engine import VLLMEngine
+from adwin.decode.engine import VLLMEngine
 from adwin.loop.parts import load_parts
 from adwin.loop.probe_rounds import RoundExtender
 from adwin.loop.sampler import Sampler
@@ -44,7 +44,7 @@ def _vllm_run(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, **extra: object):
 
     monkeypatch.setattr(VLLMRollout, "load", staticmethod(load))
     real_open = VLLMEngine.load.__func__  # type: ignore[attr-defined]
-    monkeypatch.setattr(VLLMEngine, "load", classmethod(lambda cls, *a: engines.append(real_open(cls, *a))
+    monkeypatch.setattr(VLLMEngine, "load", classmethod(lambda cls, *a, **k: engines.append(real_open(cls, *a, **k))
                                                         or engines[-1]))
     roll_out, extend = Sampler.roll_out, RoundExtender.__call__
     calls: list[tuple[str, object]] = []  # (kind, window or the positive budgets), one per Sampler call

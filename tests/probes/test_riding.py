@@ -15,6 +15,7 @@ from tiny_models import make_tiny_llama
 
 from adwin.config import load_config
 from adwin.controller.schemas import ProbePlanOut
+from adwin.decode.loop import Generation
 from adwin.loop.distributed import LocalDist
 from adwin.loop.probe_rounds import RoundExtender
 from adwin.loop.sampler import Sampler
@@ -24,7 +25,6 @@ from adwin.probes.pool import Probe, ProbePool
 from adwin.probes.riding import RidingWorker, StaleRound
 from adwin.probes.workers import RoundJob
 from adwin.sampling.data import Prompt
-from adwin.sampling.rollout import Generation
 from adwin.tasks.tokenizer import build_tokenizer
 
 pytestmark = pytest.mark.numerics  # parity of numbers across code paths: rerun per CPU capability

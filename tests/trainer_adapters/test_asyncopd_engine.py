@@ -13,11 +13,12 @@ import pytest
 import torch
 from tiny_models import make_tiny_llama, make_tiny_sliding_window_model
 
-from adwin.sampling.rollout import left_pad
-from adwin.sampling.static_decode import LEDGER
+from adwin.decode.loop import left_pad
+from adwin.decode.sampler import TokenSampler
+from adwin.decode.slots import DECODER
+from adwin.decode.static_cache import LEDGER
 from adwin.trainer_adapters.asyncopd.engine import HFRolloutEngine, behavior_sample
 from adwin.trainer_adapters.asyncopd.items import StreamItem, TokenOut
-from adwin.trainer_adapters.asyncopd.slots import DECODER
 
 pytestmark = pytest.mark.numerics  # parity of numbers across code paths: rerun per CPU capability
 
@@ -135,7 +136,7 @@ def test_a_request_the_worker_did_not_advance_is_reencoded_not_skipped() -> None
 
 def test_behavior_sample_with_top_p_never_draws_outside_the_nucleus() -> None:
     logits = torch.tensor([[4.0, 3.0, 0.0, -1.0, -2.0]] * 64)  # softmax: ~0.70, 0.26, ...: p=0.8 keeps two
-    outs = behavior_sample(logits, torch.Generator().manual_seed(0), temperature=1.0, top_p=0.8, m=4, eos=set())
+    outs = behavior_sample(logits, TokenSampler(1.0, 0.8, generator=torch.Generator().manual_seed(0)), m=4, eos=set())
     drawn = {o.token for o in outs} | {a for o in outs for a in (o.mc_actions or [])}
     assert drawn == {0, 1}
     kept = torch.log_softmax(logits[0, :2], -1)
@@ -245,7 +246,7 @@ def test_a_compiled_engine_needs_the_longest_request_to_size_its_cache() -> None
 
 
 def test_a_compiled_engine_refuses_a_sliding_window_cache_when_built() -> None:
-    from adwin.sampling.static_decode import StaticCacheError
+    from adwin.decode.static_cache import StaticCacheError
 
     sliding = make_tiny_sliding_window_model()
     with pytest.raises(StaticCacheError, match="rollout.compile"):

@@ -91,8 +91,10 @@ class PromptSpec:
     answer: str | None = None
 
 
-class RolloutEngine(Protocol):
-    """A rollout worker's model snapshot. Called only from its own worker thread."""
+class StreamingEngine(Protocol):
+    """A rollout worker's model snapshot, stepping requests that join and leave token by token (continuous
+    batching). Not ``adwin.decode.engine.RolloutEngine``, which continues whole batches of contexts by a budget.
+    Called only from its own worker thread."""
 
     version: int
 

@@ -1,7 +1,7 @@
 """Rollout engines in Ray actors: ``asyncopd.workers: ray``.
 
 The scheduler's ``RolloutWorker`` threads stay on the driver (they own continuous batching, keep-mode
-and the sync acknowledgement); each worker's ``RolloutEngine`` is a proxy whose model snapshot lives in
+and the sync acknowledgement); each worker's ``StreamingEngine`` is a proxy whose model snapshot lives in
 its own Ray actor. ``step`` ships the active requests (prompt + generated tokens; the per-token caches
 stay on the driver) and returns the actor's ``TokenOut`` list; ``load_weights`` puts the learner's
 weights into the object store once per sync and every actor loads them from there. A Ray actor runs
@@ -57,7 +57,7 @@ def _light(item: StreamItem) -> StreamItem:
 
 
 class RayRolloutEngine:
-    """``RolloutEngine`` proxy for an engine running in a Ray actor."""
+    """``StreamingEngine`` proxy for an engine running in a Ray actor."""
 
     def __init__(self, actor: Any) -> None:
         self.actor = actor

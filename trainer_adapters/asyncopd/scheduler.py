@@ -50,7 +50,7 @@ from adwin.trainer_adapters.asyncopd.groups import GroupBuffer
 from adwin.trainer_adapters.asyncopd.items import (
     Learner,
     PromptSpec,
-    RolloutEngine,
+    StreamingEngine,
     StreamItem,
     TeacherScorer,
 )
@@ -119,12 +119,12 @@ class AsyncOPDScheduler:
         self,
         cfg: SchedulerConfig,
         prompts: Callable[[], PromptSpec],
-        engines: list[RolloutEngine],
+        engines: list[StreamingEngine],
         teacher: TeacherScorer,
         learner: Learner,
         hooks: WindowHooks,
         *,
-        worker_factory: Callable[[int, RolloutEngine, AsyncOPDScheduler], RolloutWorker] = RolloutWorker,
+        worker_factory: Callable[[int, StreamingEngine, AsyncOPDScheduler], RolloutWorker] = RolloutWorker,
         event_sink: Callable[[LogEvent], None] | None = None,
         update_sink: Callable[[UpdateDelta], None] | None = None,
     ) -> None:

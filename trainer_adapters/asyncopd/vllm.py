@@ -1,4 +1,4 @@
-"""AsyncOPD ``RolloutEngine`` on vLLM (``rollout.backend: vllm`` with ``--scheduler asyncopd``).
+"""AsyncOPD ``StreamingEngine`` on vLLM (``rollout.backend: vllm`` with ``--scheduler asyncopd``).
 
 UNTESTED ON HARDWARE (no GPU while writing it); the step logic is unit-tested on CPU with a stand-in
 engine. Each ``step`` asks vLLM for one token per active request with ``n = 1 + m`` samples of the same

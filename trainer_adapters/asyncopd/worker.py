@@ -1,4 +1,4 @@
-"""A rollout worker of the AsyncOPD scheduler: one thread around its own ``RolloutEngine`` snapshot.
+"""A rollout worker of the AsyncOPD scheduler: one thread around its own ``StreamingEngine`` snapshot.
 
 Continuous batching over up to ``worker_batch`` active requests, one token per request per
 ``engine.step``. Between steps the worker installs pending weights and acknowledges them: in keep-mode
@@ -14,16 +14,16 @@ import threading
 import time
 from typing import TYPE_CHECKING, Any
 
-from adwin.trainer_adapters.asyncopd.items import RolloutEngine, StreamItem
+from adwin.trainer_adapters.asyncopd.items import StreamingEngine, StreamItem
 
 if TYPE_CHECKING:
     from adwin.trainer_adapters.asyncopd.scheduler import AsyncOPDScheduler
 
 
 class RolloutWorker:
-    """One rollout worker thread around its own ``RolloutEngine`` snapshot."""
+    """One rollout worker thread around its own ``StreamingEngine`` snapshot."""
 
-    def __init__(self, index: int, engine: RolloutEngine, sched: AsyncOPDScheduler) -> None:
+    def __init__(self, index: int, engine: StreamingEngine, sched: AsyncOPDScheduler) -> None:
         self.index, self.engine, self.sched = index, engine, sched
         self.active: list[StreamItem] = []
         self._lock = threading.Lock()

@@ -8,9 +8,9 @@ times, timed:
 - ``static``: ``model.generate(cache_implementation="static")`` called directly, as a user of transformers would,
   with the engine's sampling arguments (temperature 1, top-p 1, top-k off, the raw logits kept: the engine keeps
   them for the behaviour logprobs); transformers compiles its decode step on CUDA only;
-- ``engine compiled``: ``adwin.loop.engine.HFEngine`` (``adwin.sampling.rollout.generate``) with
+- ``engine compiled``: ``adwin.decode.engine.HFEngine`` (``adwin.decode.generate.generate``) with
   ``rollout.compile`` true: a static cache and transformers' compiled step, the batch bucketed
-  (``adwin.sampling.static_decode``);
+  (``adwin.decode.static_cache``);
 - ``engine``: the same engine with ``rollout.compile`` false: ``generate`` on a dynamic KV cache.
 
 ms per step = a call's seconds over the positions it decoded (``Generation.decode_steps``; new columns for
@@ -39,9 +39,9 @@ def run_decode(student: str, dtype: str, device: str, rows: int, prompt_len: int
     import torch
     from transformers.utils import logging as hf_logging
 
-    from adwin.loop.engine import HFEngine
+    from adwin.decode.engine import HFEngine
+    from adwin.decode.static_cache import LEDGER
     from adwin.sampling.rollout import eos_ids, pad_id_of
-    from adwin.sampling.static_decode import LEDGER
     from adwin.sampling.teacher import load_model, load_tokenizer
 
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")

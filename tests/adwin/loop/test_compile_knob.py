@@ -1,7 +1,7 @@
 """``rollout.compile`` reaches every decoder of the student: the rollout engine, compact evaluation, the probe
 workers' extenders (inline, thread, Ray), the generic adapter's extender and the AsyncOPD engines. Each test
-records what a decoder was called or built with (the compiled paths themselves: tests/adwin/sampling/
-test_static_decode.py, tests/trainer_adapters/test_asyncopd_engine.py)."""
+records what a decoder was called or built with (the compiled paths themselves: tests/adwin/decode/
+test_static_cache.py, tests/trainer_adapters/test_asyncopd_engine.py)."""
 
 from __future__ import annotations
 
@@ -12,18 +12,18 @@ from typing import Any
 import pytest
 from tiny_models import make_tiny_llama
 
-import adwin.loop.engine as engine_mod
+import adwin.decode.engine as engine_mod
 import adwin.loop.evaluate as evaluate_mod
 import adwin.probes.executors as executors_mod
 import adwin.trainer_adapters.generic as generic_mod
 from adwin.config import load_config
+from adwin.decode.loop import Generation
 from adwin.loop.evaluate import evaluate
 from adwin.loop.sampler import Sampler
 from adwin.probes.executors import build_executor
 from adwin.probes.extender import ModelExtender
 from adwin.probes.pool import ProbePool
 from adwin.sampling.data import Prompt
-from adwin.sampling.rollout import Generation
 from adwin.tasks.tokenizer import build_tokenizer
 from adwin.trainer_adapters.generic import hf_extender
 

@@ -11,13 +11,15 @@ import torch
 from tiny_models import make_tiny_llama
 
 from adwin.config import load_config
+from adwin.decode.engine import HFEngine
+from adwin.decode.generate import generate
+from adwin.decode.loop import Generation
 from adwin.loop.distributed import LocalDist
-from adwin.loop.engine import HFEngine
 from adwin.loop.probe_rounds import RoundExtender
 from adwin.loop.sampler import Sampler
 from adwin.probes.extender import ModelExtender
 from adwin.sampling.data import Prompt
-from adwin.sampling.rollout import Generation, encode_prompts, generate
+from adwin.sampling.rollout import encode_prompts
 from adwin.tasks.tokenizer import build_tokenizer
 
 PROMPTS = [Prompt("a", "1+2="), Prompt("b", "3+4=")]

@@ -7,8 +7,8 @@ import pytest
 import torch
 from tiny_models import make_tiny_llama
 
+from adwin.decode.generate import generate
 from adwin.loop.sampler import steps_needed
-from adwin.sampling.rollout import generate
 
 CONTEXTS = [[1, 5, 6], [1, 8], [1, 9, 9, 9]]
 

@@ -10,12 +10,13 @@ import torch
 from tiny_models import make_tiny_llama
 
 from adwin.config import TrainConfig, load_config
+from adwin.decode.generate import generate
 from adwin.loop.parts import build_optimizer
 from adwin.loop.sampler import Batch, Sampler
 from adwin.loop.step import TeacherSignal, optimize
 from adwin.objectives.losses import token_logprobs
 from adwin.sampling.data import Prompt
-from adwin.sampling.rollout import encode_prompts, generate, layout
+from adwin.sampling.rollout import encode_prompts, layout
 from adwin.tasks.tokenizer import build_tokenizer
 
 PROMPTS = [[1, 5, 6], [1, 7]]

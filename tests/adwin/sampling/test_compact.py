@@ -6,8 +6,8 @@ import pytest
 import torch
 from tiny_models import make_tiny_llama
 
+from adwin.decode.generate import generate
 from adwin.sampling.compact import generate_compacting
-from adwin.sampling.rollout import generate
 from adwin.sampling.seeding import row_seed
 
 EOS = {2}

@@ -6,8 +6,10 @@ from hypothesis import given
 from hypothesis import strategies as st
 from tiny_models import make_tiny_llama
 
+from adwin.decode.generate import generate
+from adwin.decode.loop import left_pad
 from adwin.objectives.losses import token_logprobs
-from adwin.sampling.rollout import generate, layout, left_pad, response_values
+from adwin.sampling.rollout import layout, response_values
 
 EOS = {2}
 

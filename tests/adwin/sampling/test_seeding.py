@@ -7,8 +7,9 @@ import torch
 from tiny_models import make_tiny_llama
 
 from adwin.config import load_config
-from adwin.sampling.rollout import generate
-from adwin.sampling.seeding import SeededSampling, context_keys, row_seed
+from adwin.decode.generate import generate
+from adwin.decode.sampler import TokenSampler
+from adwin.sampling.seeding import context_keys, row_seed
 
 CONTEXTS = [[1, 5, 6, 7], [1, 9], [1, 3, 4, 5, 6, 7, 8], [1, 10, 11]]
 
@@ -46,8 +47,8 @@ def test_gumbel_max_samples_the_tempered_top_p_distribution() -> None:
     logits = torch.tensor([[2.0, 1.0, 0.0, -1.0]])  # (1, V)
     n, temperature, top_p = 4000, 0.7, 0.9
     counts = torch.zeros(4)
-    proc = SeededSampling([row_seed(0, "eval", 0, i) for i in range(n)], temperature, top_p)
-    picks = proc(torch.zeros(n, 1, dtype=torch.long), logits.expand(n, 4)).argmax(-1)  # (n,)
+    sampler = TokenSampler(temperature, top_p, row_seeds=[row_seed(0, "eval", 0, i) for i in range(n)])
+    picks = sampler(logits.expand(n, 4))  # (n,)
     counts += torch.bincount(picks, minlength=4)
     p = torch.softmax(logits[0] / temperature, -1)
     keep = torch.cumsum(p, 0) - p < top_p  # HF keeps the smallest top set reaching top_p

@@ -1,11 +1,11 @@
-"""The student's rollout engine behind the synchronous trainer's ``Sampler`` (``rollout.backend``).
+"""The student's batch decode engine behind the synchronous trainer's ``Sampler`` (``rollout.backend``).
 
 One narrow interface, ``RolloutEngine``: continue token contexts by at most a per-request budget
 (``max_tokens``: the window for rollouts, the remaining budget for probe extension, the horizon for
 evaluation) with a temperature / top-p, returning behavior logprobs when asked; and ``sync_weights`` so
 the engine samples from the student version the trainer just produced. Two implementations:
 
-- ``HFEngine`` (``rollout.backend: hf``): ``adwin.sampling.rollout.generate`` on the trainer's own
+- ``HFEngine`` (``rollout.backend: hf``): ``adwin.decode.generate.generate`` on the trainer's own
   student module, numerically what the trainer did before the engine existed; ``sync_weights`` has
   nothing to copy (the engine *is* the trainer's module). A sharded student (``model.sharding: fsdp``)
   is gathered whole for each call (``adwin.backends.fsdp.full_weights``; docs/decisions.md, "Sharded students").
@@ -26,9 +26,9 @@ import torch
 
 from adwin.backends.fsdp import full_weights
 from adwin.backends.vllm_rollout import VLLMRollout
-from adwin.config import TrainConfig
-from adwin.sampling.rollout import Generation, generate
-from adwin.sampling.static_decode import CompileSetting
+from adwin.decode.generate import generate
+from adwin.decode.loop import Generation
+from adwin.decode.static_cache import CompileSetting
 
 log = logging.getLogger(__name__)
 
@@ -81,15 +81,14 @@ class VLLMEngine:
         self.syncs: list[int] = []  # versions pushed, in order (telemetry and tests)
 
     @classmethod
-    def load(cls, cfg: TrainConfig, student_path: str, eos: set[int]) -> VLLMEngine:
-        """An engine on ``student_path`` sized for this run: prompts of ``data.max_prompt_len`` plus
-        ``rollout.max_response_len`` tokens, ``model.vllm_gpu_memory`` of the GPU, ``model.dtype``."""
+    def load(cls, student_path: str, eos: set[int], *, dtype: str, seed: int, gpu_memory_utilization: float,
+             max_model_len: int) -> VLLMEngine:
+        """An engine on ``student_path`` sized for a run (the trainer passes ``model.dtype``, ``seed``,
+        ``model.vllm_gpu_memory`` and ``data.max_prompt_len + rollout.max_response_len``)."""
         # raw logprobs (temperature 1), as transformers' generate records them: behavior logprobs mean the same
         # thing whichever engine sampled (the AsyncOPD engine keeps vLLM's processed ones; decisions.md)
-        ro = VLLMRollout.load(student_path, dtype=cfg.model.dtype, seed=cfg.seed,
-                              gpu_memory_utilization=cfg.model.vllm_gpu_memory,
-                              max_model_len=cfg.data.max_prompt_len + cfg.rollout.max_response_len,
-                              logprobs_mode="raw_logprobs")
+        ro = VLLMRollout.load(student_path, dtype=dtype, seed=seed, gpu_memory_utilization=gpu_memory_utilization,
+                              max_model_len=max_model_len, logprobs_mode="raw_logprobs")
         return cls(ro, eos)
 
     def generate(self, contexts: Sequence[Sequence[int]], budgets: Sequence[int], *, temperature: float,

@@ -11,8 +11,8 @@ import pytest
 import torch
 from tiny_models import make_tiny_llama
 
+from adwin.decode.kv_cache import _default_keyword, cache_keyword, returned_cache, with_cache
 from adwin.sampling.compact import generate_compacting
-from adwin.sampling.kv_cache import _default_keyword, cache_keyword, returned_cache, with_cache
 
 
 class _NewName(torch.nn.Module):

@@ -12,10 +12,10 @@ from hypothesis import given
 from hypothesis import strategies as st
 from tiny_models import make_tiny_llama, make_tiny_sliding_window_model
 
+from adwin.decode.generate import generate
+from adwin.decode.static_cache import LEDGER, MIN_CACHE, batch_bucket, cache_bucket, compile_wanted
 from adwin.sampling.compact import generate_compacting
-from adwin.sampling.rollout import generate
 from adwin.sampling.seeding import row_seed
-from adwin.sampling.static_decode import LEDGER, MIN_CACHE, batch_bucket, cache_bucket, compile_wanted
 
 EOS = {2}
 CONTEXTS = [[1, 5, 6, 7], [1, 9], [1, 3, 4, 5, 6, 7, 8]]
@@ -69,14 +69,15 @@ def test_compiled_generate_gives_the_eager_tokens_and_logprobs(model, seeding: s
         assert any(not f for f in eager.finished) and any(eager.finished)
 
 
-def test_batch_seeding_draws_the_eager_noise_when_the_batch_fills_its_bucket(model) -> None:
-    """HF draws a batch's noise from the global RNG: with no dummy row the compiled call draws the same numbers
-    (with dummy rows it draws for more rows, so the samples differ but follow the same distribution)."""
-    ctx = CONTEXTS + [[1, 20, 21]]  # 4 rows: a bucket
+@pytest.mark.parametrize("rows", [3, 4])
+def test_batch_seeding_draws_the_eager_noise_whether_or_not_dummy_rows_fill_the_bucket(model, rows: int) -> None:
+    """The global RNG's noise is drawn for the real rows only, in order: dummy rows never move a real row's
+    draw, so the compiled call gives the eager tokens."""
+    ctx = (CONTEXTS + [[1, 20, 21]])[:rows]
     torch.manual_seed(5)
-    eager = generate(model, ctx, [15] * 4, eos=EOS, pad_id=0)
+    eager = generate(model, ctx, [15] * rows, eos=EOS, pad_id=0)
     torch.manual_seed(5)
-    compiled = generate(model, ctx, [15] * 4, eos=EOS, pad_id=0, compile=True)
+    compiled = generate(model, ctx, [15] * rows, eos=EOS, pad_id=0, compile=True)
     assert compiled.response_ids == eager.response_ids
 
 
@@ -128,7 +129,7 @@ def test_a_deep_copy_of_a_compiled_model_decodes_with_its_own_weights(model) -> 
     """transformers caches the compiled call on the model; a replica (probe worker) must not inherit it."""
     import copy
 
-    from adwin.sampling.static_decode import without_compiled
+    from adwin.decode.static_cache import without_compiled
 
     generate(model, CONTEXTS, [4, 4, 4], eos=EOS, pad_id=0, temperature=0.0, compile=True)  # the original compiled
     replica = without_compiled(copy.deepcopy(model))
@@ -143,7 +144,7 @@ def test_a_deep_copy_of_a_compiled_model_decodes_with_its_own_weights(model) -> 
 def test_a_sliding_window_cache_is_refused_by_the_row_laying_decoders_before_any_decode(model) -> None:
     """Sliding-window layers roll their columns: compact evaluation and the AsyncOPD engine cannot lay rows
     into them. ``true`` refuses by type; ``auto`` (on CUDA) decodes such a model eagerly instead."""
-    from adwin.sampling.static_decode import StaticCacheError, lays_rows
+    from adwin.decode.static_cache import StaticCacheError, lays_rows
 
     sliding = make_tiny_sliding_window_model()
     assert lays_rows(model) and not lays_rows(sliding)
@@ -158,8 +159,8 @@ def test_a_lora_student_decodes_compiled_to_the_eager_tokens_and_follows_its_ada
 
     pytest.importorskip("peft")
     from adwin.config import LoraSection
+    from adwin.decode.static_cache import without_compiled
     from adwin.sampling.lora import apply_lora, trainable_parameters
-    from adwin.sampling.static_decode import without_compiled
 
     student = apply_lora(without_compiled(copy.deepcopy(model)), LoraSection(r=4))
     kw = {"eos": EOS, "pad_id": 0, "temperature": 0.9, "top_p": 0.8,

@@ -2,7 +2,7 @@
 
 On a GPU a decode step of a small model is kernel launches and Python; transformers' own remedy is a static
 KV cache (fixed shapes) and a compiled decode step (``torch.compile``; CUDA graphs under ``reduce-overhead``).
-Every decoder of the student (``adwin.sampling.rollout.generate``, ``adwin.sampling.compact``, the AsyncOPD
+Every decoder of the student (``adwin.decode.generate.generate``, ``adwin.sampling.compact``, the AsyncOPD
 engine) takes its compile decisions here, so they share one rule:
 
 - ``compile_wanted``: ``auto`` compiles on CUDA only (docs/decisions.md, "Compiled decoding").
@@ -216,7 +216,7 @@ class StaticBatch:
     def __init__(self, model: torch.nn.Module, rows: int, columns: int, decoder: str) -> None:
         from transformers import StaticCache
 
-        from adwin.sampling.kv_cache import cache_keyword
+        from adwin.decode.kv_cache import cache_keyword
 
         self.model, self.rows, self.columns = model, rows, columns
         device = next(model.parameters()).device

@@ -1,8 +1,8 @@
-"""The AsyncOPD rollout engine's compiled path (``rollout.compile``): continuous batching on a static KV cache.
+"""Continuous batching on a static KV cache (``StaticSlots``): the AsyncOPD engine's compiled path (``rollout.compile``).
 
 A compiled decode step needs fixed shapes, and requests join and leave the engine at every step. The layout:
 
-- **Slots.** The batch has a bucketed number of rows (``adwin.sampling.static_decode.batch_bucket``); a request
+- **Slots.** The batch has a bucketed number of rows (``adwin.decode.static_cache.batch_bucket``); a request
   holds one row (its slot) while it decodes; a free slot decodes a pad token into a column only it attends to.
 - **One shared write column.** Every step writes column ``c`` of every row, then ``c + 1``: the compiled step is
   the same graph whatever the rows' lengths. Positions (RoPE) count each row's real tokens, the mask says which
@@ -17,8 +17,7 @@ A compiled decode step needs fixed shapes, and requests join and leave the engin
   ``c' = longest row``, which leaves at least ``max_len`` steps before the next forced repack. A repack is a cache
   copy, as the dynamic engine's merges are.
 
-Tokens are the dynamic engine's: the same logits up to the compiled kernels' rounding, sampled in the requests'
-order from the engine's generator.
+The logits are the eager layout's (``adwin.decode.streaming.DynamicSlots``) up to the compiled kernels' rounding.
 """
 
 from __future__ import annotations
@@ -28,9 +27,9 @@ from typing import Any
 
 import torch
 
-from adwin.sampling.kv_cache import returned_cache
-from adwin.sampling.rollout import left_pad
-from adwin.sampling.static_decode import (
+from adwin.decode.kv_cache import returned_cache
+from adwin.decode.loop import left_pad
+from adwin.decode.static_cache import (
     StaticBatch,
     StaticCacheError,
     batch_bucket,
@@ -38,7 +37,7 @@ from adwin.sampling.static_decode import (
     lays_rows,
     static_layer_kinds,
 )
-from adwin.trainer_adapters.asyncopd.items import StreamItem
+from adwin.decode.streaming import Request
 
 DECODER = "asyncopd-engine"
 
@@ -69,7 +68,7 @@ class StaticSlots:
     def cached_requests(self) -> list[str]:
         return [rid for rid in self.rows if rid is not None]
 
-    def next_logits(self, items: Sequence[StreamItem]) -> torch.Tensor:
+    def next_logits(self, items: Sequence[Request]) -> torch.Tensor:
         """Next-token logits (n, V) of every item, in their order (the dynamic engine's contract)."""
         want = {it.request_id: len(it.prompt_ids) + len(it.tokens) for it in items}
         too_long = next((n for n in want.values() if n > self.max_len), None)
@@ -119,7 +118,7 @@ class StaticSlots:
 
     # -------------------------------------------------------------------------------------- forwards
 
-    def _decode(self, by_id: dict[str, StreamItem]) -> torch.Tensor:
+    def _decode(self, by_id: dict[str, Request]) -> torch.Tensor:
         """One compiled step: each kept row decodes its newest token; free rows a pad only they attend to."""
         b = self.batch
         assert b is not None
@@ -135,7 +134,7 @@ class StaticSlots:
         self.start = [s if rid is not None else b.column for s, rid in zip(self.start, self.rows, strict=True)]
         return out
 
-    def _prefill(self, items: list[StreamItem]) -> torch.Tensor:
+    def _prefill(self, items: list[Request]) -> torch.Tensor:
         """Encode the newcomers (eager, one left-padded forward) and lay each into a free slot ending at the
         write column; logits (n, V)."""
         b = self.batch

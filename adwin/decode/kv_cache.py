@@ -46,3 +46,14 @@ def returned_cache(out: Any) -> Any:
     """The cache a forward returned (None when it returned none), read by the output's own field name."""
     names = {f.name for f in dataclasses.fields(out)} if dataclasses.is_dataclass(out) else set()
     return getattr(out, "cache", None) if "cache" in names else getattr(out, "past_key_values", None)
+
+
+def last_logits_only(model: torch.nn.Module) -> dict[str, Any]:
+    """``{"logits_to_keep": 1}`` when ``model.forward`` takes it (by name or through ``**kwargs``): a prefill then
+    projects the last position only, as transformers' ``generate`` asks; ``{}`` for a forward that cannot."""
+    try:
+        params = inspect.signature(model.forward).parameters
+    except (TypeError, ValueError):
+        return {}
+    takes = "logits_to_keep" in params or any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params.values())
+    return {"logits_to_keep": 1} if takes else {}
