@@ -18,7 +18,8 @@ BUDGET = {"budget", "pool_max", "budget_seconds"}  # when to offer and audit: ad
 
 def test_every_audit_option_of_the_config_reaches_the_audit_settings(tmp_path: Path) -> None:
     chosen = {"audit.method": "reference", "audit.metric": "adam", "audit.sketch_dim": 64, "audit.macro": True,
-              "audit.params": "top:1", "audit.estimator": "debiased", "audit.ci_level": 0.8, "audit.ci_samples": 50}
+              "audit.params": "top:1", "audit.estimator": "debiased", "audit.ci_level": 0.8, "audit.ci_samples": 50,
+              "audit.evidence_audits": 3, "audit.evidence_decay": 0.5}
     cfg = load_config(None, tiny_overrides(tmp_path, **chosen))
     settings = run_audit_settings(cfg)
     for name in set(AuditConfig.model_fields) - FIXED - SCHEDULE - BUDGET:
