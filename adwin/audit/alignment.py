@@ -132,8 +132,10 @@ class AuditResult:
              for end, v in zip(("low", "high"), ci, strict=True)}
         m |= {f"audit/batch_cos_{c}": v for c, v in self.batch_cosines.items()}
         m |= {f"audit/noise_cos_{c}": v for c, v in self.noise_floor.items()}
-        m |= {f"audit/{k}": self.extra[k] for k in ("signal_z", "evidence_samples", "evidence_audits")
-              if k in self.extra}
+        for k, key in (("signal_z", "audit/signal_z"), ("evidence_samples", "audit/evidence_samples"),
+                       ("evidence_audits", "audit/evidence_audits")):
+            if k in self.extra:
+                m[key] = self.extra[k]
         if "debiased_fallbacks" in self.extra:
             m["audit/debiased_fallbacks"] = self.extra["debiased_fallbacks"]
         return m

@@ -158,6 +158,14 @@ KEYS: dict[str, str] = {
                            "the debiased one as the micro cosine",
     "audit/cos_ci_<k>_<c>": "low / high end of the bootstrap interval of the cosine at candidate c (`audit.ci_level`)",
     "audit/debiased_fallbacks": "candidates where the debiased estimate fell back to the batch cosine",
+    "audit/noise_cos_<c>": "what the audit's estimator reads at candidate c when its samples share no signal: "
+                           "sqrt(N_w / N_F) for the batch cosine, 0 for the debiased one (needs per-sample "
+                           "gradients: `audit.ci_level`, `debiased` or `audit.macro`)",
+    "audit/signal_z": "how surely the audited samples share a full-gradient direction (cross-sample sum over its "
+                      "standard error with no signal); `window.noise_hold` moves nothing below `window.signal_z`",
+    "audit/evidence_samples": "probe samples the decision read, this audit's and earlier ones' "
+                              "(`audit.evidence_audits` > 1)",
+    "audit/evidence_audits": "audits whose samples the decision read (`audit.evidence_audits` > 1)",
     "audit/is_<q>": "percentile q (p50, p90, p99) or the max of the stale-probe importance weight of the audited "
                     "tokens (`probes.is_method`)",
     "audit/is_clipped_frac": "share of audited tokens whose weight was capped or clipped",
