@@ -117,12 +117,6 @@ def _window_fits_horizon(cfg: TrainConfig) -> None:
         raise ValueError(f"window.confidence: policy {w.policy!r} does not decide from audits; unset it")
     if w.confidence and cfg.audit.ci_level is None:
         raise ValueError("window.confidence needs audit.ci_level (e.g. 0.9): the interval it decides on")
-    if cfg.audit.evidence_audits == 1 and cfg.audit.evidence_decay != 0.7:
-        raise ValueError("audit.evidence_decay weights earlier audits' samples: set audit.evidence_audits > 1, or "
-                         "leave audit.evidence_decay at 0.7")
-    if cfg.audit.evidence_audits > 1 and cfg.audit.ci_level is None:
-        raise ValueError("audit.evidence_audits pools the audits' per-sample vectors, which audit.ci_level computes: "
-                         "set audit.ci_level (e.g. 0.9) or audit.evidence_audits: 1")
     if not w.confidence:
         for name, default in (("noise_hold", False), ("grow_to", "sure"), ("signal_z", 3.0)):
             if getattr(w, name) != default:

@@ -276,6 +276,17 @@ class AuditConfig(_Strict):
         parse_audit_params(self.params)  # raises naming audit.params
         return self
 
+    @model_validator(mode="after")
+    def _check_evidence(self) -> AuditConfig:
+        # here, not in TrainConfig: the generic recipe and the TRL callback validate an AuditConfig alone
+        if self.evidence_audits == 1 and self.evidence_decay != 0.7:
+            raise ValueError("audit.evidence_decay weights earlier audits' samples: set audit.evidence_audits > 1, "
+                             "or leave audit.evidence_decay at 0.7")
+        if self.evidence_audits > 1 and self.ci_level is None:
+            raise ValueError("audit.evidence_audits pools the audits' per-sample vectors, which audit.ci_level "
+                             "computes: set audit.ci_level (e.g. 0.9) or audit.evidence_audits: 1")
+        return self
+
 
 class OptimConfig(_Strict):
     lr: float = Field(1e-4, gt=0.0, le=1.0, description="AdamW learning rate")

@@ -78,3 +78,14 @@ def test_the_config_refuses_evidence_settings_that_would_be_ignored() -> None:
         load_config(None, {"audit.evidence_decay": 0.5})
     cfg = load_config(None, {"audit.evidence_audits": 3, "audit.ci_level": 0.9})
     assert cfg.audit.evidence_audits == 3
+
+
+def test_an_audit_config_alone_refuses_pooling_it_could_not_do() -> None:
+    """The generic recipe and the TRL callback validate an AuditConfig without a TrainConfig around it."""
+    from adwin.config.sections import AuditConfig
+
+    with pytest.raises(ValidationError, match="audit.ci_level"):
+        AuditConfig(evidence_audits=3)
+    with pytest.raises(ValidationError, match="audit.evidence_audits"):
+        AuditConfig(evidence_decay=0.5)
+    assert AuditConfig(evidence_audits=3, ci_level=0.9).evidence_audits == 3
