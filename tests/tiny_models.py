@@ -43,3 +43,19 @@ def make_tiny_sliding_window_model(seed: int = 0) -> torch.nn.Module:
         vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
         num_key_value_heads=4, use_sliding_window=True, sliding_window=4, max_window_layers=0,
         layer_types=["sliding_attention", "full_attention"], pad_token_id=0, eos_token_id=2)).eval()
+
+
+def without_cache(model: torch.nn.Module) -> torch.nn.Module:
+    """``model`` wrapped so that its outputs carry no KV cache (``past_key_values`` None), as some models' do."""
+
+    class NoCache(torch.nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.inner = model
+
+        def forward(self, **kw):
+            out = self.inner(**kw)
+            out.past_key_values = None
+            return out
+
+    return NoCache()

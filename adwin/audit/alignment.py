@@ -27,7 +27,7 @@ from adwin.audit.combine import Combiner, gather_concat, summed_counts
 from adwin.audit.errors import NonFiniteAuditError
 from adwin.audit.estimators import (
     ESTIMATORS,
-    bootstrap_ci_of_gram,
+    bootstrap_ci,
     cosine_array,
     cross_gram,
     debiased_cosines,
@@ -368,9 +368,10 @@ def audit(
 
     batch_cos = cosines_from_gram(gram, cands)
     cos, fallbacks = debiased_cosines(gram, sample_grams, cands) if estimator == "debiased" else (batch_cos, 0)
-    h = cross_gram(np.stack(vectors)) if ci_level is not None else None  # (P, K+1, P, K+1)
+    stacked = np.stack(vectors) if vectors else None  # (P, K+1, D)
+    h = cross_gram(stacked) if ci_level is not None else None  # (P, K+1, P, K+1)
     ci = (
-        bootstrap_ci_of_gram(h, cands, cos, estimator=estimator, level=ci_level, n_boot=ci_samples, seed=seed)
+        bootstrap_ci(h, cands, cos, estimator=estimator, level=ci_level, n_boot=ci_samples, seed=seed)
         if h is not None
         else {}
     )
@@ -398,7 +399,7 @@ def audit(
         batch_cosines=batch_cos if estimator != "batch" else {},
         cosine_ci=ci,
         noise_floor={} if floor is None else {c: float(v) for c, v in zip(cands, floor, strict=True)},
-        vectors=np.stack(vectors).astype(np.float32) if vectors else None,
+        vectors=None if stacked is None else stacked.astype(np.float32),
     )
 
 

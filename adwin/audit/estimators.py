@@ -63,15 +63,26 @@ def debiased_gram(gram: np.ndarray, sample_grams: Sequence[np.ndarray]) -> np.nd
     return np.asarray(gram, dtype=np.float64) - np.sum(np.asarray(sample_grams, dtype=np.float64), axis=0)
 
 
+def estimator_cosines(gram: np.ndarray, debiased: np.ndarray | None, n_cands: int,
+                      estimator: str) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(cosines, batch cosines, fell back) per candidate, each (K,), from the batch Gram and the cross-sample Gram
+    (:func:`debiased_gram`; unused for ``batch``): the debiased estimator falls back to the batch cosine where it
+    has no defined cosine."""
+    bat, _ = cosine_array(np.asarray(gram, dtype=np.float64), n_cands)
+    if estimator != "debiased":
+        return bat, bat, np.zeros(n_cands, dtype=bool)
+    deb, ok = cosine_array(debiased, n_cands)
+    return np.where(ok, deb, bat), bat, ~ok
+
+
 def debiased_cosines(
     gram: np.ndarray, sample_grams: Sequence[np.ndarray], candidates: Sequence[int]
 ) -> tuple[dict[int, float], int]:
     """Debiased cosine per candidate and how many fell back to the batch cosine (no defined debiased one)."""
     k = len(candidates)
-    deb, ok = cosine_array(debiased_gram(gram, sample_grams), k)
-    bat, _ = cosine_array(np.asarray(gram, dtype=np.float64), k)
-    out = {int(c): float(deb[i] if ok[i] else bat[i]) for i, c in enumerate(candidates)}
-    fallbacks = int((~ok).sum())
+    cos, _, fell = estimator_cosines(gram, debiased_gram(gram, sample_grams), k, "debiased")
+    out = {int(c): float(cos[i]) for i, c in enumerate(candidates)}
+    fallbacks = int(fell.sum())
     if fallbacks:
         log.warning(
             "debiased audit: %d of %d candidates have a non-positive cross-sample norm estimate (probe batch "
@@ -92,7 +103,7 @@ def cross_gram(vectors: np.ndarray) -> np.ndarray:
 
 
 def bootstrap_ci(
-    vectors: np.ndarray,
+    h: np.ndarray,
     candidates: Sequence[int],
     cosines: dict[int, float],
     *,
@@ -103,24 +114,9 @@ def bootstrap_ci(
 ) -> dict[int, tuple[float, float]]:
     """Two-sided ``level`` interval per candidate cosine from a bootstrap over probe samples.
 
-    vectors: (P, K+1, D) per-sample segment vectors. ``cosines`` are the reported point estimates (the
-    interval is placed on them: ``cos + quantiles(cos* - median(cos*))``).
+    h: the (P, K+1, P, K+1) cross Gram (:func:`cross_gram`) of the per-sample segment vectors. ``cosines`` are the
+    reported point estimates (the interval is placed on them: ``cos + quantiles(cos* - median(cos*))``).
     """
-    return bootstrap_ci_of_gram(cross_gram(vectors), candidates, cosines, estimator=estimator, level=level,
-                                n_boot=n_boot, seed=seed)
-
-
-def bootstrap_ci_of_gram(
-    h: np.ndarray,
-    candidates: Sequence[int],
-    cosines: dict[int, float],
-    *,
-    estimator: str = "batch",
-    level: float = 0.9,
-    n_boot: int = 200,
-    seed: int = 0,
-) -> dict[int, tuple[float, float]]:
-    """:func:`bootstrap_ci` from the (P, K+1, P, K+1) cross Gram ``H`` (``cross_gram``) of the vectors."""
     if estimator not in ESTIMATORS:
         raise ValueError(f"audit.estimator must be one of {ESTIMATORS}, got {estimator!r}")
     if not 0.0 < level < 1.0:

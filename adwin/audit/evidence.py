@@ -18,7 +18,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from adwin.audit.estimators import bootstrap_ci_of_gram, cosine_array, cross_gram
+from adwin.audit.estimators import bootstrap_ci, cross_gram, estimator_cosines
 from adwin.audit.truth import noise_floor, per_sample_grams, signal_z
 
 
@@ -55,15 +55,10 @@ def evidence_of_gram(h: np.ndarray, candidates: Sequence[int], *, estimator: str
     k = len(cands)
     gram = h.sum(axis=(0, 2))  # (K+1, K+1)
     own = per_sample_grams(h)  # (N, K+1, K+1)
-    bat, _ = cosine_array(gram, k)
-    fallbacks = 0
-    cos = bat
-    if estimator == "debiased":
-        deb, ok = cosine_array(gram - own.sum(0), k)
-        cos = np.where(ok, deb, bat)
-        fallbacks = int((~ok).sum())
+    cos, bat, fell = estimator_cosines(gram, gram - own.sum(0), k, estimator)
+    fallbacks = int(fell.sum())
     cosines = {c: float(x) for c, x in zip(cands, cos, strict=True)}
-    ci = bootstrap_ci_of_gram(h, cands, cosines, estimator=estimator, level=level, n_boot=n_boot, seed=seed) \
+    ci = bootstrap_ci(h, cands, cosines, estimator=estimator, level=level, n_boot=n_boot, seed=seed) \
         if level is not None else {}
     floor = noise_floor(own, k) if estimator == "batch" else np.zeros(k)
     return PooledEvidence(cosines, {c: float(x) for c, x in zip(cands, bat, strict=True)}, ci,

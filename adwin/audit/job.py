@@ -97,6 +97,8 @@ def _run(model: torch.nn.Module, job: AuditJob, optimizer: Any) -> AuditOutcome:
                    sketch_dim=s.sketch_dim, seed=s.seed, macro=s.macro, token_weights=weights, params=s.params,
                    estimator=s.estimator, ci_level=s.ci_level, ci_samples=s.ci_samples,
                    micro_batch=s.micro_batch, autocast=s.autocast, **s.extra)
+    if s.evidence_audits <= 1:
+        result.vectors = None  # only a pooled decision reads them; a Ray worker would ship megabytes for nothing
     return AuditOutcome(job.audit_id, job.version, result, is_metrics)
 
 

@@ -27,7 +27,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from adwin.audit.estimators import bootstrap_ci_of_gram, cosine_array, prefix_terms
+from adwin.audit.estimators import bootstrap_ci, cosine_array, estimator_cosines, prefix_terms
 
 
 @dataclass(frozen=True)
@@ -97,7 +97,7 @@ def population_interval(h: np.ndarray, candidates: Sequence[int], *, level: floa
     A candidate with no defined debiased cosine (no signal the pool can see) reads NaN."""
     cos, ok = debiased_population(h, candidates)
     point = {int(c): float(cos[k]) for k, c in enumerate(candidates)}
-    ci = bootstrap_ci_of_gram(h, candidates, point, estimator="debiased", level=level, n_boot=n_boot, seed=seed)
+    ci = bootstrap_ci(h, candidates, point, estimator="debiased", level=level, n_boot=n_boot, seed=seed)
     return {int(c): (point[int(c)] if ok[k] else float("nan"), *ci[int(c)]) for k, c in enumerate(candidates)}
 
 
@@ -131,11 +131,8 @@ def readings_at(h: np.ndarray, candidates: Sequence[int], p: int, *, threshold: 
     fell = np.zeros((draws, k), dtype=bool)
     for d in range(draws):
         idx = rng.choice(n, size=p, replace=False)
-        g = subset_gram(h, idx)
-        bat[d], _ = cosine_array(g, k)
-        dc, ok = cosine_array(g - per_sample_grams(h)[idx].sum(0), k)
-        deb[d] = np.where(ok, dc, bat[d])  # the audit's fallback: the batch cosine where no debiased one exists
-        fell[d] = ~ok
+        g = subset_gram(h, idx)  # (K+1, K+1)
+        deb[d], bat[d], fell[d] = estimator_cosines(g, g - per_sample_grams(h)[idx].sum(0), k, "debiased")
     return {"batch": _readings(bat, threshold), "debiased": _readings(deb, threshold, fell)}
 
 

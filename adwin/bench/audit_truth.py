@@ -309,10 +309,8 @@ def _checkpoint(parts: Any, cfg: Any, args: argparse.Namespace, step: int) -> di
 
     import torch
 
-    from adwin.audit.alignment import ProbeBatch
+    from adwin.audit.alignment import ProbeBatch, audit
     from adwin.audit.estimators import cross_gram
-    from adwin.audit.grams import canonical_name, chunked_grams, metric_scaler, prepare
-    from adwin.audit.params import audited_parameters
     from adwin.loop.sampler import Sampler
 
     t0 = time.perf_counter()
@@ -327,23 +325,14 @@ def _checkpoint(parts: Any, cfg: Any, args: argparse.Namespace, step: int) -> di
         rows = b.rows
         teacher = parts.teachers.score(rows.input_ids, rows.attention_mask, [q.route for q in b.prompts])  # (B, L)
         pb = ProbeBatch(rows.input_ids, rows.attention_mask, rows.response_mask, teacher)
-        model = parts.student
-        named = [(canonical_name(nm), p) for nm, p in audited_parameters(model, "all")]
-        prepared = prepare(pb, None, cands, named[0][1].device)
-        was = model.training
-        model.eval()
-        try:
-            with torch.enable_grad():
-                _, _, _, vecs = chunked_grams(model, named, prepared, len(cands) + 1,
-                                              metric_scaler([p for _, p in named], "identity", None), True, None,
-                                              None, args.seed, args.sketch_dim)
-        finally:
-            model.train(was)
-        vectors += vecs
+        # the audit's own per-sample pass; its interval (ci_level) is what makes it keep each sample's sketch
+        vecs = audit(parts.student, pb, cands, sketch_dim=args.sketch_dim, seed=args.seed, macro=False,
+                     ci_level=0.9, ci_samples=10).vectors  # (n, K+1, sketch_dim)
+        vectors.append(vecs)
         lens += rows.response_mask.sum(1).tolist()
         log.info("step %d: %d of %d rollouts pooled (%.0f s)", step, start + n, args.rollouts,
                  time.perf_counter() - t0)
-    h = cross_gram(np.stack(vectors))  # (N, K+1, N, K+1)
+    h = cross_gram(np.concatenate(vectors))  # (N, K+1, N, K+1)
     lens_a = np.asarray(lens, dtype=float)
     pool = {"rollouts": len(lens), "mean_len": float(lens_a.mean()),
             "at_horizon": float((lens_a >= horizon).mean()), "seconds": time.perf_counter() - t0}

@@ -12,7 +12,7 @@ import pytest
 import torch
 
 from adwin.audit.alignment import ProbeBatch, audit, cosines_from_gram
-from adwin.audit.estimators import bootstrap_ci, debiased_cosines, debiased_gram
+from adwin.audit.estimators import bootstrap_ci, cross_gram, debiased_cosines, debiased_gram
 
 V, T, CANDS = 3, 3, [1, 2]
 
@@ -139,9 +139,9 @@ def test_sketched_intervals_match_exact_ones() -> None:
 def test_bootstrap_rejects_bad_settings_naming_the_field() -> None:
     vecs = np.ones((4, 3, 2))
     with pytest.raises(ValueError, match="audit.ci_level"):
-        bootstrap_ci(vecs, CANDS, {1: 0.5, 2: 0.5}, level=1.0)
+        bootstrap_ci(cross_gram(vecs), CANDS, {1: 0.5, 2: 0.5}, level=1.0)
     with pytest.raises(ValueError, match="audit.ci_samples"):
-        bootstrap_ci(vecs, CANDS, {1: 0.5, 2: 0.5}, n_boot=3)
+        bootstrap_ci(cross_gram(vecs), CANDS, {1: 0.5, 2: 0.5}, n_boot=3)
     with pytest.raises(ValueError, match="audit.estimator"):
         audit(_models()[0], _all_responses(*_models())[0], CANDS, estimator="split")
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from tiny_models import make_tiny_llama
+from tiny_models import make_tiny_llama, without_cache
 
 from adwin.decode.loop import decode
 from adwin.decode.sampler import TokenSampler
@@ -38,15 +38,5 @@ def test_per_row_seeds_give_the_same_tokens_whether_stopped_rows_stay_or_leave(m
 def test_a_model_that_returns_no_cache_is_refused_by_type(model) -> None:
     from adwin.decode.loop import UncachedModelError
 
-    class NoCache(torch.nn.Module):
-        def __init__(self) -> None:
-            super().__init__()
-            self.inner = model
-
-        def forward(self, **kw):
-            out = self.inner(**kw)
-            out.past_key_values = None
-            return out
-
     with pytest.raises(UncachedModelError, match="no KV cache"):
-        decode(NoCache(), CONTEXTS, [3] * 4, eos={2}, pad_id=0, sampler=TokenSampler(0.0))
+        decode(without_cache(model), CONTEXTS, [3] * 4, eos={2}, pad_id=0, sampler=TokenSampler(0.0))

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from tiny_models import make_tiny_llama
+from tiny_models import make_tiny_llama, without_cache
 
 from adwin.decode.generate import generate
 from adwin.sampling.compact import generate_compacting
@@ -67,15 +67,5 @@ def test_the_model_keeps_its_mode_and_empty_requests_generate_nothing(model) -> 
 
 
 def test_a_model_without_a_droppable_cache_is_refused_naming_the_fallback(model) -> None:
-    class NoCache(torch.nn.Module):
-        def __init__(self) -> None:
-            super().__init__()
-            self.inner = model
-
-        def forward(self, **kw):
-            out = self.inner(**kw)
-            out.past_key_values = None
-            return out
-
     with pytest.raises(ValueError, match="eval.compact=false"):
-        generate_compacting(NoCache(), CONTEXTS[:2], 3, eos=EOS, pad_id=0)
+        generate_compacting(without_cache(model), CONTEXTS[:2], 3, eos=EOS, pad_id=0)
