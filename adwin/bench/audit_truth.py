@@ -156,7 +156,7 @@ def measure_checkpoint(h: np.ndarray, candidates: Sequence[int], horizon: int, t
 
 def replay(h: np.ndarray, candidates: Sequence[int], horizon: int, threshold: float, rule: Rule, *, p: int,
            audits: int, runs: int, truth_window: int, rng: np.random.Generator, cadence: int = 1,
-           level: float = 0.9) -> dict[str, Any]:
+           level: float = 0.9, initial: int | None = None) -> dict[str, Any]:
     """``runs`` runs of ``audits`` audits of ``p`` probes drawn from the pool (the weights held fixed, so the right
     window never moves; within a run no sample is drawn twice): ADWIN's policy with ``rule``'s settings decides
     after each, on the estimators the product computes (``adwin.audit.evidence``; a pooled rule weights the last
@@ -173,7 +173,7 @@ def replay(h: np.ndarray, candidates: Sequence[int], horizon: int, threshold: fl
     near = exact = late = 0
     chosen: dict[int, int] = {}
     for _ in range(runs):
-        policy = AdaptiveWindow(cands, threshold=threshold, max_len=horizon, confidence=rule.confidence,
+        policy = AdaptiveWindow(cands, threshold=threshold, max_len=horizon, initial=initial, confidence=rule.confidence,
                                 noise_hold=rule.noise_hold, grow_to=rule.grow_to, signal_z=rule.signal_z)
         order = rng.permutation(n)
         for a in range(audits):

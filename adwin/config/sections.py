@@ -314,6 +314,9 @@ class EvalConfig(_Strict):
     # with rollout.backend: vllm evaluation samples on vLLM either way (it never computes stopped rows)
     compact: bool = Field(True, description="rows that stopped leave the batch at once (adwin/sampling/compact.py): "
                           "the same samples' distribution at a fraction of the cost; false = transformers' generate")
+    forced_lines: bool = Field(True, description="built-in tasks: also score each reference chain line under teacher "
+                               "forcing (eval/forced_lines, per window bin eval/forced_lines@<w>); one student "
+                               "forward per problem")
 
 
 class ControllerSection(_Strict):

@@ -34,7 +34,8 @@ from adwin.sampling.rollout import encode_prompts, layout
 log = logging.getLogger(__name__)
 
 # the logged key of each line measure (adwin.tasks.suite.LINE_MEASURES)
-LINE_KEYS = {"lines_right": "eval/lines_right", "closing_right": "eval/closing_right"}
+LINE_KEYS = {"lines_right": "eval/lines_right", "closing_right": "eval/closing_right",
+             "forced_lines": "eval/forced_lines"}
 
 
 @dataclass(frozen=True)
@@ -67,6 +68,26 @@ def line_scores(cfg: TrainConfig, prompts: Sequence[str], texts: Sequence[str]) 
         for measure, value in task.score_lines(prompt, text).measures().items():
             out[measure].append(value)
     return out
+
+
+def forced_scores(parts: Parts, cfg: TrainConfig, gen: Sampler, prompts: Sequence[str],
+                  ctx: Sequence[Sequence[int]], first: int) -> tuple[list[float], dict[str, tuple[float, float]]]:
+    """Teacher-forced line skill (:mod:`adwin.tasks.forced`) of this rank's rows: each row's share of lines right,
+    and per window bin ``eval/forced_lines@<w>`` (lines right, lines), summed over ranks like every mean. A problem's
+    ``k`` rows share one reference, so each problem is scored once."""
+    from adwin.tasks.forced import binned, forced_lines
+    from adwin.tasks.suite import get_task
+
+    task = get_task(cfg.data.builtin_task)
+    k = cfg.eval.k
+    # rows first.. are problem-major: row r belongs to problem r // k, whose first row on this rank stands for it
+    heads = [i for i in range(len(prompts)) if i == 0 or (first + i) // k != (first + i - 1) // k]
+    scored = forced_lines(parts.student, parts.tokenizer, task, [ctx[i] for i in heads], [prompts[i] for i in heads],
+                          pad_id=gen.pad, batch_size=cfg.eval.batch_size)
+    of_problem = {(first + i) // k: s for i, s in zip(heads, scored, strict=True)}
+    rows = [of_problem[(first + i) // k] for i in range(len(prompts))]
+    bins = binned(scored, cfg.window.candidates, cfg.rollout.max_response_len)
+    return [r.share for r in rows], {f"eval/forced_lines@{hi}": (float(r), float(n)) for hi, (r, n) in bins.items()}
 
 
 @torch.no_grad()
@@ -113,6 +134,10 @@ def _evaluate(parts: Parts, cfg: TrainConfig, gen: Sampler, dist: LocalDist) -> 
     texts = parts.tokenizer.batch_decode(responses, skip_special_tokens=True)
     correct = [parts.checker(txt, p.answer) for txt, p in zip(texts, problems, strict=True) if p.answer is not None]
     lines = line_scores(cfg, [p.prompt for p in problems], texts)
+    forced_bins: dict[str, tuple[float, float]] = {}
+    if e.forced_lines and cfg.data.task == "builtin":
+        per_row, forced_bins = forced_scores(parts, cfg, gen, [p.prompt for p in problems], ctx, first)
+        lines["forced_lines"] = per_row
     if parts.eval_log is not None:
         scores = {"accuracy": [float(c) for c in correct]} if len(correct) == len(problems) else {}
         parts.eval_log.append(EvalRows(first, e.k, scores | lines))
@@ -135,7 +160,7 @@ def _evaluate(parts: Parts, cfg: TrainConfig, gen: Sampler, dist: LocalDist) -> 
         kl_tokens += float(mask.sum())
     # (sum, count) per mean: summed over ranks in a data-parallel run
     means = {"eval/accuracy": (float(sum(correct)), float(len(correct)))} | {
-        LINE_KEYS[m]: (float(sum(v)), float(len(v))) for m, v in lines.items()}
+        LINE_KEYS[m]: (float(sum(v)), float(len(v))) for m, v in lines.items()} | forced_bins
     if dist.world == 1:
         out = {"eval/teacher_kl": kl_sum / max(kl_tokens, 1.0), "eval/mean_len": float(np.mean(lengths))}
         return out | {k: total / n for k, (total, n) in means.items() if n}

@@ -183,6 +183,10 @@ KEYS: dict[str, str] = {
                         "one",
     "eval/closing_right": "chain-late tasks: share of responses whose closing line follows from the chain line "
                           "written above it",
+    "eval/forced_lines": "built-in tasks: share of the reference chain lines the student predicts right, character "
+                         "for character, with every line above it the reference's (teacher forcing; `eval.forced_lines`)",
+    "eval/forced_lines@<c>": "the same, of the lines ending in the response tokens after the next shorter candidate "
+                             "up to c (the last bin ends at the horizon)",
     # time
     "time/rollout": "seconds generating the step's rollouts",
     "time/teacher": "seconds scoring them with the teacher",

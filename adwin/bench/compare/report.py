@@ -9,9 +9,13 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+import numpy as np
+
 from adwin.bench.compare.stats import FLOPS_FORMULA, FLOPS_NOTE, aggregate, goal_check
 from adwin.bench.compare.tasks import MEASURES, measures_of, paired_stats
 
+FORCED_TITLE = ("Teacher-forced line skill by position: share of the chain lines right, of those ending in each "
+                "range of response tokens (final evaluation, mean over seeds)")
 SMOKE_BANNER = "SMOKE RUN ({mode}): one seed, few steps, reduced budget. Not a result; do not quote these numbers."
 
 
@@ -66,7 +70,11 @@ def write_markdown(results: Mapping[str, Any], path: Path) -> None:
              if "rollouts_per_step" in meta else "")
     head = (f"{banner}`{meta.get('command')}` — task {meta.get('task', 'chain')}, {meta['steps']} steps{batch} x "
             f"seeds {meta['seeds']}, {meta.get('total_s', math.nan):.0f} s; machine after: {meta.get('machine')}\n\n")
-    path.write_text(head + markdown_table([name for name, _ in columns(results)], table_rows(results)))
+    text = head + markdown_table([name for name, _ in columns(results)], table_rows(results))
+    header, rows = forced_table(results)
+    if rows:
+        text += f"\n{FORCED_TITLE}\n\n" + markdown_table(header, rows)
+    path.write_text(text)
 
 
 def _ms(entry: Mapping[str, Any], metric: str, fmt: str = "{:.3f}") -> str:
@@ -156,6 +164,28 @@ LAG_COLUMNS: list[tuple[str, Any]] = [
 ]
 
 
+def forced_table(results: Mapping[str, Any]) -> tuple[list[str], list[list[str]]]:
+    """Teacher-forced line skill by position (``adwin.tasks.forced``): per method, the mean over its seeds of the
+    share of chain lines right among those ending in each window bin; empty when no run scored it."""
+    from adwin.tasks.forced import bin_edges
+
+    runs, meta = results.get("runs", []), results["meta"]
+    have = {int(e) for r in runs for e in (r.get("forced_bins") or {})}
+    if not have:
+        return [], []
+    bins = [(lo, hi) for lo, hi in bin_edges(meta.get("candidates", []), int(meta.get("horizon", max(have))))
+            if hi in have]  # a bin no line ended in has no value
+    edges = [hi for _, hi in bins]
+    header = ["method", *[f"({lo}, {hi}]" if hi < int(meta.get("horizon", 0)) else f"> {lo}" for lo, hi in bins]]
+    rows = []
+    for key in results["methods"]:
+        mine = [r["forced_bins"] for r in runs if r["method"] == key and r.get("forced_bins")]
+        cells = [np.mean([b[str(e)] for b in mine if str(e) in b]) if any(str(e) in b for b in mine) else math.nan
+                 for e in edges]
+        rows.append([key, *("—" if not math.isfinite(c) else f"{c:.3f}" for c in cells)])
+    return header, rows
+
+
 def lag_rows(results: Mapping[str, Any]) -> list[list[str]]:
     return [[fn(k, e) for _, fn in LAG_COLUMNS] for k, e in results["methods"].items()
             if e["metrics"].get("staleness_mean", {}).get("n", 0) > 0]
@@ -195,6 +225,14 @@ def print_table(results: Mapping[str, Any], console: Any = None) -> None:
         for row in lag_rows(results):
             lag.add_row(*row)
         console.print(lag)
+    header, rows = forced_table(results)
+    if rows:
+        forced = Table(title=FORCED_TITLE)
+        for name in header:
+            forced.add_column(name, justify="left" if name == "method" else "right")
+        for row in rows:
+            forced.add_row(*row)
+        console.print(forced)
     console.print("methods: " + "; ".join(f"{k} = {e.get('label', k)}" for k, e in results["methods"].items()))
     console.print(f"FLOPs (estimate): {FLOPS_FORMULA}")
     if not meta.get("suite"):  # the suite's goals are the cross-task ones (compare_suite), not this task's

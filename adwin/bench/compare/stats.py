@@ -18,6 +18,7 @@ METRICS: dict[str, str] = {
     # the built-in task's line measures (adwin.tasks.suite.LineScore; absent for a JSONL task)
     "lines_right_final": "share of the chain lines right before the first wrong one (final)",
     "closing_right_final": "closing line right (final; chain-late tasks)",
+    "forced_lines_final": "share of the chain lines right under teacher forcing (final; adwin.tasks.forced)",
     "teacher_kl_final": "teacher KL (final)",
     "sync_tokens": "sync rollout tokens",
     "probe_tokens": "probe tokens",
@@ -87,6 +88,14 @@ def lag_statistics(history: Sequence[Mapping[str, Any]]) -> dict[str, float]:
     return out
 
 
+FORCED_BIN = "eval/forced_lines@"  # + a bin's upper edge in response tokens (adwin.tasks.forced.bin_edges)
+
+
+def forced_bins(evaluation: Mapping[str, float]) -> dict[str, float]:
+    """An evaluation's teacher-forced line skill per position bin, keyed by the bin's upper edge (empty without)."""
+    return {k.removeprefix(FORCED_BIN): float(v) for k, v in evaluation.items() if k.startswith(FORCED_BIN)}
+
+
 def measure_run(history: Sequence[Mapping[str, Any]], initial: Mapping[str, float], final: Mapping[str, float],
                 totals: Mapping[str, float], *, n_student: int, n_teacher: int, probe_batch: int,
                 samples_per_step: int) -> dict[str, Any]:
@@ -124,9 +133,10 @@ def measure_run(history: Sequence[Mapping[str, Any]], initial: Mapping[str, floa
         "accuracy_per_mtoken": acc / mtokens if mtokens else math.nan,
         "gain_per_mtoken": (acc - acc0) / mtokens if mtokens else math.nan,
     }
-    for measure in LINE_MEASURES:
+    for measure in (*LINE_MEASURES, "forced_lines"):
         row[f"{measure}_initial"] = float(initial.get(f"eval/{measure}", math.nan))
         row[f"{measure}_final"] = float(final.get(f"eval/{measure}", math.nan))
+    row["forced_bins"] = forced_bins(final)
     row |= lag
     row |= estimate_flops(history, n_student, n_teacher, probe_batch, samples_per_step)
     row["probe_flops_frac"] = row["flops_probe"] / row["flops"] if row["flops"] else math.nan

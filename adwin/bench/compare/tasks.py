@@ -61,7 +61,8 @@ def bootstrap_mean_ci(values: np.ndarray, seed: int = 0) -> dict[str, float]:
             "n": int(len(values))}
 
 
-MEASURES = ("accuracy", *LINE_MEASURES)  # what an evaluation scores per problem, in print order
+# what an evaluation scores per problem, in print order; forced_lines: teacher-forced line skill (adwin.tasks.forced)
+MEASURES = ("accuracy", *LINE_MEASURES, "forced_lines")
 
 
 def measures_of(runs: Sequence[Mapping[str, Any]]) -> list[str]:

@@ -83,7 +83,7 @@ def test_line_measures_are_logged_and_each_row_is_kept_for_paired_statistics(tmp
     parts.checker = lambda text, answer: seen.append((text, answer)) or len(text) % 3 == 0
     out = evaluate(parts, cfg, Sampler(parts, cfg))
     (rows,) = parts.eval_log
-    measures = {"accuracy", "lines_right"} | ({"closing_right"} if task == "chain-late" else set())
+    measures = {"accuracy", "lines_right", "forced_lines"} | ({"closing_right"} if task == "chain-late" else set())
     assert set(rows.scores) == measures and rows.first == 0 and rows.k == 2
     from adwin.tasks.suite import get_task
 
@@ -109,6 +109,7 @@ def test_a_jsonl_task_has_no_line_measures(tmp_path: Path) -> None:
     parts.eval_log = []
     out = evaluate(parts, cfg, Sampler(parts, cfg))
     assert "eval/lines_right" not in out and set(parts.eval_log[0].scores) == {"accuracy"}
+    assert not any(k.startswith("eval/forced_lines") for k in out)
 
 
 def test_rows_that_split_a_problem_are_refused() -> None:
