@@ -33,6 +33,7 @@ from typing import Any
 import torch
 
 from adwin.audit.alignment import ProbeBatch
+from adwin.audit.budget import DecisionBudget
 from adwin.audit.job import AuditJob, AuditSettings
 from adwin.backends.teacher_client import ClientSettings
 from adwin.config import AuditConfig
@@ -122,12 +123,7 @@ class WindowClient:
                                         offer_finished=offer_finished, probe_batch_size=self.probe_batch_size,
                                         schedule=audit_schedule(self.audit_config, float(policy.get("threshold", 0.7))))
         if model_params is not None:
-            self.probe_client.budget = decision_budget(
-                self.audit_config, probe_batch=self.probe_batch_size, staleness_limit=min(self.staleness_limit, 1 << 20),
-                offers_per_step=int(out.spec.get("offers_per_step", 1)), n_student=model_params[0],
-                n_teacher=model_params[1], max_prompt_len=self.max_len, max_response_len=self.max_len,  # prompts unknown
-                min_window=min(self.candidates, default=self.max_len), drift=False,
-                n_trainable=model_params[2] if len(model_params) > 2 else None)
+            self.probe_client.budget = spec_budget(self.audit_config, out.spec, model_params)
         self._extend: Extend | None = None  # the one extension rounds use: the last ``extend_probes`` call's
         self.probe_client.executor = AsyncProbeExecutor(self.probe_client.pool, lambda: InlineWorker(self._extender))
         self.probe_tokens = 0
@@ -328,6 +324,19 @@ class WindowClient:
         Then deliver the writes buffered during a controller outage (bounded); returns those left."""
         self.probe_client.release_held(self.last_step if self.last_step is not None else 0)
         return drain_controller(self.controller, timeout_s)
+
+
+def spec_budget(audit: AuditConfig, spec: dict[str, Any], model_params: tuple[int, ...]) -> DecisionBudget:
+    """The decision budget of an adapter's run (``spec``: the registered ``RunIn``): ``model_params`` = (student,
+    teacher[, the student's trainable]) parameter counts; prompt lengths unknown, so the horizon stands for them."""
+    policy = spec["policy"]
+    max_len = int(policy["max_len"])
+    return decision_budget(
+        audit, probe_batch=int(spec.get("probe_batch_size", 1)),
+        staleness_limit=min(int(spec.get("staleness_limit", 1 << 20)), 1 << 20),
+        offers_per_step=int(spec.get("offers_per_step", 1)), n_student=model_params[0], n_teacher=model_params[1],
+        max_prompt_len=max_len, max_response_len=max_len, min_window=min(policy.get("candidates") or [max_len]),
+        drift=False, n_trainable=model_params[2] if len(model_params) > 2 else None)
 
 
 def _prompt_key(prompt: Sequence[int]) -> str:

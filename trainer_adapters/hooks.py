@@ -13,7 +13,8 @@ Contract, in pipeline order:
    feeder may use the permits the learner just released), and once with ``version = 0`` before the
    feeder starts. It reads the window for the coming phase from the controller and returns which
    in-flight probes reached the staleness limit (force-complete them). The window is constant between
-   two syncs: requests submitted in the same phase get the same cap.
+   two syncs: requests submitted in the same phase get the same cap. An answer outside ``[1, max_len]`` is
+   refused with ``BadWindowAnswer`` before anything changes (the last window stays).
 2. ``plan_request(request_id, prompt_id, version)`` by the feeder for every request, at submission.
    It decides whether the request is a *probe* and how many tokens it may generate:
 
@@ -69,6 +70,10 @@ from adwin.trainer_adapters.registration import check_feasible, resilient
 log = logging.getLogger(__name__)
 
 FINISH_REASONS: tuple[str, ...] = ("eos", "window", "horizon")
+
+
+class BadWindowAnswer(ValueError):
+    """The controller answered a window no request can be capped at (outside ``[1, max_len]``)."""
 
 
 class StampedItem(Protocol):
@@ -245,7 +250,12 @@ class ControllerWindowHooks:
         return {k: c[k] for k in ("offered", "accepted", "reported", "audits", "conflicts", "expired")}
 
     def on_sync(self, version: int) -> SyncDecision:
+        """The window of the phase from ``version`` on; ``BadWindowAnswer`` (nothing changed) for an answer outside
+        ``[1, max_len]``."""
         win = self.controller.get_window(self.run_id, version)
+        if not 1 <= win.window <= self.max_len:
+            raise BadWindowAnswer(f"run {self.run_id}: the controller answered window {win.window} at version "
+                                  f"{version}, outside [1, {self.max_len}]; the window stays {self._window or None}")
         forced: list[str] = []
         metrics = {"window/current": float(win.window)}
         if self.probing:

@@ -51,6 +51,10 @@ trainer's rollouts per step (``controller/feasibility.py``); a reused run id wit
 (``report_step``) are keyed by the optimizer step that used the window: step ``t`` ran under
 ``windows[t]``.
 
+TRL's ``AsyncDistillationTrainer`` built with ``AdwinRolloutWorker`` (``trl_async``) is driven another way: the
+worker generates at the controller's window and sends full-length probes, and the callback's events call its
+``AsyncDriver`` (``trl_async_driver``: probe reports, the audit on the trainer's side, the next window).
+
 Single process only: ``RunIn.world_size`` > 1 would need every rank to audit its shard and submit a
 sketch; the callback refuses ``num_processes > 1``.
 """
@@ -73,6 +77,7 @@ from adwin.probes.offers import OFFER_FINISHED
 from adwin.probes.settings import param_count, trainable_count
 from adwin.runtime.resilient_controller import controller_metrics
 from adwin.trainer_adapters.generic import WindowClient, hf_extender
+from adwin.trainer_adapters.trl_async_driver import AsyncDriver
 from adwin.trainer_adapters.trl_teacher import ProbeTeacher, check_trainer, probe_teacher
 
 logger = logging.getLogger(__name__)
@@ -95,6 +100,10 @@ class AdwinCallback(TrainerCallback):
     timeouts and retries (default ``ClientSettings()``). ``teacher_params``: the teacher's parameter count the
     decision budget charges; default: counted from ``teacher_model``, or the student's count for a server (which
     cannot report one; logged at ``attach``).
+
+    TRL's ``AsyncDistillationTrainer`` is driven when it was built with ``AdwinRolloutWorker`` (``trl_async``): its
+    worker's teacher scores the probes, the worker sends up to ``probe_count`` full-length probes a step
+    (``probe_every`` does not apply), and ``self.driver`` holds that run (``trl_async_driver``).
     """
 
     def __init__(
@@ -144,6 +153,7 @@ class AdwinCallback(TrainerCallback):
         self.trainer: Any = None
         self.client: WindowClient | None = None
         self.decisions: list[AuditOut] = []
+        self.driver: AsyncDriver | None = None  # set by attach for an AsyncDistillationTrainer with AdwinRolloutWorker
         self.windows: dict[int, int] = {}  # optimizer step -> window applied
         self._step_started: float | None = None  # the step's training seconds, for the decision budget
 
@@ -152,9 +162,11 @@ class AdwinCallback(TrainerCallback):
     def attach(self, trainer: Any) -> AdwinCallback:
         """Check the trainer, connect its teacher (a server: ``TeacherUnavailable`` names an unreachable URL),
         then register the run and add the callback: a refused trainer or teacher registers nothing."""
-        check_trainer(trainer)  # UnsupportedTrainer
+        is_async = check_trainer(trainer)  # UnsupportedTrainer
         if trainer.accelerator.num_processes > 1:
             raise NotImplementedError("AdwinCallback supports one process; multi-rank audits need sketches per rank")
+        if is_async:
+            return self._attach_async(trainer)
         teacher = probe_teacher(trainer, self.teacher_server)  # NoTeacher without a teacher or a server URL
         try:
             self._connect(trainer, teacher)
@@ -162,6 +174,19 @@ class AdwinCallback(TrainerCallback):
             teacher.close()
             raise
         self.teacher, self.trainer = teacher, trainer
+        trainer.add_callback(self)
+        return self
+
+    def _attach_async(self, trainer: Any) -> AdwinCallback:
+        """An ``AsyncDistillationTrainer`` with ``AdwinRolloutWorker``: its teacher scores the probes (``trl_async``)."""
+        worker = trainer.rollout_worker
+        student = trainer.accelerator.unwrap_model(trainer.model)
+        self.driver = AsyncDriver.connect(
+            trainer, self.controller, self.run, candidates=self.candidates, threshold=self.threshold,
+            probe_count=self.probe_count, audit=self.audit, report_steps=self.report_steps,
+            offer_finished=self.offer_finished, resume=self.resume, resilient_controller=self.resilient_controller,
+            model_params=model_params(student, self.teacher_params or param_count(worker.teacher) or 1))
+        self.trainer = trainer
         trainer.add_callback(self)
         return self
 
@@ -220,9 +245,11 @@ class AdwinCallback(TrainerCallback):
     def on_step_begin(
         self, args: TrainingArguments, state: TrainerState, control: TrainerControl, **kwargs: Any
     ) -> None:
-        client = self._client()
-        window = client.window(state.global_step)
-        self.apply_window(window)
+        if self.driver is not None:  # the rollout worker caps its requests itself
+            window = self.driver.step_begin()
+        else:
+            window = self._client().window(state.global_step)
+            self.apply_window(window)
         self.windows[state.global_step] = window
         self._log("window/size", float(window))
         self._step_started = time.perf_counter()
@@ -232,6 +259,15 @@ class AdwinCallback(TrainerCallback):
     def on_step_end(
         self, args: TrainingArguments, state: TrainerState, control: TrainerControl, **kwargs: Any
     ) -> None:
+        if self.driver is not None:
+            metrics, decision = self.driver.step_end(state.global_step)
+            if decision is not None:
+                self.decisions.append(decision)
+                if decision.decision is not None:
+                    self._log("window/next", float(decision.decision.window))
+            for key, value in metrics.items():
+                self._log(key, value)
+            return
         rollout_step = state.global_step - 1  # the step whose rollouts are buffered
         if self._step_started is not None:  # generation, teacher scoring and the update all ran in the step
             prompts, responses, _ = self._rollouts()
@@ -248,7 +284,10 @@ class AdwinCallback(TrainerCallback):
         self, args: TrainingArguments, state: TrainerState, control: TrainerControl, **kwargs: Any
     ) -> None:
         try:
-            self._client().close(self.drain_timeout_s)  # degraded mode: an ERROR names the writes still undelivered
+            if self.driver is not None:
+                self.driver.train_end(self.drain_timeout_s)
+            else:
+                self._client().close(self.drain_timeout_s)  # degraded mode: an ERROR names the writes still undelivered
         finally:
             if self.teacher is not None:
                 self.teacher.close()
@@ -313,10 +352,13 @@ class AdwinCallback(TrainerCallback):
         self, args: TrainingArguments, state: TrainerState, control: TrainerControl,
         logs: dict[str, float] | None = None, **kwargs: Any,
     ) -> None:
-        if self.report_steps and logs and self.client is not None and "loss" in logs:
+        if self.report_steps and logs and "loss" in logs:
             numeric = {k: v for k, v in logs.items() if isinstance(v, (int, float)) and not isinstance(v, bool)}
             # global_step already counts the step just logged; the row belongs to the step that used windows[t]
-            self.client.report_step(state.global_step - 1, numeric)
+            if self.driver is not None:
+                self.driver.hooks.on_step(state.global_step - 1, numeric)
+            elif self.client is not None:
+                self.client.report_step(state.global_step - 1, numeric)
 
 
 def model_params(student: Any, n_teacher: int) -> tuple[int, ...]:

@@ -13,10 +13,12 @@ Two teachers, found on the trainer (trl 1.16):
   the decision budget charges ``teacher_params`` when given, else the student's count (logged), the built-in
   trainer's rule for a teacher it cannot count.
 
-``trl.experimental.async_distillation.AsyncDistillationTrainer`` is refused: its rollouts come from a rollout
-worker in a spawned child process, generating against the student's vLLM server with ``max_tokens`` fixed when
-the child starts, so no attribute of the trainer sets the next step's cap, and its rollouts stream out of a queue
-rather than a step's buffer the callback can offer as probes.
+``trl.experimental.async_distillation.AsyncDistillationTrainer`` is driven when it was built with adwin's rollout
+worker (``trainer_adapters.trl_async.AdwinRolloutWorker``: it generates at the controller's window and scores with
+its local teacher, which also scores the probe batches). With TRL's own worker it is refused: that worker generates
+in a spawned child process against the student's vLLM server with ``max_tokens`` fixed when the child starts, so no
+attribute of the trainer sets the next step's cap, and its rollouts stream out of a queue rather than a step's
+buffer the callback can offer as probes.
 """
 
 from __future__ import annotations
@@ -30,6 +32,7 @@ from typing import Any
 from adwin.backends.teacher_client import ClientSettings
 from adwin.probes.settings import param_count
 from adwin.trainer_adapters.generic import Score, served_scorer, teacher_scorer
+from adwin.trainer_adapters.trl_async import AdwinRolloutWorker
 
 logger = logging.getLogger(__name__)
 
@@ -55,22 +58,27 @@ class ProbeTeacher:
     close: Callable[[], None]
 
 
-def check_trainer(trainer: Any) -> None:
+def check_trainer(trainer: Any) -> bool:
     """Raise ``UnsupportedTrainer`` unless ``trainer`` generates through ``DistillationTrainer``'s path, whose caps
-    ``AdwinCallback.apply_window`` sets before each step (module docstring)."""
+    ``AdwinCallback.apply_window`` sets before each step, or is an ``AsyncDistillationTrainer`` built with
+    ``AdwinRolloutWorker`` (module docstring); True for the latter."""
     from trl import DistillationTrainer
 
     if isinstance(trainer, DistillationTrainer):
-        return
+        return False
     name = type(trainer).__name__
     async_module = sys.modules.get(ASYNC_TRAINER)  # loaded wherever such a trainer was built
     if async_module is not None and isinstance(trainer, async_module.AsyncDistillationTrainer):
+        if isinstance(getattr(trainer, "rollout_worker", None), AdwinRolloutWorker):
+            return True
         raise UnsupportedTrainer(
-            f"AdwinCallback cannot drive {name}: its rollouts are generated in a spawned child process against the "
-            "student's vLLM server with max_tokens fixed at start, so no window can be set per step; use "
-            "DistillationTrainer or ServerDistillationTrainer (docs/adapters.md)")
+            f"AdwinCallback cannot drive {name} with TRL's rollout worker: it generates in a spawned child process "
+            "against the student's vLLM server with max_tokens fixed at start, so no window can be set per step; "
+            "build the trainer with rollout_worker=AdwinRolloutWorker(teacher) and weight_transfer=its "
+            "weight_transfer, or use DistillationTrainer / ServerDistillationTrainer (docs/adapters.md)")
     raise UnsupportedTrainer(f"AdwinCallback drives TRL's DistillationTrainer and its subclasses "
-                             f"(ServerDistillationTrainer), not {name}")
+                             f"(ServerDistillationTrainer), and AsyncDistillationTrainer with AdwinRolloutWorker, "
+                             f"not {name}")
 
 
 def served_url(trainer: Any) -> str | None:

@@ -93,6 +93,10 @@ KEYS: dict[str, str] = {
     "window/cos_<c>": "the cosine at candidate c of the audit that decided the current window",
     "window/changes_per_audit": "audits whose decision changed the window, over all decisions so far",
     "window/size": "the window the TRL callback / generic client applied at this step",
+    "window/rollout": "mean window of the rows TRL's async trainer trained on in the logging window (adwin's "
+                      "rollout worker stamps each row with the cap it was generated under)",
+    "window/bad_answers": "controller answers outside [1, max_len] so far, each refused with the window kept "
+                          "(TRL async trainer)",
     "window/next": "the window the audit of this step decided for the next step (TRL callback)",
     "window/cos@<c>": "the last audit's cosine at candidate c (generic client, TRL callback)",
     # probe

@@ -79,3 +79,25 @@ def rows(trainer: Any) -> list[dict]:
     return [r for r in trainer.state.log_history if "loss" in r]
 
 
+
+
+def make_async_trainer(tmp_path: Path, steps: int, worker: Any, *, batch: int = 4, max_len: int = MAX_LEN,
+                       **overrides: Any):
+    """TRL's ``AsyncDistillationTrainer`` on the tiny student (saved under ``tmp_path``: it loads from a path) with
+    ``worker`` (``AdwinRolloutWorker``) as its rollout worker and weight transfer, on CPU: one rollout per micro-batch
+    (``batch`` micro-batches a step), so TRL's padding-free packing never puts two sequences in one SDPA row."""
+    from trainer_fixtures import save_tiny
+    from trl.experimental.async_distillation import async_distillation_trainer as adt
+
+    adt.get_peak_flops_per_device = lambda *args: None  # CUDA-only query; the MFU metrics are skipped without it
+    fields = dict(output_dir=str(tmp_path / "out"), per_device_train_batch_size=1, gradient_accumulation_steps=batch,
+                  max_steps=steps, max_completion_length=max_len, logging_steps=1, report_to=[], save_strategy="no",
+                  gradient_checkpointing=False, bf16=False, use_cpu=True, learning_rate=1e-3, seed=0,
+                  disable_tqdm=True, token_budget=0, model_init_kwargs={"attn_implementation": "sdpa"})
+    args = adt.AsyncDistillationConfig(**(fields | overrides))
+    student = tmp_path / "student"
+    if not student.exists():
+        save_tiny(student, seed=0, with_tokenizer=False)
+    return adt.AsyncDistillationTrainer(model=str(student), args=args, train_dataset=prompts(32),
+                                        processing_class=tokenizer(), rollout_worker=worker,
+                                        weight_transfer=worker.weight_transfer)
