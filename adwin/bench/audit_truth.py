@@ -77,6 +77,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--probe-batch", default=None, help="the replay's P, comma-separated (default: the run's and 8)")
     p.add_argument("--replay-audits", type=int, default=12, help="audits per replayed run (default 12)")
     p.add_argument("--replay-runs", type=int, default=40, help="replayed runs per rule (default 40)")
+    p.add_argument("--initial", type=int, default=None,
+                   help="the replay's window before its first audit (default: the run's window.initial, saved with "
+                        "each pool; else the largest candidate)")
     p.add_argument("--sketch-dim", type=int, default=16384, help="CountSketch dimension (default 16384)")
     p.add_argument("--profile", choices=("default", "tiny"), default="default", help="built-in task models")
     p.add_argument("--config", metavar="YAML", default=None, help="base config (default: the suite's preset)")
@@ -116,7 +119,8 @@ def main(args: argparse.Namespace) -> int:
         report["checkpoints"].append(measure_checkpoint(ck["h"], ck["candidates"], ck["horizon"], ck["threshold"],
                                                         sizes=sizes, draws=args.draws, r=args.update_rollouts,
                                                         p_run=p_run, audits=args.replay_audits,
-                                                        runs=args.replay_runs, rng=rng)
+                                                        runs=args.replay_runs, rng=rng,
+                                                        initial=args.initial or ck.get("meta", meta).get("initial"))
                                      | {"step": ck["step"], "pool": ck["pool"]})
     (out_dir / "truth.json").write_text(json.dumps(report, indent=2))
     text = truth_markdown(report)
@@ -128,7 +132,7 @@ def main(args: argparse.Namespace) -> int:
 
 def measure_checkpoint(h: np.ndarray, candidates: Sequence[int], horizon: int, threshold: float, *,
                        sizes: Sequence[int], draws: int, r: int, p_run: Sequence[int], audits: int, runs: int,
-                       rng: np.random.Generator) -> dict[str, Any]:
+                       rng: np.random.Generator, initial: int | None = None) -> dict[str, Any]:
     """Every table row of one checkpoint from its (N, K+1, N, K+1) cross Gram."""
     from adwin.audit import truth
 
@@ -148,9 +152,10 @@ def measure_checkpoint(h: np.ndarray, candidates: Sequence[int], horizon: int, t
         "noise_scale": scale, "effective_dim": d_eff,
         "readings": {str(p): {est: [asdict(x) for x in xs] for est, xs in by.items()} for p, by in readings.items()},
         "update_view": {"R": r, **{str(c): v for c, v in zip([*cands, "full"], update, strict=True)}},
-        "truth_window": window, "surely_admissible_window": sure,
+        "truth_window": window, "surely_admissible_window": sure, "replay_initial": initial,
         "replay": {str(p): {rule.name: replay(h, cands, horizon, threshold, rule, p=p, audits=audits, runs=runs,
-                                              truth_window=window, rng=rng) for rule in RULES} for p in p_run},
+                                              truth_window=window, rng=rng, initial=initial) for rule in RULES}
+                   for p in p_run},
     }
 
 
@@ -273,7 +278,7 @@ def _sample_checkpoints(args: argparse.Namespace, at: list[int], out_dir: Path) 
     meta = {"command": command_line(), "task": args.task, "profile": args.profile, "commit": git_commit(),
             "date": dt.datetime.now().isoformat(timespec="seconds"), "horizon": cfg.rollout.max_response_len,
             "candidates": list(cfg.window.candidates), "threshold": float(cfg.window.threshold),
-            "probe_batch": int(cfg.probes.batch_size), "rollouts_per_step": cfg.rollout.prompts_per_step
+            "probe_batch": int(cfg.probes.batch_size), "initial": cfg.window.initial, "rollouts_per_step": cfg.rollout.prompts_per_step
             * cfg.rollout.samples_per_prompt, "lr": cfg.optim.lr, "seed": args.seed, "cpus": os.cpu_count()}
     parts = load_run_parts(cfg, args.profile, args.assets_seed)
     checkpoints: list[dict] = []

@@ -34,6 +34,13 @@ def test_pure_noise_never_moves_a_noise_hold_window(rule: Rule, p: int) -> None:
     assert out["windows"] == {"1024": 1.0}  # the initial window, the largest candidate
 
 
+def test_the_replay_starts_where_the_run_starts() -> None:
+    (rule,) = [r for r in NOISE_HOLD if r.pool == 1 and r.estimator == "debiased" and r.grow_to == "sure"]
+    out = replay(_h([0.2, 0.3, 0.35, 0.5, 0.85], 0.0), CANDS, HORIZON, 0.7, rule, p=8, audits=6, runs=3,
+                 truth_window=1024, rng=np.random.default_rng(0), initial=256)
+    assert out["windows"] == {"256": 1.0}  # held on noise: the run's window.initial, not the largest candidate
+
+
 def test_on_pure_noise_the_papers_rule_moves_the_window() -> None:
     """Why noise_hold exists: the batch cosine of a long prefix reads sqrt(w / H) in noise, near the threshold."""
     out = replay(_h([0.2, 0.3, 0.35, 0.5, 0.85], 0.0), CANDS, HORIZON, 0.7, RULES[0], p=8, audits=12, runs=6,
@@ -76,6 +83,8 @@ def test_the_command_samples_a_checkpoint_writes_its_tables_and_replays_from_the
     (again,) = (tmp_path / "again").iterdir()
     replayed = json.loads((again / "truth.json").read_text())["checkpoints"][0]
     assert replayed["population"] == ck["population"] and replayed["truth_window"] == ck["truth_window"]
+    # the run's window.initial travels with the pool: the replay from the saved Gram starts where the sampled one did
+    assert replayed["replay_initial"] == ck["replay_initial"] == report["meta"]["initial"]
 
 
 def test_more_probes_than_the_pool_holds_is_refused_before_any_compute(tmp_path: Path) -> None:
