@@ -14,9 +14,17 @@ from verl_fixtures import RESPONSE_LEN, LocalReplica, agent_loop  # noqa: E402
 from adwin.trainer_adapters.verl.fields import MAX_TOKENS, PROBE, REQUEST, WINDOW, BadWindow  # noqa: E402
 
 
-def _run(loop, **fields):
+def _run(replica, **fields):
+    """One row through ``AdwinAgentLoop`` (built inside the event loop, as verl's worker builds it per row)."""
+    from adwin.trainer_adapters.verl.agent_loop import AdwinAgentLoop
+
     params = {"temperature": 1.0, "top_p": 1.0, "top_k": -1, "repetition_penalty": 1.0, "logprobs": False}
-    return asyncio.run(loop.run(params, raw_prompt=[{"role": "user", "content": "w3 w4 w5"}], **fields)), params
+
+    async def go():
+        loop = agent_loop(AdwinAgentLoop, replica)
+        return await loop.run(params, raw_prompt=[{"role": "user", "content": "w3 w4 w5"}], **fields)
+
+    return asyncio.run(go()), params
 
 
 def test_registered_in_verls_agent_loop_registry():
@@ -28,10 +36,8 @@ def test_registered_in_verls_agent_loop_registry():
 
 
 def test_training_row_is_capped_at_the_window_and_marked():
-    from adwin.trainer_adapters.verl.agent_loop import AdwinAgentLoop
-
     replica = LocalReplica()
-    out, params = _run(agent_loop(AdwinAgentLoop, replica), **{MAX_TOKENS: np.int64(5), PROBE: np.bool_(False),
+    out, params = _run(replica, **{MAX_TOKENS: np.int64(5), PROBE: np.bool_(False),
                                                                WINDOW: 5, REQUEST: "r0"})
     assert replica.seen[-1]["max_tokens"] == 5
     assert len(out.response_ids) == 5
@@ -40,10 +46,8 @@ def test_training_row_is_capped_at_the_window_and_marked():
 
 
 def test_probe_row_goes_out_at_full_length_whatever_its_cap():
-    from adwin.trainer_adapters.verl.agent_loop import AdwinAgentLoop
-
     replica = LocalReplica()
-    out, _ = _run(agent_loop(AdwinAgentLoop, replica), **{MAX_TOKENS: 4, PROBE: True, WINDOW: 4, REQUEST: "r0:probe"})
+    out, _ = _run(replica, **{MAX_TOKENS: 4, PROBE: True, WINDOW: 4, REQUEST: "r0:probe"})
     assert replica.seen[-1]["max_tokens"] == RESPONSE_LEN
     assert len(out.response_ids) == RESPONSE_LEN
     assert out.extra_fields[PROBE] is True and out.extra_fields[WINDOW] == 4
@@ -51,17 +55,13 @@ def test_probe_row_goes_out_at_full_length_whatever_its_cap():
 
 @pytest.mark.parametrize("cap", [0, RESPONSE_LEN + 1, 2.5, "8"])
 def test_a_bad_cap_is_a_typed_error_before_any_request(cap):
-    from adwin.trainer_adapters.verl.agent_loop import AdwinAgentLoop
-
     replica = LocalReplica()
     with pytest.raises(BadWindow):
-        _run(agent_loop(AdwinAgentLoop, replica), **{MAX_TOKENS: cap, PROBE: False})
+        _run(replica, **{MAX_TOKENS: cap, PROBE: False})
     assert replica.seen == []
 
 
 def test_a_row_without_adwin_fields_is_generated_as_single_turn():
-    from adwin.trainer_adapters.verl.agent_loop import AdwinAgentLoop
-
     replica = LocalReplica()
-    out, _ = _run(agent_loop(AdwinAgentLoop, replica))
+    out, _ = _run(replica)
     assert "max_tokens" not in replica.seen[-1] and PROBE not in out.extra_fields
