@@ -24,7 +24,8 @@ from adwin.controller import Controller  # noqa: E402
 from adwin.controller.schemas import PolicyIn, RunIn  # noqa: E402
 from adwin.trainer_adapters.verl.driver import VerlWindowDriver, WorkerAuditor  # noqa: E402
 from adwin.trainer_adapters.verl.fields import PROBE  # noqa: E402
-from adwin.trainer_adapters.verl.rows import items_of, planned_batch, split  # noqa: E402
+from adwin.trainer_adapters.verl.rollout import AdwinRolloutManager  # noqa: E402
+from adwin.trainer_adapters.verl.rows import items_of, split  # noqa: E402
 
 CANDIDATES, ROWS = [4, 8], 4
 
@@ -68,6 +69,17 @@ def _gen_batch(version: int) -> Any:
     return DataProto.from_dict(tensors={"index": torch.arange(ROWS)}, non_tensors={"raw_prompt": raw, "uid": uid})
 
 
+class LocalManager:
+    """verl's agent-loop manager interface: what ``AgentLoopWorker.generate_sequences`` does with each row."""
+
+    def __init__(self, replica: LocalReplica, worker: Any) -> None:
+        self.replica, self.worker, self.last = replica, worker, None
+
+    def generate_sequences(self, batch: Any) -> Any:
+        self.last = _generate(batch, self.replica, self.worker)
+        return self.last
+
+
 def _generate(batch: Any, replica: LocalReplica, worker: Any) -> Any:
     """What verl's ``AgentLoopWorker.generate_sequences`` does with each row, in one event loop."""
     from adwin.trainer_adapters.verl.agent_loop import AdwinAgentLoop
@@ -101,14 +113,13 @@ def setup():
 
 
 def _step(driver: VerlWindowDriver, replica: LocalReplica, worker: Any, version: int):
-    gen = _gen_batch(version)
-    requests = [f"v{version}-r{i}" for i in range(ROWS)]
-    plan = driver.plan(version, list(zip(requests, gen.non_tensor_batch["uid"], strict=True)))
-    out = _generate(planned_batch(gen, plan, requests, RESPONSE_LEN), replica, worker)
-    items = items_of(out, version, RESPONSE_LEN)
-    driver.collect(version, items)
-    train, probes = split(out, ROWS)
-    return plan, train, probes, items, driver.after_update(version + 1)
+    """One step as ``AdwinRayPPOTrainer`` runs it: the wrapped manager generates, the actor updates, the audit runs."""
+    inner = LocalManager(replica, worker)
+    train = AdwinRolloutManager(inner, driver, lambda: version).generate_sequences(_gen_batch(version))
+    _, probes = split(inner.last, ROWS)
+    plan = SimpleNamespace(window=int(train.non_tensor_batch["adwin_window"][0]),
+                           probes=[] if probes is None else list(range(len(probes))))
+    return plan, train, probes, items_of(inner.last, version, RESPONSE_LEN), driver.after_update(version + 1)
 
 
 def test_probe_copies_reach_full_length_and_stay_out_of_the_training_rows(setup):
