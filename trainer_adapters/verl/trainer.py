@@ -10,7 +10,7 @@ additions, each at a method verl's own recipes override:
   ``window/*``, ``probe/*``, ``audit/*``, ``controller/*`` metrics join the step's.
 
 ``install()`` (a Ray ``worker_process_setup_hook``) makes verl's own launcher build these: in every Ray worker
-process it binds ``verl.trainer.main_ppo_v0.RayPPOTrainer`` to ``AdwinRayPPOTrainer`` and
+process it registers the ``adwin`` agent loop and binds ``verl.trainer.main_ppo_v0.RayPPOTrainer`` to ``AdwinRayPPOTrainer`` and
 ``verl.workers.engine_workers.ActorRolloutRefWorker`` to ``AdwinActorRolloutRefWorker``, the two names verl's
 ``TaskRunner`` instantiates. docs/adapters.md has the launch line. Not run here: it needs GPUs
 (``trainer_adapters/verl/gpu_recipe.sh``, not yet run).
@@ -61,9 +61,12 @@ class AdwinRayPPOTrainer(RayPPOTrainer):
 
 
 def install() -> None:
-    """Ray ``worker_process_setup_hook``: verl's ``TaskRunner`` then builds adwin's trainer and actor worker."""
+    """Ray ``worker_process_setup_hook``: verl's ``TaskRunner`` then builds adwin's trainer and actor worker, and
+    every agent-loop worker finds ``adwin`` in verl's agent-loop registry."""
     import verl.trainer.main_ppo_v0 as v0
     import verl.workers.engine_workers as workers
+
+    import adwin.trainer_adapters.verl.agent_loop  # noqa: F401  (registers the agent loop)
 
     v0.RayPPOTrainer = AdwinRayPPOTrainer
     workers.ActorRolloutRefWorker = AdwinActorRolloutRefWorker

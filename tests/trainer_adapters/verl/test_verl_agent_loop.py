@@ -7,7 +7,7 @@ import asyncio
 import numpy as np
 import pytest
 
-pytest.importorskip("verl")
+pytest.importorskip("verl.protocol")  # not "verl": without verl, this folder is a namespace package "verl"
 
 from verl_fixtures import RESPONSE_LEN, LocalReplica, agent_loop  # noqa: E402
 

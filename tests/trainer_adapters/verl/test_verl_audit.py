@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 import torch
 
-pytest.importorskip("verl")
+pytest.importorskip("verl.protocol")  # not "verl": without verl, this folder is a namespace package "verl"
 
 import torch.multiprocessing as mp  # noqa: E402
 from tiny_models import make_tiny_llama  # noqa: E402

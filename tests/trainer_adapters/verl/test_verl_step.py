@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 import torch
 
-pytest.importorskip("verl")
+pytest.importorskip("verl.protocol")  # not "verl": without verl, this folder is a namespace package "verl"
 
 from tiny_models import make_tiny_llama  # noqa: E402
 from verl_audit_fixtures import distillation_config  # noqa: E402

@@ -10,7 +10,7 @@ from types import SimpleNamespace
 
 import pytest
 
-pytest.importorskip("verl")
+pytest.importorskip("verl.protocol")  # not "verl": without verl, this folder is a namespace package "verl"
 
 from tiny_models import make_tiny_llama  # noqa: E402
 from verl_audit_fixtures import CANDIDATES, distillation_config, job  # noqa: E402
@@ -29,6 +29,9 @@ def test_install_binds_the_trainer_and_the_actor_worker_verl_builds(monkeypatch)
     monkeypatch.setattr(workers, "ActorRolloutRefWorker", workers.ActorRolloutRefWorker)
     install()
     assert v0.RayPPOTrainer is AdwinRayPPOTrainer and workers.ActorRolloutRefWorker is AdwinActorRolloutRefWorker
+    from verl.experimental.agent_loop.agent_loop import _agent_loop_registry
+
+    assert "adwin" in _agent_loop_registry
 
 
 def test_the_worker_method_is_dispatched_to_every_rank():
