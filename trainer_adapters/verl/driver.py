@@ -150,7 +150,7 @@ class VerlWindowDriver:
 
     def metrics(self) -> dict[str, float]:
         c = self.hooks.client
-        out = {f"probe/{k}": float(v) for k, v in c.counts.items()}
+        out = {"probe/audits": float(c.counts["audits"])}
         if self.last_window is not None:
             out["window/size"] = float(self.last_window)
         out |= {f"window/cos@{k}": float(v) for k, v in c.last_cosines.items()}
