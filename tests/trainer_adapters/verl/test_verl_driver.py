@@ -11,7 +11,8 @@ import pytest
 
 from adwin.audit.alignment import AuditResult
 from adwin.audit.job import AuditJob, AuditOutcome
-from adwin.controller import Controller
+from adwin.config import AuditConfig
+from adwin.controller import Controller, RemoteController
 from adwin.controller.api import ControllerUnavailable
 from adwin.controller.schemas import PolicyIn, RunIn, WindowOut
 from adwin.trainer_adapters.asyncopd.items import StreamItem
@@ -61,10 +62,10 @@ class Flaky:
             "window": self.bad_window}))
 
 
-def _driver(controller: Any, actor: ScriptedActor, **policy: Any) -> VerlWindowDriver:
-    run = RunIn(run_id="verl-run", policy=PolicyIn(name="adwin", candidates=CANDIDATES, max_len=MAX_LEN, **policy),
+def _driver(controller: Any, actor: ScriptedActor, **kwargs: Any) -> VerlWindowDriver:
+    run = RunIn(run_id="verl-run", policy=PolicyIn(name="adwin", candidates=CANDIDATES, max_len=MAX_LEN),
                 probe_batch_size=2, offers_per_step=2)
-    return VerlWindowDriver(controller, run, max_len=MAX_LEN, auditor=WorkerAuditor(actor))
+    return VerlWindowDriver(controller, run, max_len=MAX_LEN, auditor=WorkerAuditor(actor), **kwargs)
 
 
 def _rows(version: int) -> list[tuple[str, str]]:
@@ -95,6 +96,22 @@ def test_windows_move_on_audits():
     windows = [_step(driver, v)[0].window for v in range(4)]
     assert windows == [8, 4, 8, MAX_LEN]  # initial (largest candidate), then min{c: cos(c) >= 0.7}, else horizon
     assert len(actor.jobs) == 4 and driver.metrics()["probe/audits"] == 4
+
+
+def test_windows_move_on_audits_with_a_remote_controller(remote_url):
+    actor = ScriptedActor([{4: 0.9, 8: 0.95}, {4: 0.2, 8: 0.8}, {4: 0.9, 8: 0.9}])
+    driver = _driver(RemoteController(remote_url), actor)
+    assert [_step(driver, v)[0].window for v in range(3)] == [8, 4, 8]
+
+
+def test_the_decision_budget_gates_the_probe_copies():
+    actor = ScriptedActor([{4: 0.9, 8: 0.95}] * 8)
+    budgeted = _driver(Controller(), actor, audit=AuditConfig(budget=0.1), model_params=(10**9, 10**9))
+    copies = [len(_step(budgeted, v)[0].probes) for v in range(4)]
+    assert copies[0] == 2 and sum(copies) < 4 * 2  # after the first audit, the budget holds copies back
+    assert budgeted.after_update(5)["decision/budget"] == 0.1  # decision/* reported with the step's metrics
+    with pytest.raises(ValueError, match="model_params"):
+        _driver(Controller(), actor, audit=AuditConfig(budget=0.1))
 
 
 def test_probe_copies_reach_the_audit_at_full_length():
