@@ -15,7 +15,6 @@ Ulysses sequence parallelism are refused (``UnsupportedActorEngine``).
 from __future__ import annotations
 
 import dataclasses
-import logging
 from typing import Any
 
 import torch
@@ -29,8 +28,6 @@ from adwin.audit.combine import Combiner
 from adwin.audit.job import AuditJob, AuditOutcome, run_audit_job
 from adwin.loop.distributed import Dist, LocalDist
 from adwin.trainer_adapters.verl.loss import verl_token_loss
-
-log = logging.getLogger(__name__)
 
 
 class UnsupportedActorEngine(ValueError):

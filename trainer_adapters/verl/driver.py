@@ -19,7 +19,6 @@ hooks): the same offers, reports, schedule, decision budget and degraded mode (a
 
 from __future__ import annotations
 
-import logging
 from collections.abc import Callable, Sequence
 from concurrent.futures import Future
 from dataclasses import dataclass, field
@@ -36,8 +35,6 @@ from adwin.trainer_adapters.asyncopd.items import StreamItem
 from adwin.trainer_adapters.hooks import ControllerWindowHooks
 from adwin.trainer_adapters.registration import check_feasible, register, resilient
 from adwin.trainer_adapters.verl.fields import check_window
-
-log = logging.getLogger(__name__)
 
 
 def verl_item(request_id: str, prompt_id: str, prompt_ids: list[int], tokens: list[int],

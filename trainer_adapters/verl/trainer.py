@@ -44,6 +44,8 @@ class AdwinRayPPOTrainer(RayPPOTrainer):
         self.adwin = VerlWindowDriver(cfg.build_controller(), cfg.run_spec(horizon), max_len=horizon,
                                       auditor=WorkerAuditor(self._adwin_audit), audit=cfg.audit,
                                       model_params=cfg.model_params, rollouts_per_step=per_step)
+        log.info("adwin: run %s, horizon %d, candidates %s, controller %s", self.adwin.run_id, horizon, cfg.candidates,
+                 cfg.controller or "embedded")
         # verl counts steps from 1; the learner version of step t's generation is t - 1 updates
         self.async_rollout_manager = AdwinRolloutManager(self.async_rollout_manager, self.adwin,
                                                          lambda: self.global_steps - 1)
