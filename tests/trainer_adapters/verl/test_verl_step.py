@@ -70,13 +70,18 @@ def _gen_batch(version: int) -> Any:
 
 
 class LocalManager:
-    """verl's agent-loop manager interface: what ``AgentLoopWorker.generate_sequences`` does with each row."""
+    """verl's agent-loop manager interface: the batch split evenly over its workers (verl's ``DataProto.chunk``, which
+    refuses an uneven split), each chunk as ``AgentLoopWorker.generate_sequences`` does it."""
 
-    def __init__(self, replica: LocalReplica, worker: Any) -> None:
+    def __init__(self, replica: LocalReplica, worker: Any, workers: int = 4) -> None:
         self.replica, self.worker, self.last = replica, worker, None
+        self.agent_loop_workers = [worker] * workers
 
     def generate_sequences(self, batch: Any) -> Any:
-        self.last = _generate(batch, self.replica, self.worker)
+        from verl import DataProto
+
+        chunks = batch.chunk(len(self.agent_loop_workers))
+        self.last = DataProto.concat([_generate(c, self.replica, self.worker) for c in chunks])
         return self.last
 
 
@@ -115,11 +120,12 @@ def setup():
 def _step(driver: VerlWindowDriver, replica: LocalReplica, worker: Any, version: int):
     """One step as ``AdwinRayPPOTrainer`` runs it: the wrapped manager generates, the actor updates, the audit runs."""
     inner = LocalManager(replica, worker)
-    train = AdwinRolloutManager(inner, driver, lambda: version).generate_sequences(_gen_batch(version))
-    _, probes = split(inner.last, ROWS)
+    manager = AdwinRolloutManager(inner, driver, lambda: version)
+    train = manager.generate_sequences(_gen_batch(version))
+    _, probes = split(manager.last_output, ROWS)
     plan = SimpleNamespace(window=int(train.non_tensor_batch["adwin_window"][0]),
-                           probes=[] if probes is None else list(range(len(probes))))
-    return plan, train, probes, items_of(inner.last, version, RESPONSE_LEN), driver.after_update(version + 1)
+                           probes=[] if probes is None else list(range(len(probes))), generated=len(inner.last))
+    return plan, train, probes, items_of(manager.last_output, version, RESPONSE_LEN), driver.after_update(version + 1)
 
 
 def test_probe_copies_reach_full_length_and_stay_out_of_the_training_rows(setup):
@@ -130,6 +136,7 @@ def test_probe_copies_reach_full_length_and_stay_out_of_the_training_rows(setup)
     assert train.batch["attention_mask"][:, lp:].sum(dim=1).tolist() == [plan.window] * ROWS
     assert len(plan.probes) == 2 and probes is not None and all(probes.non_tensor_batch[PROBE])
     assert probes.batch["attention_mask"][:, lp:].sum(dim=1).tolist() == [RESPONSE_LEN] * 2
+    assert plan.generated == 8  # 4 rows + 2 copies padded to the 4 agent-loop workers, the padding dropped after
 
 
 def test_items_carry_verls_teacher_scores_of_each_response_token(setup):
