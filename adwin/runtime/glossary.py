@@ -92,13 +92,13 @@ KEYS: dict[str, str] = {
     "window/reason": "why the controller answered that window (`initial`, `audit`, `schedule`, `fallback`, ...)",
     "window/cos_<c>": "the cosine at candidate c of the audit that decided the current window",
     "window/changes_per_audit": "audits whose decision changed the window, over all decisions so far",
-    "window/size": "the window the TRL callback / generic client applied at this step",
+    "window/size": "the window the TRL callback / generic client / verl adapter applied at this step",
     "window/rollout": "mean window of the rows TRL's async trainer trained on in the logging window (adwin's "
                       "rollout worker stamps each row with the cap it was generated under)",
     "window/bad_answers": "controller answers outside [1, max_len] so far, each refused with the window kept "
                           "(TRL async trainer)",
     "window/next": "the window the audit of this step decided for the next step (TRL callback)",
-    "window/cos@<c>": "the last audit's cosine at candidate c (generic client, TRL callback)",
+    "window/cos@<c>": "the last audit's cosine at candidate c (generic client, TRL callback, verl adapter)",
     # probe
     "probe/offered": "rollouts offered as probes this step (unfinished prefixes; finished ones per "
                      "`probes.offer_finished`)",
@@ -130,7 +130,9 @@ KEYS: dict[str, str] = {
     "probe/dropped_stale": "unfinished probes dropped past the staleness limit (e.g. after a controller outage)",
     "probe/expired": "completed probes a client forgot past the staleness limit (generic client, TRL)",
     "probe/held": "probes the generic client / TRL callback holds",
-    "probe/audits": "audits the generic client / TRL callback submitted so far",
+    "probe/audits": "audits the generic client / TRL callback / verl adapter submitted so far",
+    "probe/copies": "verl adapter: probe copies (a step's prompts again, at the horizon) its generation call carried",
+    "probe/offered_complete": "verl adapter: training rows that ended inside the window, accepted as complete probes",
     "probe/audit_s": "seconds the generic client / TRL callback spent auditing so far",
     "probe/audits_rejected": "audits of the generic client / TRL callback refused as non-finite so far",
     "probe/tokens_step": "probe tokens the TRL callback generated this step",

@@ -1,0 +1,70 @@
+"""The verl glue that needs no GPU to check: ``install`` binds the names verl's ``TaskRunner`` instantiates, and the
+actor worker's ``adwin_audit`` (registered ``ONE_TO_ALL``) audits the module its engine holds under verl's loss.
+
+Not here: verl's Ray worker group, FSDP engine and vLLM rollout (trainer_adapters/verl/gpu_recipe.sh)."""
+
+from __future__ import annotations
+
+from contextlib import nullcontext
+from types import SimpleNamespace
+
+import pytest
+
+pytest.importorskip("verl.protocol")  # not "verl": without verl, this folder is a namespace package "verl"
+
+from tiny_models import make_tiny_llama  # noqa: E402
+from verl_audit_fixtures import CANDIDATES, distillation_config, job  # noqa: E402
+
+from adwin.audit.alignment import audit  # noqa: E402
+
+
+def test_install_binds_the_trainer_and_the_actor_worker_verl_builds(monkeypatch):
+    import verl.trainer.main_ppo_v0 as v0
+    import verl.workers.engine_workers as workers
+
+    from adwin.trainer_adapters.verl.actor import AdwinActorRolloutRefWorker
+    from adwin.trainer_adapters.verl.trainer import AdwinRayPPOTrainer, install
+
+    monkeypatch.setattr(v0, "RayPPOTrainer", v0.RayPPOTrainer)  # restored after the test
+    monkeypatch.setattr(workers, "ActorRolloutRefWorker", workers.ActorRolloutRefWorker)
+    install()
+    assert v0.RayPPOTrainer is AdwinRayPPOTrainer and workers.ActorRolloutRefWorker is AdwinActorRolloutRefWorker
+    from verl.experimental.agent_loop.agent_loop import _agent_loop_registry
+
+    assert "adwin" in _agent_loop_registry
+
+
+def test_the_worker_method_is_dispatched_to_every_rank():
+    from verl.single_controller.base.decorator import MAGIC_ATTR, Dispatch
+
+    from adwin.trainer_adapters.verl.actor import AdwinActorRolloutRefWorker
+
+    attrs = getattr(AdwinActorRolloutRefWorker.adwin_audit, MAGIC_ATTR)
+    assert attrs["dispatch_mode"] == Dispatch.ONE_TO_ALL
+
+
+def _worker(module, *, enabled=True, sp=1):
+    from adwin.trainer_adapters.verl.actor import AdwinActorRolloutRefWorker
+
+    w = object.__new__(AdwinActorRolloutRefWorker)  # the attributes verl's init_model leaves, without Ray
+    engine = SimpleNamespace(module=module, optimizer=None, eval_mode=nullcontext, ulysses_sequence_parallel_size=sp,
+                             get_data_parallel_rank=lambda: 0, get_data_parallel_size=lambda: 1,
+                             get_data_parallel_group=lambda: None)
+    w.actor, w.distillation_enabled, w.distillation_config = SimpleNamespace(engine=engine), enabled, distillation_config()
+    return w
+
+
+@pytest.mark.numerics
+def test_adwin_audit_audits_the_engines_module_under_verls_loss():
+    outcome = _worker(make_tiny_llama(seed=0)).adwin_audit(job())
+    ours = audit(make_tiny_llama(seed=0), job().batch, CANDIDATES, macro=False)
+    for c in CANDIDATES:
+        assert outcome.result.cosines[c] == pytest.approx(ours.cosines[c], abs=1e-6)
+
+
+@pytest.mark.parametrize("kw", [{"enabled": False}, {"sp": 2}])
+def test_adwin_audit_refuses_what_it_cannot_differentiate(kw):
+    from adwin.trainer_adapters.verl.actor import UnsupportedActorEngine
+
+    with pytest.raises(UnsupportedActorEngine):
+        _worker(make_tiny_llama(seed=0), **kw).adwin_audit(job())

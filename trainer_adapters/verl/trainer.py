@@ -1,0 +1,74 @@
+"""verl's synchronous PPO trainer with adwin: ``AdwinRayPPOTrainer`` and ``install``, which puts it in place.
+
+verl 0.9.1's DataProto trainer (``verl.trainer.ppo.ray_trainer.RayPPOTrainer``, ``trainer.use_v1=false``) with three
+additions, each at a method verl's own recipes override:
+
+* ``init_workers``: after verl built its workers, the driver (``VerlWindowDriver``: the controller named by the
+  config's ``adwin`` section, embedded or remote) and the rollout wrapper (``AdwinRolloutManager``) around verl's
+  agent-loop manager; the actor's audit call is the worker method ``adwin_audit`` (``actor.py``);
+* ``_update_actor``: after verl's update, a ready probe batch is audited in the actor and submitted, and the
+  ``window/*``, ``probe/*``, ``audit/*``, ``controller/*`` metrics join the step's.
+
+``install()`` (a Ray ``worker_process_setup_hook``) makes verl's own launcher build these: in every Ray worker
+process it registers the ``adwin`` agent loop and binds ``verl.trainer.main_ppo_v0.RayPPOTrainer`` to ``AdwinRayPPOTrainer`` and
+``verl.workers.engine_workers.ActorRolloutRefWorker`` to ``AdwinActorRolloutRefWorker``, the two names verl's
+``TaskRunner`` instantiates. docs/adapters.md has the launch line. Not run here: it needs GPUs
+(``trainer_adapters/verl/gpu_recipe.sh``, not yet run).
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+from omegaconf import OmegaConf
+from verl.trainer.ppo.ray_trainer import RayPPOTrainer
+
+from adwin.trainer_adapters.verl.actor import AdwinActorRolloutRefWorker
+from adwin.trainer_adapters.verl.driver import VerlWindowDriver, WorkerAuditor
+from adwin.trainer_adapters.verl.rollout import AdwinRolloutManager
+from adwin.trainer_adapters.verl.settings import adwin_config
+
+log = logging.getLogger(__name__)
+
+
+class AdwinRayPPOTrainer(RayPPOTrainer):
+    """See the module docstring."""
+
+    def init_workers(self) -> None:
+        super().init_workers()
+        section = OmegaConf.to_container(self.config.get("adwin"), resolve=True) if "adwin" in self.config else {}
+        cfg = adwin_config(section)  # type: ignore[arg-type]
+        horizon = int(self.config.actor_rollout_ref.rollout.response_length)
+        per_step = int(self.config.data.train_batch_size) * int(self.config.actor_rollout_ref.rollout.n)
+        self.adwin = VerlWindowDriver(cfg.build_controller(), cfg.run_spec(horizon), max_len=horizon,
+                                      auditor=WorkerAuditor(self._adwin_audit), audit=cfg.audit,
+                                      model_params=cfg.model_params, rollouts_per_step=per_step)
+        log.info("adwin: run %s, horizon %d, candidates %s, controller %s", self.adwin.run_id, horizon, cfg.candidates,
+                 cfg.controller or "embedded")
+        # verl counts steps from 1; the learner version of step t's generation is t - 1 updates
+        self.async_rollout_manager = AdwinRolloutManager(self.async_rollout_manager, self.adwin,
+                                                         lambda: self.global_steps - 1)
+
+    def _adwin_audit(self, job: Any) -> Any:
+        return self.actor_rollout_wg.adwin_audit(job)[0]  # ONE_TO_ALL: every rank's outcome, all the same
+
+    def _update_actor(self, batch: Any) -> Any:
+        out = super()._update_actor(batch)
+        metrics = self.adwin.after_update(self.global_steps, last=self.global_steps >= self.total_training_steps)
+        metrics |= self.async_rollout_manager.last_metrics | self.adwin.metrics()
+        out.meta_info["metrics"].update(metrics)
+        self.adwin.on_step(self.global_steps - 1, metrics)
+        return out
+
+
+def install() -> None:
+    """Ray ``worker_process_setup_hook``: verl's ``TaskRunner`` then builds adwin's trainer and actor worker, and
+    every agent-loop worker finds ``adwin`` in verl's agent-loop registry."""
+    import verl.trainer.main_ppo_v0 as v0
+    import verl.workers.engine_workers as workers
+
+    import adwin.trainer_adapters.verl.agent_loop  # noqa: F401  (registers the agent loop)
+
+    v0.RayPPOTrainer = AdwinRayPPOTrainer
+    workers.ActorRolloutRefWorker = AdwinActorRolloutRefWorker
