@@ -11,14 +11,17 @@ from typing import Any
 
 import numpy as np
 
+from adwin.trainer_adapters.hooks import BadWindowAnswer
+
 MAX_TOKENS = "adwin_max_tokens"  # the response cap of this request: the window, or the horizon for a probe
 PROBE = "adwin_probe"  # True on a probe row: generated to the horizon, audited, never trained on
 WINDOW = "adwin_window"  # the window in force when the row was planned (a probe's too)
 REQUEST = "adwin_request"  # the row's request id (a probe copy's is its probe id)
 
 
-class BadWindow(ValueError):
-    """A window that cannot cap a verl request: not an integer in ``[1, response_length]``."""
+# one type for a window no request can be capped at, whether the controller answered it (the hooks refuse it) or
+# a row carries it to the agent loop
+BadWindow = BadWindowAnswer
 
 
 def check_window(window: Any, max_len: int, *, what: str = "window") -> int:
