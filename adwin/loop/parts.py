@@ -30,8 +30,8 @@ from adwin.sampling.data import (
     match_answer,
 )
 from adwin.sampling.lora import apply_lora, trainable_parameters
-from adwin.sampling.served_teacher import ServedTeachers
-from adwin.sampling.teacher import EngineTeachers, Teachers, load_model, load_teachers, load_tokenizer
+from adwin.teacher.local import EngineTeachers, Teachers, load_model, load_teachers, load_tokenizer
+from adwin.teacher.served import ServedTeachers
 
 
 @dataclass

@@ -38,8 +38,8 @@ from adwin.objectives.losses import (
 from adwin.runtime.guards import is_finite
 from adwin.sampling.lora import trainable_parameters
 from adwin.sampling.rollout import response_values
-from adwin.sampling.served_teacher import ServedTeachers
-from adwin.sampling.teacher import EngineTeachers, Teachers
+from adwin.teacher.local import EngineTeachers, Teachers
+from adwin.teacher.served import ServedTeachers
 
 log = logging.getLogger(__name__)
 

@@ -24,9 +24,9 @@ from typing import Any
 import httpx
 import torch
 
-from adwin.backends.teacher_client import ClientSettings, TeacherClient, TeacherRefused, collect
-from adwin.backends.teacher_protocol import ScoredRow, unpadded
-from adwin.sampling.teacher import TokenizerMismatch, one_per_checkpoint, route_of
+from adwin.teacher.client import ClientSettings, TeacherClient, TeacherRefused, collect
+from adwin.teacher.local import TokenizerMismatch, one_per_checkpoint, route_of
+from adwin.teacher.protocol import ScoredRow, unpadded
 
 log = logging.getLogger(__name__)
 

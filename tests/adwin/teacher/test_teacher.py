@@ -10,8 +10,8 @@ from transformers import AutoTokenizer
 
 from adwin.objectives.losses import token_logprobs
 from adwin.sampling.rollout import layout
-from adwin.sampling.teacher import Teachers, TokenizerMismatch, UnknownTeacher, check_tokenizers
 from adwin.tasks.tokenizer import build_tokenizer
+from adwin.teacher.local import Teachers, TokenizerMismatch, UnknownTeacher, check_tokenizers
 
 
 def _rows() -> tuple[torch.Tensor, torch.Tensor]:

@@ -3,7 +3,7 @@ logprobs for the sampled reverse-KL estimators (``reverse_kl_pg``; ``reverse_kl_
 actions that are not in the sequence, which ``prompt_logprobs`` cannot give: score those with the HF teacher).
 
 ``VLLMTeacher.score_rows`` scores whole right-padded rows for ``model.teacher_backend: vllm``
-(``adwin.sampling.teacher.EngineTeachers``).
+(``adwin.teacher.local.EngineTeachers``).
 
 UNTESTED ON HARDWARE (no GPU while writing it); ``scores_to_tensors`` and the parsing are unit-tested on
 CPU with stand-in outputs. One request per sequence (prompt + response) with ``max_tokens=1`` and
@@ -23,8 +23,8 @@ from typing import Any
 import torch
 
 from adwin.backends import require_vllm
-from adwin.backends.teacher_protocol import unpadded
 from adwin.backends.vllm_rollout import engine_kwargs
+from adwin.teacher.protocol import unpadded
 
 
 @dataclass

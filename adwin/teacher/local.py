@@ -5,7 +5,7 @@ logits at ``i - 1`` (``adwin.objectives.losses.token_logprobs``). OPD compares s
 token, so every teacher must share the student's tokenizer; ``check_tokenizers`` refuses a mismatch at
 start-up instead of producing silently wrong losses. ``model.teacher_backend: vllm`` scores with vLLM
 prompt logprobs instead (``EngineTeachers``: realized tokens only), ``server`` over HTTP
-(``adwin.sampling.served_teacher``: realized tokens and top-k).
+(``adwin.teacher.served``: realized tokens and top-k).
 """
 
 from __future__ import annotations
@@ -16,11 +16,11 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from adwin.backends.teacher_client import ClientSettings
 from adwin.objectives.losses import token_logprobs
+from adwin.teacher.client import ClientSettings
 
 if TYPE_CHECKING:
-    from adwin.sampling.served_teacher import ServedTeachers
+    from adwin.teacher.served import ServedTeachers
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
@@ -197,7 +197,7 @@ class EngineTeachers:
         folders' tokenizer and config files: no weights are loaded before the check)."""
         from transformers import AutoConfig
 
-        from adwin.backends.vllm_teacher import VLLMTeacher
+        from adwin.teacher.vllm import VLLMTeacher
 
         sizes = {k: int(AutoConfig.from_pretrained(str(p)).vocab_size) for k, p in paths.items()}
         check_tokenizers(student_tok, teacher_tokenizers(paths), student_vocab_size, sizes)
@@ -229,7 +229,7 @@ def load_teachers(backend: str, paths: Mapping[str, str | Path], student_tok: ob
     """The teachers ``model.teacher_backend`` names (``hf``: transformers models on ``device``; ``server``:
     ``paths`` are server URLs, talked to with ``client``)."""
     if backend == "server":
-        from adwin.sampling.served_teacher import ServedTeachers
+        from adwin.teacher.served import ServedTeachers
 
         return ServedTeachers.load({k: str(u) for k, u in paths.items()}, student_tok, student_vocab_size,
                                    client or ClientSettings(), context=max_model_len, check_tokenizer=check_tokenizer)
