@@ -133,7 +133,7 @@ def main(args: argparse.Namespace) -> int:
 
     from adwin import tasks
     from adwin.controller.serve import spawn_service
-    from adwin.teacher.local import load_tokenizer
+    from adwin.teacher.checkpoints import load_tokenizer
 
     if args.steps < 2:
         raise ValueError(f"--steps must be at least 2 (the first step is not timed), got {args.steps}")

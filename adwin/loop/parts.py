@@ -30,8 +30,8 @@ from adwin.sampling.data import (
     match_answer,
 )
 from adwin.sampling.lora import apply_lora, trainable_parameters
-from adwin.teacher.local import EngineTeachers, Teachers, load_model, load_teachers, load_tokenizer
-from adwin.teacher.served import ServedTeachers
+from adwin.teacher.checkpoints import load_model, load_tokenizer
+from adwin.teacher.load import AnyTeachers, load_teachers
 
 
 @dataclass
@@ -40,7 +40,7 @@ class Parts:
 
     student: torch.nn.Module
     tokenizer: Any
-    teachers: Teachers | EngineTeachers | ServedTeachers  # model.teacher_backend
+    teachers: AnyTeachers  # model.teacher_backend
     train_prompts: TrainPrompts
     eval_prompts: list[Prompt]
     checker: Callable[[str, str], bool]

@@ -25,8 +25,9 @@ from adwin.loop.parts import load_parts
 from adwin.loop.probe_rounds import RoundExtender
 from adwin.loop.sampler import Sampler
 from adwin.loop.trainer import train
-from adwin.teacher.local import EngineTeachers, Teachers, load_model
-from adwin.teacher.vllm import VLLMTeacher
+from adwin.teacher.checkpoints import load_model
+from adwin.teacher.local import Teachers
+from adwin.teacher.vllm import EngineTeachers, VLLMTeacher
 
 
 def _vllm_run(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, **extra: object):

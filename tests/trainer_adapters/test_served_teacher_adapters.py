@@ -14,7 +14,7 @@ from trainer_fixtures import save_tiny, tiny_overrides
 from adwin.config import load_config
 from adwin.controller import Controller
 from adwin.tasks.tokenizer import build_tokenizer
-from adwin.teacher.local import load_model
+from adwin.teacher.checkpoints import load_model
 from adwin.trainer_adapters.asyncopd.run import run_asyncopd
 from adwin.trainer_adapters.generic import served_scorer, teacher_scorer
 

@@ -40,7 +40,7 @@ def build_pair(folder: Path, shape: dict[str, Any], dtype: str, seed: int = 0) -
     from transformers import LlamaConfig, LlamaForCausalLM
 
     from adwin.tasks.tokenizer import build_tokenizer
-    from adwin.teacher.local import DTYPES
+    from adwin.teacher.checkpoints import DTYPES
 
     student, teacher = folder / "student", folder / "teacher"
     spec = {"shape": shape, "dtype": dtype, "seed": seed, "teacher_noise": TEACHER_NOISE}

@@ -17,8 +17,9 @@ from trainer_fixtures import save_tiny
 from adwin.controller.app import serve_app_in_thread
 from adwin.objectives.losses import topk_logprobs
 from adwin.tasks.tokenizer import build_tokenizer
+from adwin.teacher.checkpoints import TokenizerMismatch
 from adwin.teacher.client import ClientSettings
-from adwin.teacher.local import Teachers, TokenizerMismatch
+from adwin.teacher.local import Teachers
 from adwin.teacher.protocol import TeacherAnswerError
 from adwin.teacher.served import ServedTeachers, probe_ids
 from adwin.teacher_server.app import create_app
