@@ -21,8 +21,8 @@ LAYERS: list[tuple[str, ...]] = [
     # math of the losses; engines, FSDP, a model's structure; the student's decode engine (token sampler, KV-cache
     # and static-cache paths)
     ("adwin.objectives", "adwin.backends", "adwin.decode"),
-    # alignment audit; window policies; rollouts, prompts; the teacher's scorers; the built-in tasks (whose
-    # prompts the sampling package serves, and whose prepare measures accuracy with the evaluation's sampler)
+    # alignment audit; window policies; rollouts, prompts; the teacher's scorers; the built-in tasks (which serve
+    # their prompts as the sampling package's, and whose prepare measures accuracy with the evaluation's sampler)
     ("adwin.audit", "adwin.policies", "adwin.sampling", "adwin.teacher", "adwin.tasks"),
     ("adwin.config", "adwin.configs"),  # pydantic models of a run; the YAML presets
     ("adwin.controller", "adwin.teacher_server"),  # the HTTP services: controller, teacher server

@@ -18,18 +18,16 @@ from adwin.controller.api import ControllerAPI
 from adwin.controller.schemas import PolicyIn, RunIn
 from adwin.runtime.metrics_log import ControllerLogger, JsonlLogger, MultiLogger, StdoutLogger, WandbLogger
 from adwin.sampling.data import (
-    BuiltinPrompts,
     Prompt,
     PromptStream,
     TrainPrompts,
-    builtin_checker,
-    builtin_prompts,
     check_context,
     check_routes,
     load_jsonl,
     match_answer,
 )
 from adwin.sampling.lora import apply_lora, trainable_parameters
+from adwin.tasks.prompts import BuiltinPrompts, builtin_checker, builtin_prompts
 from adwin.teacher.checkpoints import load_model, load_tokenizer
 from adwin.teacher.load import AnyTeachers, load_teachers
 
