@@ -41,7 +41,6 @@ from adwin.audit.budget import DecisionBudget
 from adwin.audit.errors import is_non_finite_audit
 from adwin.audit.job import AuditOutcome, AuditSettings
 from adwin.audit.schedule import AuditSchedule
-from adwin.backends.teacher_client import TeacherUnavailable
 from adwin.controller.api import ControllerAPI, ProbeConflict
 from adwin.controller.schemas import (
     AuditIn,
@@ -65,6 +64,7 @@ from adwin.probes.expiry import drop_overstale, evict_expired
 from adwin.probes.offers import OFFER_FINISHED, is_complete, offer_indices
 from adwin.probes.pool import Probe, ProbePool, Score
 from adwin.probes.pooling import Held, dispatch_held
+from adwin.teacher.client import TeacherUnavailable
 
 log = logging.getLogger(__name__)
 

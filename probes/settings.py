@@ -102,7 +102,7 @@ def run_decision_budget(cfg: TrainConfig, student: Any, teachers: Any, *, drift:
 
 def configure_audits(client: ProbeClient, cfg: TrainConfig, teachers: Any, *, pad_id: int, student: Any,
                      drift: bool = True) -> None:
-    """Give ``client`` the run's audit: settings, schedule, the teacher (``adwin.sampling.teacher.Teachers``) for
+    """Give ``client`` the run's audit: settings, schedule, the teacher (``adwin.teacher.local.Teachers``) for
     probes no teacher stage scored, the drift diagnostics when the teacher has full logits and ``drift``
     (one process logs them), and the decision budget (``audit.budget``; FLOPs from ``student``'s and the
     teachers' parameter counts). The same for the sync trainer and the AsyncOPD run."""

@@ -22,7 +22,7 @@ def tiny_llama():
 # The packages whose tests compare numbers (losses, gradients, audit cosines, logprobs, decoded tokens): their
 # results depend on the CPU's float kernels, so .ci/run runs them again under each ATEN_CPU_CAPABILITY
 # (tests/numerics.py says what each parity test promises). A test elsewhere opts in with @pytest.mark.numerics.
-NUMERIC_PACKAGES = ("adwin/audit", "adwin/loop", "adwin/objectives", "adwin/sampling")
+NUMERIC_PACKAGES = ("adwin/audit", "adwin/loop", "adwin/objectives", "adwin/sampling", "adwin/teacher")
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:

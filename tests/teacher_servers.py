@@ -40,7 +40,7 @@ def served(model: str | Path, *extra: str) -> Iterator[str]:
 def in_thread(model: str | Path, name: str = "teacher", port: int = 0, **batching: object) -> Iterator[str]:
     """The same server in this process (uvicorn on a thread): cheaper to start than a child process."""
     from adwin.controller.app import serve_app_in_thread
-    from adwin.sampling.teacher import load_model, load_tokenizer
+    from adwin.teacher.checkpoints import load_model, load_tokenizer
     from adwin.teacher_server.app import create_app
     from adwin.teacher_server.service import TeacherService
 

@@ -35,7 +35,6 @@ import torch
 from adwin.audit.alignment import ProbeBatch
 from adwin.audit.budget import DecisionBudget
 from adwin.audit.job import AuditJob, AuditSettings
-from adwin.backends.teacher_client import ClientSettings
 from adwin.config import AuditConfig
 from adwin.controller.api import ControllerAPI
 from adwin.controller.schemas import AuditOut, ProbeOut, ProbePlanOut, ProbeReportIn, RunIn, StepMetricsIn
@@ -49,7 +48,8 @@ from adwin.probes.pool import Extension, Probe, ProbePool, probe_batch
 from adwin.probes.settings import audit_schedule, audit_settings, decision_budget
 from adwin.probes.workers import InlineWorker
 from adwin.runtime.resilient_controller import controller_metrics, drain_controller
-from adwin.sampling.served_teacher import ServedTeachers
+from adwin.teacher.client import ClientSettings
+from adwin.teacher.served import ServedTeachers
 from adwin.trainer_adapters.registration import check_feasible, register, resilient
 
 Extend = Callable[[list[list[int]], list[int]], tuple[list[list[int]], list[bool]]]

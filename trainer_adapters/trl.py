@@ -68,7 +68,6 @@ from typing import Any
 
 from transformers import TrainerCallback, TrainerControl, TrainerState, TrainingArguments
 
-from adwin.backends.teacher_client import ClientSettings
 from adwin.config import AuditConfig
 from adwin.controller.api import ControllerAPI
 from adwin.controller.schemas import AuditOut, PolicyIn, RunIn
@@ -76,6 +75,7 @@ from adwin.decode.static_cache import CompileSetting
 from adwin.probes.offers import OFFER_FINISHED
 from adwin.probes.settings import param_count, trainable_count
 from adwin.runtime.resilient_controller import controller_metrics
+from adwin.teacher.client import ClientSettings
 from adwin.trainer_adapters.generic import WindowClient, hf_extender
 from adwin.trainer_adapters.trl_async_driver import AsyncDriver
 from adwin.trainer_adapters.trl_teacher import ProbeTeacher, check_trainer, probe_teacher

@@ -29,8 +29,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from adwin.backends.teacher_client import ClientSettings
 from adwin.probes.settings import param_count
+from adwin.teacher.client import ClientSettings
 from adwin.trainer_adapters.generic import Score, served_scorer, teacher_scorer
 from adwin.trainer_adapters.trl_async import AdwinRolloutWorker
 

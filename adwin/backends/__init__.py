@@ -7,8 +7,7 @@ config asking for an engine this machine cannot run into one clear error naming 
   rollouts, the remaining budget for probe extension), behavior logprobs, weight sync into the engine
   after each optimizer step. The synchronous trainer's engine (``adwin.decode.engine``) and the AsyncOPD
   ``StreamingEngine`` (``adwin.trainer_adapters.asyncopd.vllm``) sit on top of it.
-- ``vllm_teacher``: teacher scoring with ``prompt_logprobs`` (top-k) for ``forward_kl_topk``, or the
-  realized tokens' logprobs for the sampled reverse-KL estimators (``model.teacher_backend: vllm``).
+  The teacher's vLLM scorer (``adwin.teacher.vllm``) shares its engine arguments.
 - ``logprob_gap``: the train-rollout logprob gap diagnostic (pure torch).
 
 Status: the vLLM code paths are untested on hardware (no GPU was available while writing them); the

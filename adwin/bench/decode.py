@@ -76,8 +76,8 @@ def measure_evaluation(model: torch.nn.Module, tokenizer: Any, rows: int, repeat
     """Compact evaluation on the built-in task's held-out problems (rows stop at their own EOS, 320 tokens at
     most): eager against compiled with stopped rows masked and compiled with the live rows shrunk to buckets.
     Seconds per call (median, alternating), after one untimed compiled call of each kind."""
-    from adwin.sampling.data import builtin_prompts
     from adwin.sampling.rollout import encode_prompts, eos_ids, pad_id_of
+    from adwin.tasks.prompts import builtin_prompts
 
     eos = eos_ids(model, tokenizer)
     pad = pad_id_of(tokenizer, eos)

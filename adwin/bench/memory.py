@@ -137,7 +137,7 @@ def _student_builder(setup: Setup, cfg: Any, device: str) -> Callable[[str], Any
     from transformers import AutoConfig, AutoModelForCausalLM, LlamaConfig
 
     from adwin.loop.parts import builtin_assets, student_paths
-    from adwin.sampling.teacher import DTYPES, load_model
+    from adwin.teacher.checkpoints import DTYPES, load_model
 
     assets = builtin_assets(cfg, setup.profile) if cfg.model.student == "builtin" else None
     path, _ = student_paths(cfg, assets)

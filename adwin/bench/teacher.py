@@ -89,7 +89,7 @@ def throughput(url: str, clients: int, args: argparse.Namespace, vocab: int) -> 
     """Prompt tokens scored per second by ``clients`` concurrent clients (each its own ``TeacherClient``)."""
     import httpx
 
-    from adwin.backends.teacher_client import ClientSettings, TeacherClient
+    from adwin.teacher.client import ClientSettings, TeacherClient
 
     rng = random.Random(clients)
     seqs = [[rng.randrange(3, vocab) for _ in range(args.tokens)] for _ in range(args.rows)]
@@ -133,7 +133,7 @@ def main(args: argparse.Namespace) -> int:
 
     from adwin import tasks
     from adwin.controller.serve import spawn_service
-    from adwin.sampling.teacher import load_tokenizer
+    from adwin.teacher.checkpoints import load_tokenizer
 
     if args.steps < 2:
         raise ValueError(f"--steps must be at least 2 (the first step is not timed), got {args.steps}")

@@ -8,9 +8,9 @@ from typing import TYPE_CHECKING, Literal
 
 from pydantic import Field
 
-from adwin.backends.teacher_client import ClientSettings, split_url
 from adwin.config.base import _Strict
 from adwin.objectives.loss_table import LOSSES, losses_where
+from adwin.teacher.client import ClientSettings, split_url
 
 if TYPE_CHECKING:
     from adwin.config.run import TrainConfig

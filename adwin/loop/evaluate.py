@@ -20,7 +20,6 @@ import numpy as np
 import torch
 
 from adwin.backends.fsdp import full_weights
-from adwin.backends.teacher_client import TeacherUnavailable
 from adwin.config import TrainConfig
 from adwin.decode.engine import HFEngine
 from adwin.loop.distributed import LocalDist
@@ -30,6 +29,7 @@ from adwin.loop.sharding import seeds_for
 from adwin.objectives.losses import token_logprobs
 from adwin.sampling.compact import generate_compacting
 from adwin.sampling.rollout import encode_prompts, layout
+from adwin.teacher.client import TeacherUnavailable
 
 log = logging.getLogger(__name__)
 

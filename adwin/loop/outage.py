@@ -16,7 +16,6 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from adwin.backends.teacher_client import TeacherUnavailable
 from adwin.config import TrainConfig
 from adwin.loop.distributed import LocalDist
 from adwin.loop.parts import Parts
@@ -24,7 +23,8 @@ from adwin.loop.sampler import Batch
 from adwin.loop.step import TeacherSignal, score_teacher
 from adwin.runtime.checkpoint import rng_state, set_rng_state
 from adwin.runtime.guards import TeacherOutage
-from adwin.sampling.served_teacher import ServedTeachers
+from adwin.teacher.client import TeacherUnavailable
+from adwin.teacher.served import ServedTeachers
 
 
 @dataclass

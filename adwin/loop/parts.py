@@ -18,20 +18,18 @@ from adwin.controller.api import ControllerAPI
 from adwin.controller.schemas import PolicyIn, RunIn
 from adwin.runtime.metrics_log import ControllerLogger, JsonlLogger, MultiLogger, StdoutLogger, WandbLogger
 from adwin.sampling.data import (
-    BuiltinPrompts,
     Prompt,
     PromptStream,
     TrainPrompts,
-    builtin_checker,
-    builtin_prompts,
     check_context,
     check_routes,
     load_jsonl,
     match_answer,
 )
 from adwin.sampling.lora import apply_lora, trainable_parameters
-from adwin.sampling.served_teacher import ServedTeachers
-from adwin.sampling.teacher import EngineTeachers, Teachers, load_model, load_teachers, load_tokenizer
+from adwin.tasks.prompts import BuiltinPrompts, builtin_checker, builtin_prompts
+from adwin.teacher.checkpoints import load_model, load_tokenizer
+from adwin.teacher.load import AnyTeachers, load_teachers
 
 
 @dataclass
@@ -40,7 +38,7 @@ class Parts:
 
     student: torch.nn.Module
     tokenizer: Any
-    teachers: Teachers | EngineTeachers | ServedTeachers  # model.teacher_backend
+    teachers: AnyTeachers  # model.teacher_backend
     train_prompts: TrainPrompts
     eval_prompts: list[Prompt]
     checker: Callable[[str, str], bool]

@@ -37,7 +37,6 @@ from adwin.probes.executors import build_executor
 from adwin.probes.pool import Probe, ProbePool
 from adwin.probes.riding import RidingWorker
 from adwin.probes.settings import configure_audits
-from adwin.sampling.rollout import eos_ids, pad_id_of
 
 
 @dataclass
@@ -157,8 +156,8 @@ def open_probe_side(cfg: TrainConfig, controller: ControllerAPI, run_id: str, pa
                                      ray_address=p.ray_address, ray_num_cpus=p.ray_num_cpus,
                                      fault_policy=p.fault_policy, max_reissues=p.max_reissues, optimizer=optimizer,
                                      rider=side.rider, compile=r.compile)
-    configure_audits(client, cfg, parts.teachers, pad_id=pad_id_of(parts.tokenizer, eos_ids(parts.student, parts.tokenizer)),
-                     student=parts.student, drift=dist.is_main)  # drift/*: rank 0's (it alone logs)
+    configure_audits(client, cfg, parts.teachers, pad_id=gen.pad, student=parts.student,
+                     drift=dist.is_main)  # drift/*: rank 0's (it alone logs)
     if dist.world > 1:
         client.settings.extra["combine"] = dist
     if cfg.audit.metric == "adam" and p.backend not in IN_STEP_BACKENDS:  # those read the optimizer itself

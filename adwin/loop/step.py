@@ -38,8 +38,7 @@ from adwin.objectives.losses import (
 from adwin.runtime.guards import is_finite
 from adwin.sampling.lora import trainable_parameters
 from adwin.sampling.rollout import response_values
-from adwin.sampling.served_teacher import ServedTeachers
-from adwin.sampling.teacher import EngineTeachers, Teachers
+from adwin.teacher.load import AnyTeachers
 
 log = logging.getLogger(__name__)
 
@@ -53,7 +52,7 @@ class TeacherSignal:
     topk_logprobs: torch.Tensor | None = None  # (B, L, k)
 
 
-def score_teacher(teachers: Teachers | EngineTeachers | ServedTeachers, batch: Batch, cfg: TrainConfig) -> TeacherSignal:
+def score_teacher(teachers: AnyTeachers, batch: Batch, cfg: TrainConfig) -> TeacherSignal:
     """Realized-token logprobs always; full logits or top-k only when the configured loss needs them.
 
     The teacher runs one micro-batch of ``optim.micro_batch_size`` rows at a time and only what the loss

@@ -1,4 +1,4 @@
-"""Prompt sources for the trainer: the built-in task or a JSONL file.
+"""Prompt sources for the trainer: a JSONL file here; the built-in task's in ``adwin.tasks.prompts``.
 
 A JSONL line is an object with ``prompt`` (str), optional ``answer`` (str) and an optional routing key
 (``data.route_key``, default ``teacher``) naming the teacher that scores the sample.
@@ -16,11 +16,10 @@ Bad input, each with one defined behaviour (docs/reliability.md), all before any
 
 from __future__ import annotations
 
-import itertools
 import json
 import random
 import re
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
@@ -79,17 +78,6 @@ def _parse_record(line: str, path: Path, lineno: int, route_key: str) -> Prompt:
                   source=where)
 
 
-def builtin_prompts(n: int, seed: int, split: str, task: str = "chain") -> list[Prompt]:
-    """Problems of a built-in task (``adwin.tasks.suite``), deterministic in ``seed``; every task draws
-    the same problems (``chain-late`` skips the longest chains), its own answers."""
-    from adwin.tasks.suite import get_task
-
-    return [
-        Prompt(id=s.id, prompt=s.prompt, answer=s.answer, route=s.route)
-        for s in get_task(task).samples(n, seed=seed, split=split)
-    ]
-
-
 class TrainPrompts(Protocol):
     """Where a run's training prompts come from. Its contents must not depend on the run's length, so
     ``adwin train --resume RUN --steps N`` extends a run with the prompts a straight N-step run gets."""
@@ -105,7 +93,8 @@ class TrainPrompts(Protocol):
     def load_state_dict(self, state: dict[str, Any]) -> None: ...
 
 
-def _check_kind(state: dict[str, Any], kind: str) -> None:
+def check_stream_kind(state: dict[str, Any], kind: str) -> None:
+    """Refuse a stream's state saved by a stream of another kind (``kind``: what this stream is)."""
     got = state.get("kind", "shuffled")  # checkpoints written before the built-in stream existed
     if got != kind:
         raise DataError(f"prompt stream state is of a {got!r} stream, this run's prompts are a {kind!r} stream "
@@ -144,61 +133,12 @@ class PromptStream:
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Continue where ``state_dict`` left off (same prompts: the size must match)."""
-        _check_kind(state, "shuffled")
+        check_stream_kind(state, "shuffled")
         if state.get("size", len(self._prompts)) != len(self._prompts):
             raise DataError(f"prompt stream state is for {state['size']} prompts, this source has {len(self._prompts)}")
         self._order = list(state["order"])
         self.epoch = int(state["epoch"])
         self._rng.setstate(state["rng"])
-
-
-class BuiltinPrompts:
-    """The built-in task's training prompts: the seed's endless sequence of i.i.d. problems
-    (``adwin.tasks.iter_samples``), served in order. No pool sized by the run's steps, so a run extended
-    with ``--resume --steps`` sees exactly the problems a straight run of the new length sees; the state is
-    how many were served."""
-
-    def __init__(self, seed: int, task: str = "chain") -> None:
-        self.seed = seed
-        self.task = task
-        self.served = 0
-        self._it = self._samples()
-
-    def _samples(self) -> Iterator[Prompt]:
-        from adwin.tasks.suite import get_task
-
-        return (Prompt(id=s.id, prompt=s.prompt, answer=s.answer, route=s.route)
-                for s in get_task(self.task).iter_samples(self.seed, "train"))
-
-    def next_batch(self, n: int) -> list[Prompt]:
-        self.served += n
-        return list(itertools.islice(self._it, n))
-
-    def route_examples(self) -> list[Prompt]:
-        from adwin import tasks
-
-        # routes alternate in the stream; a task that skips some problems may break the alternation
-        return list(itertools.islice(self._samples(), 8 * len(tasks.ROUTES)))
-
-    def state_dict(self) -> dict[str, Any]:
-        return {"kind": "builtin", "seed": self.seed, "task": self.task, "served": self.served}
-
-    def load_state_dict(self, state: dict[str, Any]) -> None:
-        _check_kind(state, "builtin")
-        if int(state["seed"]) != self.seed:
-            raise DataError(f"prompt stream state is for seed {state['seed']}, this run's seed is {self.seed}")
-        if state.get("task", "chain") != self.task:
-            raise DataError(f"prompt stream state is for task {state.get('task', 'chain')!r}, this run's task is "
-                            f"{self.task!r} (data.builtin_task)")
-        self.served = int(state["served"])
-        self._it = itertools.islice(self._samples(), self.served, None)
-
-
-def builtin_checker() -> Callable[[str, str], bool]:
-    """The built-in task's answer checker."""
-    from adwin.tasks import check_answer
-
-    return check_answer
 
 
 _NUMBER = re.compile(r"-?\d+(?:\.\d+)?")

@@ -73,7 +73,7 @@ class ErrorOut(BaseModel):
 
 
 def error_body(status: int, message: str, param: str | None = None) -> dict[str, Any]:
-    """OpenAI's error shape (``ErrorOut``; ``adwin.backends.teacher_client.error_detail`` reads it)."""
+    """OpenAI's error shape (``ErrorOut``; ``adwin.teacher.client.error_detail`` reads it)."""
     return {"error": {"message": message, "type": ERROR_TYPES.get(status, "InternalServerError"), "param": param,
                       "code": status}}
 

@@ -1,7 +1,7 @@
 """The teacher server's compute: one transformers model scoring token sequences, behind a dynamic batcher.
 
 ``Scorer.score`` runs one forward over right-padded rows and reads, for every position, the log-probability of the
-realized token (``log_softmax`` of the raw logits, as ``adwin.sampling.teacher.Teachers.score`` computes it), its
+realized token (``log_softmax`` of the raw logits, as ``adwin.teacher.local.Teachers.score`` computes it), its
 rank, and the top-k; the last position's distribution gives the next token (``max_tokens: 1``: the argmax, the
 server scores and does not sample).
 

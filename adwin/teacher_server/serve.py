@@ -70,7 +70,7 @@ def build_service(args: argparse.Namespace) -> Any:
     """Load the model and its tokenizer; the ``TeacherService`` the app serves."""
     import torch
 
-    from adwin.sampling.teacher import load_model, load_tokenizer
+    from adwin.teacher.checkpoints import load_model, load_tokenizer
     from adwin.teacher_server.service import TeacherService
 
     if args.threads:

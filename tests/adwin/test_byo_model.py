@@ -14,7 +14,7 @@ from transformers import PreTrainedTokenizerFast, Qwen2Config, Qwen2ForCausalLM
 import adwin.loop.parts as parts_module
 from adwin.cli import main
 from adwin.sampling.rollout import encode_prompts
-from adwin.sampling.teacher import load_tokenizer
+from adwin.teacher.checkpoints import load_tokenizer
 
 ROOT = Path(__file__).resolve().parents[2]
 SPECIALS = ["<pad>", "<unk>", "<|im_start|>", "<|im_end|>"]

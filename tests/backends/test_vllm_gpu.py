@@ -57,7 +57,7 @@ def test_rollout_respects_the_window_and_weight_sync_changes_the_sampler(tmp_pat
 
 
 def test_teacher_prompt_logprobs_match_the_hf_teacher(tmp_path: Path) -> None:
-    from adwin.backends.vllm_teacher import VLLMTeacher
+    from adwin.teacher.vllm import VLLMTeacher
 
     path, model = _save(tmp_path, 3)
     teacher = VLLMTeacher.load(path, topk=5, dtype="float32", gpu_memory_utilization=0.2, max_model_len=128)

@@ -18,7 +18,6 @@ from trainer_fixtures import tiny_overrides
 
 from adwin.backends import BackendUnavailable
 from adwin.backends.vllm_rollout import VLLMRollout
-from adwin.backends.vllm_teacher import VLLMTeacher
 from adwin.config import load_config
 from adwin.controller import Controller
 from adwin.decode.engine import VLLMEngine
@@ -26,7 +25,9 @@ from adwin.loop.parts import load_parts
 from adwin.loop.probe_rounds import RoundExtender
 from adwin.loop.sampler import Sampler
 from adwin.loop.trainer import train
-from adwin.sampling.teacher import EngineTeachers, Teachers, load_model
+from adwin.teacher.checkpoints import load_model
+from adwin.teacher.local import Teachers
+from adwin.teacher.vllm import EngineTeachers, VLLMTeacher
 
 
 def _vllm_run(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, **extra: object):

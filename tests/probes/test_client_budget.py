@@ -18,7 +18,7 @@ def test_the_budget_state_round_trips_through_a_checkpoints_run_state() -> None:
     from adwin.probes.pool import ProbePool
     from adwin.runtime.guards import FaultCounter
     from adwin.runtime.resume import restore_run_state, run_state
-    from adwin.sampling.data import BuiltinPrompts
+    from adwin.tasks.prompts import BuiltinPrompts
 
     def fresh() -> DecisionBudget:
         return DecisionBudget(0.1, FlopsModel(10, 20), probe_batch=2, staleness_limit=4, offer_cap=4,

@@ -12,9 +12,9 @@ import pytest
 import torch
 from tiny_teacher import MAX_LEN, VOCAB, tiny_service
 
-from adwin.backends.teacher_client import ClientSettings, TeacherClient
 from adwin.controller.app import serve_app_in_thread
-from adwin.sampling.teacher import Teachers
+from adwin.teacher.client import ClientSettings, TeacherClient
+from adwin.teacher.local import Teachers
 from adwin.teacher_server.app import create_app
 from adwin.teacher_server.service import TeacherService
 

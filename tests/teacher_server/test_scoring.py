@@ -11,7 +11,7 @@ import pytest
 import torch
 from tiny_models import make_tiny_llama
 
-from adwin.sampling.teacher import Teachers
+from adwin.teacher.local import Teachers
 from adwin.teacher_server.scoring import Batcher, Overloaded, RowScores, Scorer
 
 pytestmark = pytest.mark.numerics  # parity of numbers across code paths: rerun per CPU capability

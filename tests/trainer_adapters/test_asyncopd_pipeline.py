@@ -15,8 +15,8 @@ from adwin.controller import Controller
 from adwin.loop.parts import Parts
 from adwin.objectives.losses import opd_loss
 from adwin.sampling.data import Prompt, PromptStream
-from adwin.sampling.teacher import Teachers
 from adwin.tasks.tokenizer import build_tokenizer
+from adwin.teacher.local import Teachers
 from adwin.trainer_adapters.asyncopd.hf import HFLearner, HFRolloutEngine, HFTeacherScorer
 from adwin.trainer_adapters.asyncopd.items import StreamItem, TokenOut
 from adwin.trainer_adapters.asyncopd.run import build_asyncopd, run_asyncopd

@@ -13,8 +13,8 @@ from trainer_fixtures import save_tiny, tiny_overrides
 
 from adwin.config import load_config
 from adwin.controller import Controller
-from adwin.sampling.teacher import load_model
 from adwin.tasks.tokenizer import build_tokenizer
+from adwin.teacher.checkpoints import load_model
 from adwin.trainer_adapters.asyncopd.run import run_asyncopd
 from adwin.trainer_adapters.generic import served_scorer, teacher_scorer
 

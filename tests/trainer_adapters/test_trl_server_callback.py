@@ -23,11 +23,11 @@ from tiny_models import make_tiny_llama
 from transformers import TrainerCallback
 from trl_fixtures import MAX_LEN, make_server_trainer, make_trainer, prompts, rows, save_teacher, tokenizer
 
-from adwin.backends.teacher_client import ClientSettings, TeacherUnavailable
 from adwin.config import AuditConfig
 from adwin.controller import Controller
 from adwin.controller.schemas import PolicyIn, RunIn
 from adwin.probes.settings import param_count
+from adwin.teacher.client import ClientSettings, TeacherUnavailable
 from adwin.trainer_adapters.generic import teacher_scorer
 
 pytest.importorskip("datasets")

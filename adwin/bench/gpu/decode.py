@@ -42,7 +42,7 @@ def run_decode(student: str, dtype: str, device: str, rows: int, prompt_len: int
     from adwin.decode.engine import HFEngine
     from adwin.decode.static_cache import LEDGER
     from adwin.sampling.rollout import eos_ids, pad_id_of
-    from adwin.sampling.teacher import load_model, load_tokenizer
+    from adwin.teacher.checkpoints import load_model, load_tokenizer
 
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     hf_logging.disable_progress_bar()

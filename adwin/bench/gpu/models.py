@@ -39,8 +39,8 @@ def build_pair(folder: Path, shape: dict[str, Any], dtype: str, seed: int = 0) -
     import torch
     from transformers import LlamaConfig, LlamaForCausalLM
 
-    from adwin.sampling.teacher import DTYPES
     from adwin.tasks.tokenizer import build_tokenizer
+    from adwin.teacher.checkpoints import DTYPES
 
     student, teacher = folder / "student", folder / "teacher"
     spec = {"shape": shape, "dtype": dtype, "seed": seed, "teacher_noise": TEACHER_NOISE}

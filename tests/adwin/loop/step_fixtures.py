@@ -17,7 +17,7 @@ from adwin.objectives.losses import token_logprobs
 from adwin.sampling.data import Prompt
 from adwin.sampling.lora import apply_lora
 from adwin.sampling.rollout import layout
-from adwin.sampling.teacher import Teachers
+from adwin.teacher.local import Teachers
 
 WINDOW = 6
 _BUILD = threading.Lock()  # models are built under the global torch seed: one thread at a time

@@ -17,7 +17,8 @@ from adwin.controller import Controller
 from adwin.loop.parts import load_parts
 from adwin.loop.trainer import train
 from adwin.runtime.checkpoint import latest_checkpoint, load_weights
-from adwin.sampling.teacher import Teachers, load_model
+from adwin.teacher.checkpoints import load_model
+from adwin.teacher.local import Teachers
 
 
 def _snapshot(model: torch.nn.Module) -> list[torch.Tensor]:

@@ -141,7 +141,7 @@ def test_the_audit_schedule_survives_a_checkpoint() -> None:
     from adwin.probes.pool import ProbePool
     from adwin.runtime.guards import FaultCounter
     from adwin.runtime.resume import restore_run_state, run_state
-    from adwin.sampling.data import BuiltinPrompts
+    from adwin.tasks.prompts import BuiltinPrompts
 
     before = AuditSchedule(threshold=0.7, every=3, skip_margin=0.2)
     for cos in ({4: 0.1}, {4: 0.95}):

@@ -114,7 +114,7 @@ def test_lora_dropout_layers_are_found_only_when_asked_for() -> None:
 
 
 def _student_from_disk(tmp: Path) -> torch.nn.Module:
-    from adwin.sampling.teacher import load_model
+    from adwin.teacher.checkpoints import load_model
 
     return apply_lora(load_model(save_tiny(tmp / "base", seed=0)), LoraSection(r=4, alpha=8))
 

@@ -10,8 +10,10 @@ from transformers import AutoTokenizer
 
 from adwin.objectives.losses import token_logprobs
 from adwin.sampling.rollout import layout
-from adwin.sampling.teacher import Teachers, TokenizerMismatch, UnknownTeacher, check_tokenizers
 from adwin.tasks.tokenizer import build_tokenizer
+from adwin.teacher.checkpoints import TokenizerMismatch, check_tokenizers
+from adwin.teacher.local import Teachers
+from adwin.teacher.routing import UnknownTeacher
 
 
 def _rows() -> tuple[torch.Tensor, torch.Tensor]:

@@ -14,13 +14,14 @@ from teacher_servers import in_thread
 from tiny_models import make_tiny_llama
 from trainer_fixtures import save_tiny
 
-from adwin.backends.teacher_client import ClientSettings
-from adwin.backends.teacher_protocol import TeacherAnswerError
 from adwin.controller.app import serve_app_in_thread
 from adwin.objectives.losses import topk_logprobs
-from adwin.sampling.served_teacher import ServedTeachers, probe_ids
-from adwin.sampling.teacher import Teachers, TokenizerMismatch
 from adwin.tasks.tokenizer import build_tokenizer
+from adwin.teacher.checkpoints import TokenizerMismatch
+from adwin.teacher.client import ClientSettings
+from adwin.teacher.local import Teachers
+from adwin.teacher.protocol import TeacherAnswerError
+from adwin.teacher.served import ServedTeachers, probe_ids
 from adwin.teacher_server.app import create_app
 from adwin.teacher_server.service import TeacherService
 

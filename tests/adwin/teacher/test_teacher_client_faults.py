@@ -16,14 +16,14 @@ import httpx
 import pytest
 from fake_teacher import FakeTeacher, dist, key, vllm_answer
 
-from adwin.backends import teacher_client
-from adwin.backends.teacher_client import (
+from adwin.teacher import client as teacher_client
+from adwin.teacher.client import (
     ClientSettings,
     TeacherClient,
     TeacherUnavailable,
     retry_after,
 )
-from adwin.backends.teacher_protocol import TeacherAnswerError
+from adwin.teacher.protocol import TeacherAnswerError
 
 URL = "http://127.0.0.1:9/v1"
 SEQS = [[1, 2, 3], [4, 5], [6, 7, 8, 9], [3, 1]]

@@ -1,7 +1,7 @@
 """An HTTP client for one teacher server (``model.teacher_backend: server``): batched, concurrent, bounded.
 
 The server is any OpenAI-compatible completions endpoint that scores prompt tokens (``vllm serve``, SGLang,
-``adwin teacher serve``); the request and answer forms are ``adwin.backends.teacher_protocol``. A call to
+``adwin teacher serve``); the request and answer forms are ``adwin.teacher.protocol``. A call to
 ``TeacherClient.score`` splits its sequences into requests of ``rows_per_request`` prompts, sends up to
 ``concurrency`` at once over one keep-alive connection pool (httpx), and returns every row or raises:
 
@@ -10,7 +10,7 @@ The server is any OpenAI-compatible completions endpoint that scores prompt toke
   ``MAX_BACKOFF_S``): connection refused or reset, an answer not complete within ``timeout_s`` (the whole
   request, not each read: a server that trickles bytes times out too), HTTP 408/429/5xx;
 * ``TeacherRefused`` (a ``ValueError``) at once for any other HTTP error (a bad request, a wrong token);
-* ``TeacherAnswerError`` for an answer that cannot be trained on (``teacher_protocol``): not JSON (an HTML page,
+* ``TeacherAnswerError`` for an answer that cannot be trained on (``adwin.teacher.protocol``): not JSON (an HTML page,
   a truncated body), an error body under HTTP 200, more than ``MAX_ANSWER_BYTES``, or a malformed answer.
 
 Nothing partial is returned: one failed request fails the call, and the requests still queued are cancelled.
@@ -34,7 +34,7 @@ from urllib.parse import urlsplit, urlunsplit
 
 import httpx
 
-from adwin.backends.teacher_protocol import (
+from adwin.teacher.protocol import (
     PROTOCOLS,
     Protocol,
     ScoredRow,

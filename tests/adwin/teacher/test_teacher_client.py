@@ -9,15 +9,15 @@ import httpx
 import pytest
 from fake_teacher import FakeTeacher, dist, key
 
-from adwin.backends.teacher_client import (
+from adwin.controller.serve import free_port
+from adwin.teacher.client import (
     ClientSettings,
     TeacherClient,
     TeacherRefused,
     TeacherUnavailable,
     split_url,
 )
-from adwin.backends.teacher_protocol import TeacherAnswerError
-from adwin.controller.serve import free_port
+from adwin.teacher.protocol import TeacherAnswerError
 
 URL = "http://127.0.0.1:9/v1"
 SEQS = [[1, 2, 3], [4, 5], [6, 7, 8, 9], [3, 1], [2, 2, 2], [5, 4, 3, 2, 1]]

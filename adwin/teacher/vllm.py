@@ -3,7 +3,7 @@ logprobs for the sampled reverse-KL estimators (``reverse_kl_pg``; ``reverse_kl_
 actions that are not in the sequence, which ``prompt_logprobs`` cannot give: score those with the HF teacher).
 
 ``VLLMTeacher.score_rows`` scores whole right-padded rows for ``model.teacher_backend: vllm``
-(``adwin.sampling.teacher.EngineTeachers``).
+(``EngineTeachers``: teachers keyed by route, as ``adwin.teacher.local.Teachers``).
 
 UNTESTED ON HARDWARE (no GPU while writing it); ``scores_to_tensors`` and the parsing are unit-tested on
 CPU with stand-in outputs. One request per sequence (prompt + response) with ``max_tokens=1`` and
@@ -16,15 +16,18 @@ with ``input_ids``, position 0 has no predictor. The engine must allow ``max_log
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import torch
 
 from adwin.backends import require_vllm
-from adwin.backends.teacher_protocol import unpadded
 from adwin.backends.vllm_rollout import engine_kwargs
+from adwin.teacher.checkpoints import check_tokenizers, one_per_checkpoint, teacher_tokenizers
+from adwin.teacher.protocol import unpadded
+from adwin.teacher.routing import RoutedTeachers, check_row_routes, rows_per_model
 
 
 @dataclass
@@ -116,3 +119,36 @@ class VLLMTeacher:
             for b, sc in zip(scoreable, scores, strict=True):
                 out[b, 1 : len(seqs[b])] = torch.tensor(sc.realized, dtype=torch.float32)
         return out
+
+
+class EngineTeachers(RoutedTeachers):
+    """Teachers behind vLLM engines (``model.teacher_backend: vllm``), keyed by route like ``Teachers``:
+    realized-token logprobs from prompt logprobs, no full logits (``dense`` is False; the config refuses
+    the losses that need them). ``models``: route -> an engine with ``score_rows`` (a ``VLLMTeacher``)."""
+
+    dense = False
+
+    @classmethod
+    def load(cls, paths: Mapping[str, str | Path], student_tok: object, student_vocab_size: int,
+             dtype: str = "float32", gpu_memory: float = 0.3, max_model_len: int | None = None) -> EngineTeachers:
+        """One engine per distinct checkpoint; tokenizers are checked against the student's first (from the
+        folders' tokenizer and config files: no weights are loaded before the check)."""
+        from transformers import AutoConfig
+
+        sizes = {k: int(AutoConfig.from_pretrained(str(p)).vocab_size) for k, p in paths.items()}
+        check_tokenizers(student_tok, teacher_tokenizers(paths), student_vocab_size, sizes)
+        return cls(one_per_checkpoint(paths, lambda p: VLLMTeacher.load(
+            str(p), topk=1, dtype=dtype, gpu_memory_utilization=gpu_memory, max_model_len=max_model_len)))
+
+    @torch.no_grad()
+    def score(self, input_ids: torch.Tensor, attention_mask: torch.Tensor, routes: Sequence[str]) -> torch.Tensor:
+        """As ``Teachers.score``: (B, L) right-padded rows -> (B, L) float32, one engine call per engine."""
+        check_row_routes(routes, input_ids.shape[0])
+        out = torch.zeros(input_ids.shape, dtype=torch.float32)
+        for engine, rows in rows_per_model(self.models, routes):
+            out[rows] = engine.score_rows(input_ids[rows].cpu(), attention_mask[rows].cpu())
+        return out
+
+    def logits(self, input_ids: torch.Tensor, attention_mask: torch.Tensor, routes: Sequence[str]) -> torch.Tensor:
+        raise ValueError("model.teacher_backend: 'vllm' gives realized-token logprobs only, no full logits; set "
+                         "model.teacher_backend: hf for the dense losses")

@@ -24,9 +24,10 @@ from typing import Any
 import httpx
 import torch
 
-from adwin.backends.teacher_client import ClientSettings, TeacherClient, TeacherRefused, collect
-from adwin.backends.teacher_protocol import ScoredRow, unpadded
-from adwin.sampling.teacher import TokenizerMismatch, one_per_checkpoint, route_of
+from adwin.teacher.checkpoints import TokenizerMismatch, one_per_checkpoint
+from adwin.teacher.client import ClientSettings, TeacherClient, TeacherRefused, collect
+from adwin.teacher.protocol import ScoredRow, unpadded
+from adwin.teacher.routing import RoutedTeachers, check_row_routes, route_of
 
 log = logging.getLogger(__name__)
 
@@ -67,16 +68,11 @@ def check_spellings(route: str, url: str, student_tok: Any, seq: Sequence[int], 
     return compared
 
 
-class ServedTeachers:
+class ServedTeachers(RoutedTeachers):
     """Teachers behind OpenAI-compatible completion servers, keyed by route like ``Teachers``.
     ``models``: route -> ``TeacherClient`` (routes that name one URL share a client)."""
 
     dense = False
-
-    def __init__(self, models: Mapping[str, TeacherClient]) -> None:
-        if not models:
-            raise ValueError("model.teachers must name at least one teacher")
-        self.models = dict(models)
 
     @classmethod
     def load(cls, urls: Mapping[str, str], student_tok: Any, student_vocab_size: int, settings: ClientSettings, *,
@@ -115,9 +111,6 @@ class ServedTeachers:
                                 "size were checked against the student's tokenizer", route, client.url)
         return cls(clients)
 
-    def route(self, key: str) -> str:
-        return route_of(list(self.models), key)
-
     def close(self) -> None:
         for client in {id(c): c for c in self.models.values()}.values():
             client.close()
@@ -125,8 +118,7 @@ class ServedTeachers:
     def _rows(self, input_ids: torch.Tensor, attention_mask: torch.Tensor, routes: Sequence[str],
               k: int) -> list[ScoredRow]:
         """Every row's scores: the rows of all servers are in flight at once; all or an error."""
-        if len(routes) != input_ids.shape[0]:
-            raise ValueError(f"{len(routes)} routes for {input_ids.shape[0]} rows")
+        check_row_routes(routes, input_ids.shape[0])
         seqs = unpadded(input_ids.cpu(), attention_mask.cpu())
         keys = list(self.models)
         owners: dict[int, list[int]] = {}

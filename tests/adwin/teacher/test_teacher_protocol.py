@@ -10,7 +10,7 @@ from fake_teacher import dist, echo_answer, key, vllm_answer
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from adwin.backends.teacher_protocol import (
+from adwin.teacher.protocol import (
     TeacherAnswerError,
     completion_request,
     parse_completion,
