@@ -51,6 +51,8 @@ class Rule:
 
 RULES: tuple[Rule, ...] = (
     Rule("paper (batch, point)", "batch", confidence=False),
+    Rule("batch, point, 4 audits pooled", "batch", confidence=False, pool=4),
+    Rule("batch, point, 8 audits pooled (decay 0.9)", "batch", confidence=False, pool=8, decay=0.9),
     Rule("debiased, point", "debiased", confidence=False),
     Rule("batch, confidence", "batch", confidence=True),
     Rule("debiased, confidence", "debiased", confidence=True),

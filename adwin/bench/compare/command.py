@@ -49,6 +49,7 @@ import shlex
 import shutil
 import sys
 import time
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -65,6 +66,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--tasks", default=None,
                    help=f"comma-separated built-in tasks ({', '.join(TASK_NAMES)}); default {DEFAULT_TASK}; each "
                         "task's runs get its own horizon and candidate ladder")
+    p.add_argument("--truth", nargs="+", default=None, metavar="TRUTH_JSON",
+                   help="audit-truth results (adwin bench audit-truth's truth.json) of the suite's tasks: the "
+                        "chain-long cost goal charges the truth's window at each checkpoint")
     p.add_argument("--suite", action="store_true",
                    help="the five-task suite proportioned like the paper: configs/suite.yaml (128 rollouts per "
                         "step, P = 8, the default probe backend and audit budget), the goal's methods, steps and "
@@ -90,6 +94,16 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--device", choices=("cpu", "cuda"), default="cpu",
                    help="where the runs train (model.device); the suite's sizing and plan follow it "
                         "(adwin.bench.compare.sizing)")
+
+
+def read_truth(paths: Sequence[str]) -> dict[str, list[tuple[int, int]]]:
+    """Per task, the ``(step, truth window)`` of every checkpoint in the given audit-truth ``truth.json`` files."""
+    out: dict[str, list[tuple[int, int]]] = {}
+    for path in paths:
+        report = json.loads(Path(path).read_text())
+        task = report["meta"]["task"]
+        out.setdefault(task, []).extend((int(c["step"]), int(c["truth_window"])) for c in report["checkpoints"])
+    return {t: sorted(set(v)) for t, v in out.items()}
 
 
 def main(args: argparse.Namespace) -> int:
@@ -136,7 +150,7 @@ def main(args: argparse.Namespace) -> int:
         per_task[task] = finish(task_meta, chosen, runs, task_dir, plots=not args.no_plots)
     if len(tasks) > 1:
         finish_suite(meta | {"machine": machine_info()}, {t: m for t, _, m in shaped}, per_task, out_dir,
-                     plots=not args.no_plots)
+                     plots=not args.no_plots, truth=read_truth(args.truth or []))
     return 0
 
 

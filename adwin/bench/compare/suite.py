@@ -12,9 +12,10 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from adwin.bench.compare.plan import suite_measure
+from adwin.bench.compare.goals import goal_lines, suite_goals
+from adwin.bench.compare.plan import regime, suite_measure
 from adwin.bench.compare.report import SMOKE_BANNER, _plt, clean, markdown_table
-from adwin.bench.compare.tasks import LONG_TASK, REFERENCE, goal_lines, regrets, samples_needed, suite_goals
+from adwin.bench.compare.tasks import REFERENCE, regrets, samples_needed
 
 RATIOS = {"train_wall_s": "e2e wall", "flops": "FLOPs", "rollout_tokens": "rollout tokens"}
 
@@ -52,7 +53,12 @@ def max_decision_share(per_task: Mapping[str, Mapping[str, Any]]) -> float:
 
 
 def finish_suite(meta: dict[str, Any], methods: Mapping[str, Sequence[Any]],
-                 per_task: Mapping[str, Mapping[str, Any]], out_dir: Path, plots: bool = True) -> dict[str, Any]:
+                 per_task: Mapping[str, Mapping[str, Any]], out_dir: Path, plots: bool = True,
+                 truth: Mapping[str, Sequence[tuple[int, int]]] | None = None) -> dict[str, Any]:
+    """The cross-task outputs; ``truth``: per task its audit-truth ``(step, window)`` checkpoints (``--truth``), which
+    the ``chain-long`` cost goal reads (``adwin.bench.compare.goals``)."""
+    from adwin.tasks.suite import get_task
+
     tasks = list(per_task)
     measures = {t: suite_measure(t) for t in tasks}
     cross = cross_task(methods, per_task, measures)
@@ -63,9 +69,8 @@ def finish_suite(meta: dict[str, Any], methods: Mapping[str, Sequence[Any]],
                           if "diff_to_full" in e.get("paired", {}).get(measures[t], {})), default=math.nan)
                   for t, r in per_task.items()}
     share = max_decision_share(per_task)
-    goals = suite_goals(regret, tasks, means["train_wall_s"], share,
-                        per_task[LONG_TASK]["methods"] if LONG_TASK in per_task else None,
-                        measures.get(LONG_TASK, "accuracy"), measures)
+    short = [t for t in tasks if regime(get_task(t)) == "short"]
+    goals = suite_goals(per_task, regret, share, measures, halfwidths, short=short, truth=truth)
     suite = {"meta": meta | {"samples_needed_for_0.03": samples_needed(0.03)}, "measures": measures, "regret": regret,
              "ratio_mean": means, "token_ratio_mean": means["rollout_tokens"], "max_paired_halfwidth": halfwidths,
              "max_decision_share": share, "goals": goals, "goal_lines": goal_lines(goals)}

@@ -61,8 +61,9 @@ def test_at_small_p_the_debiased_noise_hold_rule_lands_on_the_true_window(p: int
 
 def test_the_batch_estimator_at_small_p_is_held_above_the_true_window_by_its_bias() -> None:
     aligned = _h([0.9, 0.95, 0.97, 0.98, 0.99], np.sqrt(sum(TOKENS) / 6))
-    out = replay(aligned, CANDS, HORIZON, 0.7, RULES[2], p=8, audits=12, runs=6, truth_window=64,
-                 rng=np.random.default_rng(0))  # batch, confidence
+    (rule,) = [r for r in RULES if r.name == "batch, confidence"]
+    out = replay(aligned, CANDS, HORIZON, 0.7, rule, p=8, audits=12, runs=6, truth_window=64,
+                 rng=np.random.default_rng(0))
     assert out["within_one_rung"] < 0.2
 
 

@@ -6,12 +6,12 @@ from __future__ import annotations
 import argparse
 import json
 import math
-import time
 from pathlib import Path
 from typing import Any
 
 import pytest
 
+from adwin.bench.compare.goals import goal_lines, suite_goals, truth_segments
 from adwin.bench.compare.methods import all_methods, select_methods
 from adwin.bench.compare.plan import (
     SIZING,
@@ -25,8 +25,8 @@ from adwin.bench.compare.plan import (
     task_config,
 )
 from adwin.bench.compare.setup import base_overrides
-from adwin.bench.compare.suite import cross_task, mean_over_tasks
-from adwin.bench.compare.tasks import MEASURES, goal_lines, regrets, suite_goals
+from adwin.bench.compare.suite import cross_task
+from adwin.bench.compare.tasks import MEASURES, regrets
 from adwin.cli import main
 from adwin.config import load_config, resolve_config
 from adwin.tasks.suite import get_task
@@ -110,9 +110,9 @@ def test_rung_names_select_each_tasks_own_window() -> None:
 
 
 def _entry(acc: float, wall: float, flops: float, diff: tuple[float, float] | None = None) -> dict[str, Any]:
-    """A method's results with ``acc`` as every measure (accuracy and the line measures) and ``diff`` as every paired
-    difference to full."""
-    e: dict[str, Any] = {"metrics": {f"{m}_final": {"mean": acc} for m in MEASURES},
+    """A method's results with ``acc`` as every measure (accuracy and the line measures), ``flops`` both as FLOPs
+    and as their ratio to full (full's are 1), and ``diff`` as every paired difference to full."""
+    e: dict[str, Any] = {"metrics": {f"{m}_final": {"mean": acc} for m in MEASURES} | {"flops": {"mean": flops}},
                          "ratio_to_full": {"train_wall_s": wall, "flops": flops, "rollout_tokens": flops}}
     if diff is not None:
         e["paired"] = {m: {"diff_to_full": {"mean": sum(diff) / 2, "lo": diff[0], "hi": diff[1], "halfwidth": 0.01}}
@@ -120,63 +120,82 @@ def _entry(acc: float, wall: float, flops: float, diff: tuple[float, float] | No
     return e
 
 
-def _results(adwin_acc: float, adwin_wall: float, long_diff: tuple[float, float]) -> tuple[dict, dict]:
-    """Five tasks, full / linear / two fixed rungs / ADWIN; ADWIN's accuracy and wall given."""
+def _results(adwin_acc: float, adwin_wall: float, long_diff: tuple[float, float],
+             adwin_flops: float = 0.5) -> tuple[dict, dict]:
+    """Five tasks, full / linear / the ladder's fixed windows / ADWIN; ADWIN's accuracy, wall and FLOPs given (its
+    paired difference to full on the long task is ``long_diff``, on the others (-0.02, +0.01))."""
     from adwin.bench.compare.methods import Method
 
     per_task, methods = {}, {}
     for task in SUITE_TASKS:
-        cands = list(get_task(task).candidates)[:2]
-        chosen = [m for m in all_methods(get_task(task).horizon, cands) if m.key in
-                  ("full", "linear", f"fixed-{cands[0]}", f"fixed-{cands[1]}", "adwin-0.7")]
+        t = get_task(task)
+        cands = list(t.candidates)
+        chosen = [m for m in all_methods(t.horizon, cands) if m.key in
+                  ("full", "linear", "adwin-0.7", *(f"fixed-{c}" for c in cands))]
         assert all(isinstance(m, Method) for m in chosen)
-        res = {"full": _entry(0.50, 1.0, 1.0), "linear": _entry(0.45, 0.7, 0.7),
-               f"fixed-{cands[0]}": _entry(0.40, 0.2, 0.3), f"fixed-{cands[1]}": _entry(0.47, 0.4, 0.5),
-               "adwin-0.7": _entry(adwin_acc, adwin_wall, adwin_wall, long_diff)}
-        per_task[task] = {"methods": res, "runs": [{"audit_overhead_frac": 0.05}]}
+        res = {"full": _entry(0.50, 1.0, 1.0), "linear": _entry(0.45, 0.7, 0.7)}
+        for i, c in enumerate(cands):
+            res[f"fixed-{c}"] = _entry(0.40 + 0.02 * i, 0.1 * (i + 1), 0.1 * (i + 1))
+        diff = long_diff if task == "chain-long" else (-0.02, 0.01)
+        res["adwin-0.7"] = _entry(adwin_acc, adwin_wall, adwin_flops, diff)
+        per_task[task] = {"methods": res, "runs": [{"audit_overhead_frac": 0.05}],
+                          "meta": {"steps": 20, "horizon": t.horizon}}
         methods[task] = chosen
     return methods, per_task
 
 
-def _goals(methods: dict, per_task: dict, share: float = 0.05) -> dict[str, Any]:
+def _goals(methods: dict, per_task: dict, share: float = 0.05, truth: dict | None = None) -> dict[str, Any]:
     measures = {t: suite_measure(t) for t in per_task}
     cross = cross_task(methods, per_task, measures)
     regret = regrets(cross["measure"])
-    wall = {k: mean_over_tasks(v, list(per_task)) for k, v in cross["ratios"]["train_wall_s"].items()}
-    return suite_goals(regret, list(per_task), wall, share, per_task["chain-long"]["methods"],
-                       measures["chain-long"], measures)
+    short = [t for t in per_task if regime(get_task(t)) == "short"]
+    return suite_goals(per_task, regret, share, measures, {t: 0.01 for t in per_task}, short=short,
+                       truth={"chain-long": [(0, 1024), (10, 2048)]} if truth is None else truth)
+
+
+def test_a_truth_that_moves_is_charged_piecewise() -> None:
+    assert truth_segments([(0, 1024), (10, 2048)], 20) == [(1024, 0.5), (2048, 0.5)]
+    assert truth_segments([(5, 512), (30, 64)], 20) == [(512, 1.0)]  # the first from step 0; past the run: cut
+    assert truth_segments([], 20) == []
 
 
 def test_goals_are_met_when_the_numbers_meet_them() -> None:
-    goals = _goals(*_results(adwin_acc=0.49, adwin_wall=0.35, long_diff=(-0.03, 0.01)))
-    assert goals["decision_share"]["met"] and goals["chain_long"]["met"] and goals["regret"]["met"] and goals["met"]
-    # fixed windows compare by rung across tasks (the ladders differ), and by value where every task has it
-    assert {"fixed-rung1", "fixed-rung2", "linear", "fixed-64"} <= set(goals["regret"]["rival_worst_regret"])
-    assert "fixed-32" not in goals["regret"]["rival_worst_regret"]  # not on the long tasks' ladder
-    assert goals["regret"]["adwin_worst_regret"] == pytest.approx(0.01)
+    # chain-long's truth: 1,024 (fixed-1024 at 0.5 of full's FLOPs) then the horizon: 0.75 + 0.1 allowed
+    goals = _goals(*_results(adwin_acc=0.49, adwin_wall=0.35, long_diff=(-0.03, 0.01), adwin_flops=0.8))
+    assert all(goals[k]["met"] for k in ("decision_share", "short_tasks", "chain_long", "regret")) and goals["met"]
+    assert goals["chain_long"]["truth_flops_ratio"] == pytest.approx(0.75)
+    assert set(goals["short_tasks"]["tasks"]) == {"chain", "chain-drift", "chain-late"}
+    assert "fixed-32" not in goals["regret"]["rivals"]  # not on the long tasks' ladder
     assert all(line.endswith(" MET") and "NOT" not in line for line in goal_lines(goals))
 
 
-@pytest.mark.parametrize(("acc", "wall", "diff", "share", "failed"), [
-    (0.49, 0.35, (-0.05, -0.01), 0.05, "chain_long"),  # resolved below full on chain-long
-    (0.49, 0.45, (-0.03, 0.01), 0.05, "chain_long"),  # 0.45x the wall: above 0.4x
-    (0.46, 0.35, (-0.03, 0.01), 0.05, "regret"),  # worst-case regret 0.04 > fixed-rung2's 0.03
-    (0.49, 0.35, (-0.03, 0.01), 0.11, "decision_share"),  # one run spent 11 % on decisions
+@pytest.mark.parametrize(("acc", "wall", "diff", "flops", "share", "failed"), [
+    (0.49, 0.35, (-0.05, -0.01), 0.8, 0.05, "chain_long"),  # resolved below full on chain-long
+    (0.49, 0.35, (-0.03, 0.01), 0.9, 0.05, "chain_long"),  # above the truth's windows' 0.75 + 0.1
+    (0.49, 0.45, (-0.03, 0.01), 0.8, 0.05, "short_tasks"),  # 0.45x full's wall on the short tasks: above 0.4x
+    (0.44, 0.35, (-0.03, 0.01), 0.8, 0.05, "regret"),  # worst-case regret 0.06, 0.02 above the lowest's + 0.01
+    (0.49, 0.35, (-0.03, 0.01), 0.8, 0.11, "decision_share"),  # one run spent 11 % on decisions
 ])
-def test_goals_are_not_met_when_one_number_misses(acc: float, wall: float, diff: tuple[float, float], share: float,
-                                                  failed: str) -> None:
-    goals = _goals(*_results(acc, wall, diff), share=share)
+def test_goals_are_not_met_when_one_number_misses(acc: float, wall: float, diff: tuple[float, float], flops: float,
+                                                  share: float, failed: str) -> None:
+    goals = _goals(*_results(acc, wall, diff, flops), share=share)
     assert not goals[failed]["met"] and not goals["met"]
     assert [line.endswith("NOT MET") for line in goal_lines(goals)] == \
-        [k == failed for k in ("decision_share", "chain_long", "regret")]
+        [k == failed for k in ("decision_share", "short_tasks", "chain_long", "regret")]
 
 
-def test_regret_goal_needs_the_wall_too() -> None:
-    methods, per_task = _results(0.49, 0.35, (-0.03, 0.01))
-    for res in per_task.values():
-        res["methods"]["adwin-0.7"]["ratio_to_full"]["train_wall_s"] = 0.65
-    goals = _goals(methods, per_task)
-    assert goals["regret"]["lowest"] and not goals["regret"]["wall_ok"] and not goals["regret"]["met"]
+def test_without_the_truth_the_cost_goal_is_not_evaluated_and_not_met() -> None:
+    goals = _goals(*_results(0.49, 0.35, (-0.03, 0.01), 0.8), truth={})
+    assert goals["chain_long"]["not_resolved_below"] and not goals["chain_long"]["cost_evaluated"]
+    assert not goals["chain_long"]["met"] and "--truth" in goal_lines(goals)[2]
+
+
+def test_regret_within_the_lowest_ones_ci_is_met() -> None:
+    # ADWIN at 0.49 against full's 0.50 everywhere: worst regret 0.01, not the lowest (full's 0), within its 0.01
+    goals = _goals(*_results(0.49, 0.35, (-0.03, 0.01), 0.8))
+    r = goals["regret"]
+    assert r["adwin_worst_regret"] > r["lowest"] and r["adwin_worst_regret"] - r["lowest"] == pytest.approx(0.01)
+    assert r["met"]
 
 
 def test_planned_cost_grows_with_steps_seeds_and_problems_and_names_the_runs() -> None:
@@ -201,17 +220,17 @@ def test_planned_cost_grows_with_steps_seeds_and_problems_and_names_the_runs() -
 
 def test_tiny_suite_runs_the_five_tasks_with_their_shapes(tmp_path: Path, monkeypatch, capsys) -> None:
     monkeypatch.setenv("ADWIN_HOME", str(tmp_path / "home"))
-    t0 = time.perf_counter()
     rc = main(["bench", "compare", "--suite", "--profile", "tiny", "--out", str(tmp_path / "out"), "--no-plots"])
-    assert rc == 0
-    assert time.perf_counter() - t0 < 120, "the tiny suite must stay a smoke test"
+    assert rc == 0  # its size is asserted below, not its wall time: a shared machine's load makes that flaky
     out = capsys.readouterr().out
     assert out.index("planned: 5 task(s), 20 runs") < out.index("decision share: max over runs")
     (folder,) = (tmp_path / "out").iterdir()
     suite = json.loads((folder / "suite.json").read_text())
     assert set(suite["regret"]["full"]["per_task"]) == set(SUITE_TASKS)
-    assert set(suite["goals"]) == {"decision_share", "chain_long", "regret", "met"}
+    assert set(suite["goals"]) == {"decision_share", "short_tasks", "chain_long", "regret", "met"}
     assert suite["goals"]["chain_long"]["evaluated"] and suite["goals"]["regret"]["evaluated"]
+    assert set(suite["goals"]["short_tasks"]["tasks"]) == {"chain", "chain-drift", "chain-late"}
+    assert not suite["goals"]["chain_long"]["cost_evaluated"]  # no --truth given: the cost bound is not read
     horizons = {}
     for task in SUITE_TASKS:
         res = json.loads((folder / task / "results.json").read_text())
@@ -226,8 +245,11 @@ def test_tiny_suite_runs_the_five_tasks_with_their_shapes(tmp_path: Path, monkey
     # the same tables as markdown, for docs: one row per method, the goal lines under the cross-task table
     md = (folder / "suite.md").read_text()
     assert "| method | regret chain |" in md and all(line in md for line in suite["goal_lines"])
-    rows = [x for x in (folder / "chain-long" / "results.md").read_text().splitlines() if x.startswith("| ")]
+    table, forced = (folder / "chain-long" / "results.md").read_text().split("Teacher-forced line skill")
+    rows = [x for x in table.splitlines() if x.startswith("| ")]
     assert len(rows) == 1 + 4 and rows[1].startswith("| full |")
+    assert [x.split(" | ")[0] for x in forced.splitlines() if x.startswith("| ") and "---" not in x][1:] == \
+        ["| full", "| linear", f"| fixed-{json.loads((folder / 'chain-long' / 'results.json').read_text())['meta']['candidates'][1]}", "| adwin-0.7"]
     assert "lines right [95% CI]" in rows[0]  # the long task's line measure beside accuracy
     assert out.index("sizing: tiny") < out.index("decision share: max over runs")
     # the regret and the long goal read each task's measure; the headline is per task, the goal lines under it

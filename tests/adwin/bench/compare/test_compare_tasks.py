@@ -110,6 +110,6 @@ def test_tiny_compare_across_two_tasks_writes_regret_page(tmp_path: Path, monkey
         assert ("closing_right" in res["methods"]["full"]["paired"]) == (task == "chain-late")
         assert (folder / task / "audits.png").read_bytes()[:4] == b"\x89PNG"
     page = (folder / "index.html").read_text()
-    assert len(suite["goal_lines"]) == 3 and all(line.endswith("MET") for line in suite["goal_lines"])
+    assert len(suite["goal_lines"]) == 4 and all(line.endswith("MET") for line in suite["goal_lines"])
     assert "worst-case regret" in page and "chain-late/index.html" in page and not math.isnan(
         suite["regret"]["adwin-0.7"]["worst"])
