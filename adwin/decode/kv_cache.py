@@ -57,3 +57,28 @@ def last_logits_only(model: torch.nn.Module) -> dict[str, Any]:
         return {}
     takes = "logits_to_keep" in params or any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params.values())
     return {"logits_to_keep": 1} if takes else {}
+
+
+# Static cache layers across releases. From transformers 5.0 a ``StaticLayer`` keeps its own write position (a
+# ``cumulative_length`` tensor the forward advances) and is allocated from keys and values; 4.x layers write where
+# the forward's ``cache_position`` says and are allocated from keys alone. ``StaticBatch`` goes through these.
+
+
+def tracks_position(layer: Any) -> bool:
+    """Whether the static ``layer`` keeps its own write position (transformers >= 5); else the caller passes
+    ``cache_position`` to every forward."""
+    return hasattr(layer, "cumulative_length")
+
+
+def is_allocated(layer: Any) -> bool:
+    """Whether the static ``layer`` holds its key and value tensors yet (they are allocated on first use)."""
+    flag = getattr(layer, "is_initialized", None)
+    return bool(flag) if flag is not None else getattr(layer, "keys", None) is not None
+
+
+def allocate(layer: Any, keys: torch.Tensor, values: torch.Tensor) -> None:
+    """Allocate the static ``layer``'s tensors shaped like ``keys``/``values`` (rows, heads, n, dim)."""
+    if "value_states" in inspect.signature(layer.lazy_initialization).parameters:
+        layer.lazy_initialization(keys, values)
+    else:  # 4.x: one head dim for keys and values, taken from the keys
+        layer.lazy_initialization(keys)

@@ -171,14 +171,20 @@ LEDGER = CompileLedger()
 
 def generate_kwargs(model: torch.nn.Module, rows: int, width: int, max_new: int) -> dict[str, Any]:
     """``generate`` arguments for a compiled call of ``rows`` (already a bucket) left-padded contexts of
-    ``width`` tokens: a static cache of a bucketed length and transformers' compiled decode step."""
+    ``width`` tokens: a static cache of a bucketed length, built here, and transformers' compiled decode step.
+
+    The cache is passed in rather than asked for by length (``max_cache_len``, a ``generate`` argument from
+    transformers 5.13 only): every supported release then decodes on the bucket's shape. A user-supplied static
+    cache is what ``generate`` compiles its step for, as it does for one it builds."""
+    from transformers import StaticCache
+
+    from adwin.decode.kv_cache import cache_keyword
+
     device = next(model.parameters()).device
-    cache = cache_bucket(width + max_new)
-    # transformers keeps the longest static cache a model has seen (``_previous_max_cache_length``): that length
-    # is the shape its compiled step runs
-    cache = max(cache, int(getattr(model, "_previous_max_cache_length", 0) or 0))
-    LEDGER.note("generate", (rows, cache))
-    return {"cache_implementation": "static", "max_cache_len": cache, "compile_config": compile_config(device)}
+    columns = cache_bucket(width + max_new)
+    cache = StaticCache(config=model.config.get_text_config(decoder=True), max_cache_len=columns)
+    LEDGER.note("generate", (rows, columns))
+    return {cache_keyword(model): cache, "compile_config": compile_config(device)}
 
 
 def pad_rows(contexts: Sequence[Sequence[int]], budgets: Sequence[int], row_seeds: Sequence[int] | None,
@@ -211,12 +217,14 @@ class StaticBatch:
     Column ``c`` of every layer holds one token per row; ``mask[b, c]`` says whether row ``b`` attends to it. A
     step writes the column the cache's write position points at for every row (rows that do not decode write a
     masked pad there) and advances it; positions (RoPE) are per row, so rows of different lengths share columns.
+    The write position lives in the layers on transformers >= 5 and in ``position`` here on 4.x, whose forward
+    is told it (``cache_position``) at every call (``adwin.decode.kv_cache.tracks_position``).
     """
 
     def __init__(self, model: torch.nn.Module, rows: int, columns: int, decoder: str) -> None:
         from transformers import StaticCache
 
-        from adwin.decode.kv_cache import cache_keyword
+        from adwin.decode.kv_cache import cache_keyword, tracks_position
 
         self.model, self.rows, self.columns = model, rows, columns
         device = next(model.parameters()).device
@@ -227,6 +235,10 @@ class StaticBatch:
             raise StaticCacheError(f"compiled decoding lays rows into plain StaticLayer caches only, got "
                                    f"{sorted(kinds)}; set rollout.compile: false")
         self.mask = torch.zeros(rows, columns, dtype=torch.long, device=device)  # (rows, columns)
+        self._tracked = tracks_position(self.layers[0])
+        # (1,) the next write column where the layers keep none; a tensor updated in place, so a compiled step
+        # reads a new value without recompiling
+        self.position = torch.zeros(1, dtype=torch.long, device=device)
         self._kw = cache_keyword(model)
         self._step = compiled_forward(model)
         LEDGER.note(decoder, (rows, columns))
@@ -234,12 +246,24 @@ class StaticBatch:
     @property
     def column(self) -> int:
         """The column the next step writes."""
-        return int(self.layers[0].cumulative_length)
+        return int(self.layers[0].cumulative_length if self._tracked else self.position)
 
     def seek(self, column: int) -> None:
         """Point every layer's write position at ``column`` (in place: the compiled step reads these tensors)."""
+        if not self._tracked:
+            self.position.fill_(column)
+            return
         for layer in self.layers:
             layer.cumulative_length.fill_(column)
+
+    def _written(self, columns: int) -> dict[str, Any]:
+        """The forward's ``cache_position`` for ``columns`` new columns where the layers keep no write position
+        (4.x), advancing ``position`` past them; nothing where they do."""
+        if self._tracked:
+            return {}
+        start = self.position.clone()
+        self.position.add_(columns)
+        return {"cache_position": start + torch.arange(columns, device=start.device)}  # (columns,)
 
     def prefill(self, ids: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
         """Encode left-padded contexts ``ids`` (rows, T) into columns [0, T) (eager: one shape per prompt length
@@ -247,7 +271,7 @@ class StaticBatch:
         width = ids.shape[1]
         self.mask[:, :width] = mask
         out = self.model(input_ids=ids, attention_mask=self.mask, position_ids=(mask.cumsum(-1) - 1).clamp_min(0),
-                         **{self._kw: self.cache}, use_cache=True, logits_to_keep=1)
+                         **{self._kw: self.cache}, **self._written(width), use_cache=True, logits_to_keep=1)
         return out.logits[:, -1]
 
     def write(self, row: int, start: int, keys: Sequence[torch.Tensor], values: Sequence[torch.Tensor]) -> None:
@@ -258,10 +282,11 @@ class StaticBatch:
 
     def ensure_allocated(self, like: torch.Tensor, heads: int, key_dim: int, value_dim: int) -> None:
         """Allocate the layers' tensors before the first ``write`` (a prefill allocates them itself)."""
+        from adwin.decode.kv_cache import allocate, is_allocated
+
         for layer in self.layers:
-            if not getattr(layer, "is_initialized", False):
-                layer.lazy_initialization(like.new_empty(self.rows, heads, 1, key_dim),
-                                          like.new_empty(self.rows, heads, 1, value_dim))
+            if not is_allocated(layer):
+                allocate(layer, like.new_empty(self.rows, heads, 1, key_dim), like.new_empty(self.rows, heads, 1, value_dim))
 
     def step(self, tokens: torch.Tensor, positions: torch.Tensor, decoding: torch.Tensor) -> torch.Tensor:
         """One compiled forward of ``tokens`` (rows,) at ``positions`` (rows,); rows where ``decoding`` (rows,)
@@ -270,15 +295,17 @@ class StaticBatch:
         column = self.column
         self.mask[:, column] = decoding.long()
         out = self._step(input_ids=tokens[:, None], attention_mask=self.mask, position_ids=positions[:, None],
-                         **{self._kw: self.cache}, use_cache=True, logits_to_keep=1)
+                         **{self._kw: self.cache}, **self._written(1), use_cache=True, logits_to_keep=1)
         return out.logits[:, -1]
 
     def select(self, keep: torch.Tensor, rows: int, decoder: str) -> StaticBatch:
         """A batch of ``rows`` (a bucket) holding rows ``keep`` of this one first, the rest empty (all masked)."""
+        from adwin.decode.kv_cache import allocate
+
         small = StaticBatch(self.model, rows, self.columns, decoder)
         column = self.column
         for mine, theirs in zip(self.layers, small.layers, strict=True):
-            theirs.lazy_initialization(mine.keys[:rows], mine.values[:rows])
+            allocate(theirs, mine.keys[:rows], mine.values[:rows])
             theirs.keys[: len(keep)] = mine.keys[keep]
             theirs.values[: len(keep)] = mine.values[keep]
         small.seek(column)

@@ -152,6 +152,21 @@ def test_a_sliding_window_cache_is_refused_by_the_row_laying_decoders_before_any
         generate_compacting(sliding, CONTEXTS, 5, eos=EOS, pad_id=0, temperature=0.0, compile=True)
 
 
+def test_a_sliding_window_model_decodes_compiled_through_generate_on_a_bucket_sized_cache() -> None:
+    """A model the row-laying decoders refuse runs transformers' ``generate`` on a static cache adwin builds at
+    the bucket's size (no ``max_cache_len`` argument, which older releases lack), to the eager tokens."""
+    sliding = make_tiny_sliding_window_model()
+    with torch.no_grad():  # EOS likely enough that rows stop at different lengths
+        sliding.lm_head.weight[2] += 0.3 * sliding.lm_head.weight.norm(dim=1).mean()
+    kw = {"eos": EOS, "pad_id": 0, "temperature": 0.0, "with_logprobs": True}
+    eager = generate(sliding, CONTEXTS, [9, 5, 9], **kw)
+    compiled = generate(sliding, CONTEXTS, [9, 5, 9], compile=True, **kw)
+    assert compiled.response_ids == eager.response_ids and compiled.finished == eager.finished
+    for got, want in zip(compiled.logprobs, eager.logprobs, strict=True):
+        assert got == pytest.approx(want, abs=1e-4)
+    assert (batch_bucket(len(CONTEXTS)), cache_bucket(7 + 9)) in LEDGER.shapes["generate"]
+
+
 def test_a_lora_student_decodes_compiled_to_the_eager_tokens_and_follows_its_adapters(model) -> None:
     """peft's ``generate`` runs transformers' compiled step of the wrapped model, adapters included; an in-place
     update of the adapters (an optimizer step) reaches the compiled step."""
