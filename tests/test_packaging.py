@@ -205,3 +205,22 @@ def test_the_transformers_floor_is_the_version_ci_tests() -> None:
     floor = next(d for d in deps if d.startswith("transformers"))
     pins = [x for x in (ROOT / ".ci" / "transformers-floor.txt").read_text().splitlines() if x.startswith("transformers")]
     assert pins == [floor.replace(">=", "==")]
+
+
+def test_every_release_ci_tests_verl_on_is_one_pyproject_accepts() -> None:
+    """verl's range (.ci/verl-range.txt) is an environment `pip install adwin verl==...` can give: each pin of a
+    package adwin depends on (its own dependencies and the trl extra) meets adwin's range for it."""
+    import tomllib
+    from packaging.requirements import Requirement
+
+    project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
+    ours = {r.name.lower().replace("_", "-"): r.specifier for r in map(
+        Requirement, [*project["dependencies"], *project["optional-dependencies"]["trl"]])}
+    pins = [Requirement(x) for x in (ROOT / ".ci" / "verl-range.txt").read_text().splitlines()
+            if x and not x.startswith("#")]
+    names = {p.name.lower().replace("_", "-") for p in pins}
+    assert {"verl", "transformers"} <= names
+    for pin in pins:
+        version = next(iter(pin.specifier)).version
+        spec = ours.get(pin.name.lower().replace("_", "-"))
+        assert spec is None or spec.contains(version), f"{pin} is outside adwin's {pin.name}{spec}"
