@@ -28,10 +28,18 @@ def ddp_config(tmp: Path, **extra: Any) -> Path:
 ROOT = Path(__file__).resolve().parents[1]
 
 
+def child_env(**extra: str) -> dict[str, str]:
+    """The environment of an ``adwin`` subprocess: this one's, with the checkout first on ``PYTHONPATH`` and what was
+    there kept after it, made absolute (CI puts another transformers release there; the child, started in another
+    folder, must import the same one)."""
+    kept = [os.path.abspath(p) for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p]
+    path = os.pathsep.join([str(ROOT), *kept])
+    return {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": path, **extra}
+
+
 def two_ranks(tmp: Path, *args: str) -> subprocess.CompletedProcess[str]:
     """``adwin train --nproc 2 ARGS`` run in ``tmp``; fails the test with its stderr when it fails."""
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(ROOT)}
-    done = subprocess.run([sys.executable, "-m", "adwin", "train", "--nproc", "2", *args], cwd=tmp, env=env,
+    done = subprocess.run([sys.executable, "-m", "adwin", "train", "--nproc", "2", *args], cwd=tmp, env=child_env(),
                           capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stderr[-3000:]
     return done

@@ -3,12 +3,12 @@
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
+from ddp_runs import child_env
 
 from adwin.cli import main
 from adwin.config import preset_path
@@ -48,7 +48,7 @@ def test_the_same_command_in_the_repository_and_elsewhere_trains_the_same_config
 
 
 def test_two_processes_run_as_typed_with_inline_probes_chosen_and_said(home: Path, tmp_path: Path) -> None:
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(ROOT), "ADWIN_HOME": str(home)}
+    env = child_env(ADWIN_HOME=str(home))
     done = subprocess.run([sys.executable, "-m", "adwin", "train", "--nproc", "2", "--steps", "2", *SMALL,
                            "--out", str(tmp_path / "runs")],
                           cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300)
@@ -70,7 +70,7 @@ def test_an_unknown_preset_stops_the_command_before_compute_listing_the_presets(
 
 
 def test_the_default_task_trains_sharded_on_two_processes_and_resumes(home: Path, tmp_path: Path) -> None:
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(ROOT), "ADWIN_HOME": str(home)}
+    env = child_env(ADWIN_HOME=str(home))
     run_dir = tmp_path / "runs" / "adwin-builtin"
     for args in (["--steps", "2", *SMALL, "--set", "model.sharding=fsdp", "--out", str(tmp_path / "runs")],
                  ["--resume", str(run_dir), "--steps", "3", "--profile", "tiny", "--no-progress"]):  # one step more

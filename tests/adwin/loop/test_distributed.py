@@ -4,14 +4,12 @@ matches the 1-process run with the same global batch, and what N ranks cannot do
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 import sys
-from pathlib import Path
 
 import pytest
 import torch
-from ddp_runs import ddp_config
+from ddp_runs import child_env, ddp_config
 from safetensors.torch import load_file
 
 from adwin.cli import main as cli_main
@@ -21,14 +19,12 @@ from adwin.loop.distributed import LocalDist, init_distributed
 from adwin.loop.sharding import check_data_parallel
 from adwin.loop.trainer import train
 
-ROOT = Path(__file__).resolve().parents[3]
-
 
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory: pytest.TempPathFactory) -> dict:
     tmp = tmp_path_factory.mktemp("ddp")
     cfg_path = ddp_config(tmp)
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(ROOT)}
+    env = child_env()
     two = subprocess.run([sys.executable, "-m", "adwin", "train", "--nproc", "2", "--config", str(cfg_path),
                           "--name", "two"], cwd=tmp, env=env, capture_output=True, text=True, timeout=300)
     assert two.returncode == 0, two.stderr[-3000:]

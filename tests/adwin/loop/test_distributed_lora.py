@@ -5,13 +5,12 @@ and adapters equal the 1-process run's."""
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
-from ddp_runs import assert_same_decisions, ddp_config
+from ddp_runs import assert_same_decisions, child_env, ddp_config
 from safetensors.torch import load_file
 
 from adwin.config import load_config
@@ -20,14 +19,13 @@ from adwin.loop.trainer import train
 
 peft = pytest.importorskip("peft")  # the lora extra
 
-ROOT = Path(__file__).resolve().parents[3]
 ADAPTER = Path("checkpoint-3") / "adapter_model.safetensors"
 
 
 def test_two_ranks_of_a_lora_student_match_one_process(tmp_path: Path) -> None:
     cfg_path = ddp_config(tmp_path, **{"model.lora.r": 4, "model.lora.alpha": 8, "optim.lr": 1e-2})
     launch = [sys.executable, "-m", "adwin", "train", "--nproc", "2", "--config", str(cfg_path), "--name", "two"]
-    done = subprocess.run(launch, cwd=tmp_path, env={**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(ROOT)},
+    done = subprocess.run(launch, cwd=tmp_path, env=child_env(),
                           capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stderr[-3000:]
     one = train(load_config(cfg_path, {"name": "one"}), Controller())
