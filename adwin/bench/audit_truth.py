@@ -79,6 +79,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--probe-batch", default=None, help="the replay's P, comma-separated (default: the run's and 8)")
     p.add_argument("--replay-audits", type=int, default=12, help="audits per replayed run (default 12)")
     p.add_argument("--replay-runs", type=int, default=40, help="replayed runs per rule (default 40)")
+    p.add_argument("--cadence", type=int, default=1, help="the replay's steps between audits (default 1): a pooled "
+                   "audit's age, for its decay and the staleness limit")
     p.add_argument("--initial", type=int, default=None,
                    help="the replay's window before its first audit (default: the run's window.initial, saved with "
                         "each pool; else the largest candidate)")
@@ -101,6 +103,8 @@ def main(args: argparse.Namespace) -> int:
     if args.rollouts < max(sizes + [args.update_rollouts + 2]):
         raise ValueError(f"--rollouts {args.rollouts} must cover the largest P ({max(sizes)}) and "
                          f"--update-rollouts + 2 ({args.update_rollouts + 2})")
+    if args.cadence < 1:
+        raise ValueError(f"--cadence must be >= 1, got {args.cadence}")
     if args.probe_batch:
         most = max(int(x) for x in str(args.probe_batch).split(","))
         if args.replay_audits * most > args.rollouts:
@@ -116,13 +120,16 @@ def main(args: argparse.Namespace) -> int:
     p_run = sorted({int(x) for x in str(args.probe_batch).split(",")}) if args.probe_batch else \
         sorted({int(meta["probe_batch"]), 8})
     rng = np.random.default_rng(args.seed)
-    report = {"meta": meta | {"sizes": sizes, "replay_probe_batches": p_run}, "checkpoints": []}
+    report = {"meta": meta | {"sizes": sizes, "replay_probe_batches": p_run, "replay_cadence": args.cadence},
+              "checkpoints": []}
     for ck in checkpoints:
         report["checkpoints"].append(measure_checkpoint(ck["h"], ck["candidates"], ck["horizon"], ck["threshold"],
                                                         sizes=sizes, draws=args.draws, r=args.update_rollouts,
                                                         p_run=p_run, audits=args.replay_audits,
                                                         runs=args.replay_runs, rng=rng,
-                                                        initial=args.initial or ck.get("meta", meta).get("initial"))
+                                                        initial=args.initial or ck.get("meta", meta).get("initial"),
+                                                        cadence=args.cadence,
+                                                        max_age=ck.get("meta", meta).get("staleness_limit", 5))
                                      | {"step": ck["step"], "pool": ck["pool"]})
     (out_dir / "truth.json").write_text(json.dumps(report, indent=2))
     text = truth_markdown(report)
@@ -134,7 +141,8 @@ def main(args: argparse.Namespace) -> int:
 
 def measure_checkpoint(h: np.ndarray, candidates: Sequence[int], horizon: int, threshold: float, *,
                        sizes: Sequence[int], draws: int, r: int, p_run: Sequence[int], audits: int, runs: int,
-                       rng: np.random.Generator, initial: int | None = None) -> dict[str, Any]:
+                       rng: np.random.Generator, initial: int | None = None, cadence: int = 1,
+                       max_age: int | None = None) -> dict[str, Any]:
     """Every table row of one checkpoint from its (N, K+1, N, K+1) cross Gram."""
     from adwin.audit import truth
 
@@ -156,18 +164,20 @@ def measure_checkpoint(h: np.ndarray, candidates: Sequence[int], horizon: int, t
         "update_view": {"R": r, **{str(c): v for c, v in zip([*cands, "full"], update, strict=True)}},
         "truth_window": window, "surely_admissible_window": sure, "replay_initial": initial,
         "replay": {str(p): {rule.name: replay(h, cands, horizon, threshold, rule, p=p, audits=audits, runs=runs,
-                                              truth_window=window, rng=rng, initial=initial) for rule in RULES}
+                                              truth_window=window, rng=rng, initial=initial, cadence=cadence,
+                                              max_age=max_age) for rule in RULES}
                    for p in p_run},
     }
 
 
 def replay(h: np.ndarray, candidates: Sequence[int], horizon: int, threshold: float, rule: Rule, *, p: int,
            audits: int, runs: int, truth_window: int, rng: np.random.Generator, cadence: int = 1,
-           level: float = 0.9, initial: int | None = None) -> dict[str, Any]:
+           level: float = 0.9, initial: int | None = None, max_age: int | None = None) -> dict[str, Any]:
     """``runs`` runs of ``audits`` audits of ``p`` probes drawn from the pool (the weights held fixed, so the right
     window never moves; within a run no sample is drawn twice): ADWIN's policy with ``rule``'s settings decides
     after each, on the estimators the product computes (``adwin.audit.evidence``; a pooled rule weights the last
-    ``rule.pool`` audits' samples by ``rule.decay ** age``, ``cadence`` steps between audits). Returns the share of
+    ``rule.pool`` audits' samples by ``rule.decay ** age``, ``cadence`` steps between audits, none older than
+    ``max_age`` steps: the staleness limit the product's pool keeps to). Returns the share of
     decisions within one rung of ``truth_window``, exactly on it, and the windows chosen."""
     from adwin.audit import truth
     from adwin.audit.evidence import evidence_of_gram
@@ -185,6 +195,8 @@ def replay(h: np.ndarray, candidates: Sequence[int], horizon: int, threshold: fl
         order = rng.permutation(n)
         for a in range(audits):
             first = max(0, a - rule.pool + 1)
+            if max_age is not None:  # the product drops an audit older than the staleness limit from the pool
+                first = max(first, a - max_age // cadence)
             idx = order[first * p:(a + 1) * p]
             ages = cadence * (a - np.arange(first, a + 1))  # (audits pooled,)
             weights = np.repeat(rule.decay ** ages.astype(float), p)  # (m,): decay ** age per sample
@@ -280,7 +292,8 @@ def _sample_checkpoints(args: argparse.Namespace, at: list[int], out_dir: Path) 
     meta = {"command": command_line(), "task": args.task, "profile": args.profile, "commit": git_commit(),
             "date": dt.datetime.now().isoformat(timespec="seconds"), "horizon": cfg.rollout.max_response_len,
             "candidates": list(cfg.window.candidates), "threshold": float(cfg.window.threshold),
-            "probe_batch": int(cfg.probes.batch_size), "initial": cfg.window.initial, "rollouts_per_step": cfg.rollout.prompts_per_step
+            "probe_batch": int(cfg.probes.batch_size), "initial": cfg.window.initial,
+            "staleness_limit": int(cfg.probes.staleness_limit), "rollouts_per_step": cfg.rollout.prompts_per_step
             * cfg.rollout.samples_per_prompt, "lr": cfg.optim.lr, "seed": args.seed, "cpus": os.cpu_count()}
     parts = load_run_parts(cfg, args.profile, args.assets_seed)
     checkpoints: list[dict] = []
