@@ -41,6 +41,20 @@ def test_the_replay_starts_where_the_run_starts() -> None:
     assert out["windows"] == {"256": 1.0}  # held on noise: the run's window.initial, not the largest candidate
 
 
+def test_a_pooled_rule_reads_no_audit_older_than_the_staleness_limit() -> None:
+    h = _h([0.9, 0.95, 0.97, 0.98, 0.99], np.sqrt(sum(TOKENS) / 6))
+    (pooled,) = [r for r in RULES if r.name == "batch, point, 8 audits pooled (decay 0.9)"]
+
+    def run(rule: Rule, **kw: int) -> dict:
+        out = replay(h, CANDS, HORIZON, 0.7, rule, p=8, audits=8, runs=4, truth_window=64,
+                     rng=np.random.default_rng(3), **kw)
+        return {k: v for k, v in out.items() if k != "pooled_audits"}  # the rule's setting, not what it read
+
+    # audits 3 steps apart under a limit of 2: every pool holds its own audit alone, as the paper's rule reads it
+    assert run(pooled, cadence=3, max_age=2) == run(RULES[0], cadence=3, max_age=2)
+    assert run(pooled, cadence=1, max_age=5) != run(RULES[0], cadence=1, max_age=5)
+
+
 def test_on_pure_noise_the_papers_rule_moves_the_window() -> None:
     """Why noise_hold exists: the batch cosine of a long prefix reads sqrt(w / H) in noise, near the threshold."""
     out = replay(_h([0.2, 0.3, 0.35, 0.5, 0.85], 0.0), CANDS, HORIZON, 0.7, RULES[0], p=8, audits=12, runs=6,
