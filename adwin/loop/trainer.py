@@ -28,7 +28,7 @@ from adwin.loop.parts import Parts, build_optimizer, load_parts, open_loggers, r
 from adwin.loop.probing import open_probe_side
 from adwin.loop.rank_zero import RankZeroController, SilentSinks
 from adwin.loop.sampler import Sampler
-from adwin.loop.sharding import check_data_parallel, gather_rollouts, rollout_seeds
+from adwin.loop.sharding import check_data_parallel, gather_rollouts
 from adwin.loop.step import optimize, window_metrics
 from adwin.policies.surprise import surprise_metrics
 from adwin.runtime.checkpoint import rng_state, save_checkpoint
@@ -98,7 +98,6 @@ def train(cfg: TrainConfig, controller: ControllerAPI | None, parts: Parts | Non
     probes = open_probe_side(cfg, ctl, run_id, parts, gen, optimizer, dist)  # thread/Ray workers start here
     faults = FaultCounter(cfg.optim.max_bad_steps)
     clock, started = Clock(), time.perf_counter()
-    n = cfg.rollout.samples_per_prompt
 
     def checkpoint(step: int) -> Path:
         probes.drain(step)  # normally a no-op (drained before logging); the fault stop comes here directly
@@ -134,7 +133,7 @@ def train(cfg: TrainConfig, controller: ControllerAPI | None, parts: Parts | Non
         prompts = parts.train_prompts.next_batch(cfg.rollout.prompts_per_step)
         mine = dist.shard(len(prompts))  # every rank drew the same global batch: keep this rank's rows
         with clock("rollout"):
-            batch = gen.roll_out(prompts[mine], n, win.window, seeds=rollout_seeds(cfg, t, mine, n))
+            batch = gen.step_rollouts(prompts[mine], mine, win.window, t)
         with clock("teacher"):
             teacher, outage = score_or_outage(parts.teachers, batch, cfg, dist)
         if teacher is None:  # the server stays down: no rank trains on the step; checkpoint its start and stop
