@@ -104,7 +104,7 @@ class RidingWorker:
             self._parked[1].cancel()
             self._parked = None
 
-    # --- the sampler's side (``adwin.loop.sampler.Rider``) ------------------------------------------
+    # --- the sampler's side (``adwin.sampling.batch.Rider``) ---------------------------------------
 
     def board(self, window: int) -> tuple[list[list[int]], list[int], list[int] | None] | None:
         """The parked round's contexts, budgets (capped at the call's ``window``) and row seeds for this rollout

@@ -165,8 +165,8 @@ def _random_step_inputs(setup: Setup, vocab: int, pad: int, rank: int) -> tuple[
     """A rank's rows of random tokens (a 4-token prompt each) and random teacher logprobs."""
     import torch
 
-    from adwin.loop.sampler import Batch
     from adwin.loop.step import TeacherSignal
+    from adwin.sampling.batch import Batch
     from adwin.sampling.data import Prompt
     from adwin.sampling.rollout import layout
 

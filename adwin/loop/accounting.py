@@ -8,7 +8,7 @@ from contextlib import contextmanager
 
 import numpy as np
 
-from adwin.loop.sampler import Batch
+from adwin.sampling.batch import Batch
 
 
 class TokenLedger:

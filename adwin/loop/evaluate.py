@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import logging
 import math
-from collections.abc import Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -21,14 +20,12 @@ import torch
 
 from adwin.backends.fsdp import full_weights
 from adwin.config import TrainConfig
-from adwin.decode.engine import HFEngine
 from adwin.loop.distributed import LocalDist
 from adwin.loop.parts import Parts
 from adwin.loop.sampler import Sampler
-from adwin.loop.sharding import seeds_for
 from adwin.objectives.losses import token_logprobs
-from adwin.sampling.compact import generate_compacting
-from adwin.sampling.rollout import encode_prompts, layout
+from adwin.sampling.rollout import layout
+from adwin.tasks.row_scores import Forcing, score_rows
 from adwin.teacher.client import TeacherUnavailable
 
 log = logging.getLogger(__name__)
@@ -56,40 +53,6 @@ class EvalRows:
         return [float(np.mean(rows[i : i + self.k])) for i in range(0, len(rows), self.k)]
 
 
-def line_scores(cfg: TrainConfig, prompts: Sequence[str], texts: Sequence[str]) -> dict[str, list[float]]:
-    """The built-in task's line measures per row (empty for a JSONL task)."""
-    if cfg.data.task != "builtin":
-        return {}
-    from adwin.tasks.suite import get_task
-
-    task = get_task(cfg.data.builtin_task)
-    out: dict[str, list[float]] = {m: [] for m in task.line_measures}  # keyed even without rows: ranks sum alike
-    for prompt, text in zip(prompts, texts, strict=True):
-        for measure, value in task.score_lines(prompt, text).measures().items():
-            out[measure].append(value)
-    return out
-
-
-def forced_scores(parts: Parts, cfg: TrainConfig, gen: Sampler, prompts: Sequence[str],
-                  ctx: Sequence[Sequence[int]], first: int) -> tuple[list[float], dict[str, tuple[float, float]]]:
-    """Teacher-forced line skill (:mod:`adwin.tasks.forced`) of this rank's rows: each row's share of lines right,
-    and per window bin ``eval/forced_lines@<w>`` (lines right, lines), summed over ranks like every mean. A problem's
-    ``k`` rows share one reference, so each problem is scored once."""
-    from adwin.tasks.forced import binned, forced_lines
-    from adwin.tasks.suite import get_task
-
-    task = get_task(cfg.data.builtin_task)
-    k = cfg.eval.k
-    # rows first.. are problem-major: row r belongs to problem r // k, whose first row on this rank stands for it
-    heads = [i for i in range(len(prompts)) if i == 0 or (first + i) // k != (first + i - 1) // k]
-    scored = forced_lines(parts.student, parts.tokenizer, task, [ctx[i] for i in heads], [prompts[i] for i in heads],
-                          pad_id=gen.pad, batch_size=cfg.eval.batch_size)
-    of_problem = {(first + i) // k: s for i, s in zip(heads, scored, strict=True)}
-    rows = [of_problem[(first + i) // k] for i in range(len(prompts))]
-    bins = binned(scored, cfg.window.candidates, cfg.rollout.max_response_len)
-    return [r.share for r in rows], {f"eval/forced_lines@{hi}": (float(r), float(n)) for hi, (r, n) in bins.items()}
-
-
 @torch.no_grad()
 def evaluate(parts: Parts, cfg: TrainConfig, gen: Sampler, dist: LocalDist | None = None) -> dict[str, float]:
     """Accuracy mean@k on held-out problems and the teacher KL (k1 of KL(p || q)) on those rollouts.
@@ -112,32 +75,16 @@ def _evaluate(parts: Parts, cfg: TrainConfig, gen: Sampler, dist: LocalDist) -> 
     problems = [p for p in parts.eval_prompts[: e.n_problems] for _ in range(e.k)]
     mine = dist.shard(len(problems))
     problems, first = problems[mine], mine.start
-    seeds = seeds_for(cfg, "eval", 0, range(first, first + len(problems)))
-    if e.compact and isinstance(gen.engine, HFEngine):
-        ctx = encode_prompts(parts.tokenizer, [p.prompt for p in problems], cfg.data.max_prompt_len)
-        responses = []
-        for i in range(0, len(problems), chunk):
-            responses += generate_compacting(gen.engine.model, ctx[i : i + chunk], cfg.rollout.max_response_len,
-                                             eos=gen.eos, pad_id=gen.pad, temperature=e.temperature, top_p=e.top_p,
-                                             row_seeds=None if seeds is None else seeds[i : i + chunk],
-                                             compile=gen.engine.compile).response_ids
-        # score rows of similar length together: far less padding than problem order
-        order = sorted(range(len(problems)), key=lambda b: len(ctx[b]) + len(responses[b]))
-    else:  # one generate call per chunk of rows (vLLM batches continuously itself), scored in that order
-        ctx, responses = [], []
-        for i in range(0, len(problems), chunk):
-            b = gen.roll_out(problems[i : i + chunk], 1, cfg.rollout.max_response_len, evaluation=True,
-                             seeds=None if seeds is None else seeds[i : i + chunk])
-            ctx += b.prompt_ids
-            responses += b.response_ids
-        order = list(range(len(problems)))
+    ctx, responses, order = gen.evaluation_rows(problems, first)
     texts = parts.tokenizer.batch_decode(responses, skip_special_tokens=True)
     correct = [parts.checker(txt, p.answer) for txt, p in zip(texts, problems, strict=True) if p.answer is not None]
-    lines = line_scores(cfg, [p.prompt for p in problems], texts)
+    lines: dict[str, list[float]] = {}
     forced_bins: dict[str, tuple[float, float]] = {}
-    if e.forced_lines and cfg.data.task == "builtin":
-        per_row, forced_bins = forced_scores(parts, cfg, gen, [p.prompt for p in problems], ctx, first)
-        lines["forced_lines"] = per_row
+    if cfg.data.task == "builtin":
+        forcing = Forcing(parts.student, parts.tokenizer, ctx, first, e.k, gen.pad, e.batch_size,
+                          cfg.window.candidates, cfg.rollout.max_response_len) if e.forced_lines else None
+        lines, bins = score_rows(cfg.data.builtin_task, [p.prompt for p in problems], texts, forcing)
+        forced_bins = {f"eval/forced_lines@{hi}": pair for hi, pair in bins.items()}
     if parts.eval_log is not None:
         scores = {"accuracy": [float(c) for c in correct]} if len(correct) == len(problems) else {}
         parts.eval_log.append(EvalRows(first, e.k, scores | lines))

@@ -19,10 +19,10 @@ from typing import Any
 from adwin.config import TrainConfig
 from adwin.loop.distributed import LocalDist
 from adwin.loop.parts import Parts
-from adwin.loop.sampler import Batch
 from adwin.loop.step import TeacherSignal, score_teacher
 from adwin.runtime.checkpoint import rng_state, set_rng_state
 from adwin.runtime.guards import TeacherOutage
+from adwin.sampling.batch import Batch
 from adwin.teacher.client import TeacherUnavailable
 from adwin.teacher.served import ServedTeachers
 

@@ -1,22 +1,17 @@
-"""Everything a run computes with, loaded and checked before the first step: models, prompts, optimizer,
-loggers and the controller run spec."""
+"""Everything a run computes with, loaded and checked before the first step: prompts, models, optimizer and the
+controller run spec (the loggers: ``adwin.runtime.metrics_log.open_loggers``)."""
 
 from __future__ import annotations
 
 import math
-import random
 from collections.abc import Callable
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
-import numpy as np
 import torch
 
 from adwin.config import TrainConfig
-from adwin.controller.api import ControllerAPI
 from adwin.controller.schemas import PolicyIn, RunIn
-from adwin.runtime.metrics_log import ControllerLogger, JsonlLogger, MultiLogger, StdoutLogger, WandbLogger
 from adwin.sampling.data import (
     Prompt,
     PromptStream,
@@ -47,41 +42,30 @@ class Parts:
 
 
 
-def seed_everything(seed: int) -> None:
-    random.seed(seed)
-    np.random.seed(seed)
-    torch.manual_seed(seed)
-
-
 def load_parts(cfg: TrainConfig, profile: str = "default") -> Parts:
-    """Load student, teachers and prompts; check tokenizers and routes before any compute.
+    """Load prompts, student and teachers; check tokenizers, context and routes before any compute.
 
     ``builtin`` model paths come from the built-in task's prepared assets of ``profile`` (``tiny`` for tests).
     """
     uses_builtin = cfg.model.student == "builtin" or "builtin" in cfg.model.teachers.values()
     assets = builtin_assets(cfg, profile) if uses_builtin else None
     student_path, tok_path = student_paths(cfg, assets)
-    tokenizer = load_tokenizer(tok_path)
-    student = load_student(cfg, student_path)
-    check_context(cfg.data.max_prompt_len, cfg.rollout.max_response_len,
-                  getattr(student.config, "max_position_embeddings", None))
     teacher_paths = resolve_teachers(cfg.model.teachers, assets)
+    train, eval_p = load_prompts(cfg)  # their own RNG streams: nothing below draws from them
+    tokenizer = load_tokenizer(tok_path)
+    base = load_model(student_path, cfg.model.dtype, cfg.model.device)
     served = cfg.model.teacher_server
-    teachers = load_teachers(cfg.model.teacher_backend, teacher_paths, tokenizer, int(student.config.vocab_size),
+    teachers = load_teachers(cfg.model.teacher_backend, teacher_paths, tokenizer, int(base.config.vocab_size),
                              cfg.model.dtype, cfg.model.device, gpu_memory=cfg.model.vllm_gpu_memory,
                              max_model_len=cfg.data.max_prompt_len + cfg.rollout.max_response_len,
                              client=served.client(), check_tokenizer=served.check_tokenizer)
-    train, eval_p = load_prompts(cfg)
+    # LoRA adapters on the student only (teachers stay the plain checkpoints); apply_lora seeds its own init
+    student = base if cfg.model.lora is None else apply_lora(base, cfg.model.lora, seed=cfg.seed)
+    check_context(cfg.data.max_prompt_len, cfg.rollout.max_response_len,
+                  getattr(student.config, "max_position_embeddings", None))
     check_routes(train.route_examples() + eval_p, list(teachers.models))
     checker = builtin_checker() if cfg.data.task == "builtin" else match_answer
     return Parts(student, tokenizer, teachers, train, eval_p, checker)
-
-
-def load_student(cfg: TrainConfig, path: str | Path) -> torch.nn.Module:
-    """The student checkpoint at ``path``, wrapped with LoRA adapters when ``model.lora`` is set (teachers are
-    never wrapped: they stay the plain checkpoints)."""
-    student = load_model(path, cfg.model.dtype, cfg.model.device)
-    return student if cfg.model.lora is None else apply_lora(student, cfg.model.lora, seed=cfg.seed)
 
 
 def builtin_assets(cfg: TrainConfig, profile: str) -> Any:
@@ -136,16 +120,6 @@ def run_spec(cfg: TrainConfig) -> RunIn:
     return RunIn(name=cfg.name, policy=policy, probe_batch_size=p.batch_size, staleness_limit=p.staleness_limit,
                  offers_per_step=p.offers_per_step, max_active_probes=p.max_active, lookahead=p.lookahead,
                  selection=p.selection, seed=cfg.seed, config=cfg.model_dump(mode="json"))
-
-
-def open_loggers(cfg: TrainConfig, run_dir: Path, controller: ControllerAPI, run_id: str) -> MultiLogger:
-    resolved = cfg.model_dump(mode="json")
-    sinks: list[Any] = [JsonlLogger(run_dir, resolved), ControllerLogger(controller, run_id)]
-    if cfg.logging.stdout:
-        sinks.append(StdoutLogger(keys=["window/current", "loss/total", "loss/teacher_kl", "eval/accuracy"]))
-    if cfg.logging.wandb != "off":
-        sinks.append(WandbLogger(cfg.logging.wandb, run_dir, cfg.name, resolved))
-    return MultiLogger(sinks)
 
 
 def build_optimizer(cfg: TrainConfig, model: torch.nn.Module) -> tuple[torch.optim.Optimizer, Any]:

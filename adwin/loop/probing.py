@@ -31,12 +31,13 @@ from adwin.loop.accounting import TokenLedger
 from adwin.loop.distributed import LocalDist
 from adwin.loop.parts import Parts
 from adwin.loop.probe_rounds import RoundExtender
-from adwin.loop.sampler import Batch, Sampler
+from adwin.loop.sampler import Sampler
 from adwin.probes.client import ProbeClient
 from adwin.probes.executors import build_executor
 from adwin.probes.pool import Probe, ProbePool
 from adwin.probes.riding import RidingWorker
 from adwin.probes.settings import configure_audits
+from adwin.sampling.batch import Batch
 
 
 @dataclass

@@ -16,7 +16,7 @@ import torch
 
 from adwin.config import TrainConfig
 from adwin.loop.distributed import LocalDist
-from adwin.loop.sampler import Batch
+from adwin.sampling.batch import Batch
 from adwin.sampling.rollout import layout, response_values
 from adwin.sampling.seeding import row_seed
 

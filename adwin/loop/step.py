@@ -21,7 +21,6 @@ from adwin.config import TrainConfig
 from adwin.controller.schemas import WindowOut
 from adwin.loop.memory import micro_slices, training_forward
 from adwin.loop.reduce import LocalReducer, Reducer, all_sum_grads
-from adwin.loop.sampler import Batch
 from adwin.objectives.loss_table import (
     SAMPLED_TOKEN_LOSSES,  # need only the teacher's realized-token logprobs
 )
@@ -36,6 +35,7 @@ from adwin.objectives.losses import (
     upcast,
 )
 from adwin.runtime.guards import is_finite
+from adwin.sampling.batch import Batch
 from adwin.sampling.lora import trainable_parameters
 from adwin.sampling.rollout import response_values
 from adwin.teacher.load import AnyTeachers

@@ -24,15 +24,16 @@ from adwin.loop.accounting import Clock
 from adwin.loop.distributed import LocalDist
 from adwin.loop.evaluate import evaluate
 from adwin.loop.outage import score_or_outage, step_start, stop_after_outage
-from adwin.loop.parts import Parts, build_optimizer, load_parts, open_loggers, run_spec, seed_everything
+from adwin.loop.parts import Parts, build_optimizer, load_parts, run_spec
 from adwin.loop.probing import open_probe_side
 from adwin.loop.rank_zero import RankZeroController, SilentSinks
 from adwin.loop.sampler import Sampler
-from adwin.loop.sharding import check_data_parallel, gather_rollouts, rollout_seeds
+from adwin.loop.sharding import check_data_parallel, gather_rollouts
 from adwin.loop.step import optimize, window_metrics
 from adwin.policies.surprise import surprise_metrics
-from adwin.runtime.checkpoint import rng_state, save_checkpoint
+from adwin.runtime.checkpoint import rng_state, save_checkpoint, seed_everything
 from adwin.runtime.guards import FaultCounter, NumericalFault
+from adwin.runtime.metrics_log import open_loggers
 from adwin.runtime.rank_state import check_resumable, restore_rank_rng, write_rank_rngs
 from adwin.runtime.resilient_controller import controller_metrics, drain_controller
 from adwin.runtime.resume import (
@@ -78,27 +79,28 @@ def train(cfg: TrainConfig, controller: ControllerAPI | None, parts: Parts | Non
     dist = dist or LocalDist()
     check_data_parallel(cfg, dist.world)
     parts = parts or load_parts(cfg)
-    sharded = cfg.model.sharding == "fsdp"  # before the optimizer: it must hold the shards (adwin.backends.fsdp)
-    shard_student(parts.student, cfg, dist)
-    # batch seeding: ranks must not draw the same noise for different prompts; one process: unchanged
-    seed_everything(cfg.seed + (dist.rank if cfg.rollout.seeding == "batch" else 0))
     ctl = controller if dist.world == 1 else RankZeroController(controller, dist)  # every rank's calls
     run_dir = Path(cfg.out_dir) / cfg.name
     state = read_state(resume) if resume else None
+    run_id = state["run_id"] if state else ctl.register_run(run_spec(cfg)).run_id  # a resumed run is known
+    gen = Sampler(parts, cfg)
+    sharded = cfg.model.sharding == "fsdp"  # before the optimizer: it must hold the shards (adwin.backends.fsdp)
+    shard_student(parts.student, cfg, dist)
+    lora = is_lora(parts.student)  # a LoRA student's checkpoints and export hold its adapters
+    # the run's runtime side, together: RNG streams, the checkpoint to resume, loggers, the fault count
+    # batch seeding: ranks must not draw the same noise for different prompts; one process: unchanged
+    seed_everything(cfg.seed + (dist.rank if cfg.rollout.seeding == "batch" else 0))
     if resume:
         check_resumable(resume, dist.world, cfg.model.sharding, cfg.rollout.seeding)
-    run_id = state["run_id"] if state else ctl.register_run(run_spec(cfg)).run_id
     if state:
         if dist.is_main:
             truncate_metrics(run_dir, state["step"])
         ctl.get_run(run_id)  # the controller must know the run (and a wrapper caches it)
     sinks = open_loggers(cfg, run_dir, controller, run_id) if dist.is_main else SilentSinks()
-    optimizer, scheduler = build_optimizer(cfg, parts.student)
-    gen = Sampler(parts, cfg)
-    probes = open_probe_side(cfg, ctl, run_id, parts, gen, optimizer, dist)  # thread/Ray workers start here
     faults = FaultCounter(cfg.optim.max_bad_steps)
+    optimizer, scheduler = build_optimizer(cfg, parts.student)
+    probes = open_probe_side(cfg, ctl, run_id, parts, gen, optimizer, dist)  # thread/Ray workers start here
     clock, started = Clock(), time.perf_counter()
-    n = cfg.rollout.samples_per_prompt
 
     def checkpoint(step: int) -> Path:
         probes.drain(step)  # normally a no-op (drained before logging); the fault stop comes here directly
@@ -120,7 +122,7 @@ def train(cfg: TrainConfig, controller: ControllerAPI | None, parts: Parts | Non
     start = 0
     if resume:  # RNG states are restored last: nothing below may draw before the loop
         initial, start = resume_from(resume, parts.student, optimizer, scheduler, probes.pool, probes.ledger,
-                                     parts.train_prompts, faults, probes.schedule, probes.budget)
+                                     parts.train_prompts, faults, probes.schedule, probes.budget, lora=lora)
         restore_rank_rng(resume, dist.rank, dist.world)
     elif initial_eval is not None:
         initial = dict(initial_eval)
@@ -134,7 +136,7 @@ def train(cfg: TrainConfig, controller: ControllerAPI | None, parts: Parts | Non
         prompts = parts.train_prompts.next_batch(cfg.rollout.prompts_per_step)
         mine = dist.shard(len(prompts))  # every rank drew the same global batch: keep this rank's rows
         with clock("rollout"):
-            batch = gen.roll_out(prompts[mine], n, win.window, seeds=rollout_seeds(cfg, t, mine, n))
+            batch = gen.step_rollouts(prompts[mine], mine, win.window, t)
         with clock("teacher"):
             teacher, outage = score_or_outage(parts.teachers, batch, cfg, dist)
         if teacher is None:  # the server stays down: no rank trains on the step; checkpoint its start and stop
@@ -179,7 +181,7 @@ def train(cfg: TrainConfig, controller: ControllerAPI | None, parts: Parts | Non
     # LoRA one's adapter and merged student) and a LoRA student's (its adapter: the merged student beside it)
     if sharded:
         student = export_student(run_dir, parts.student, parts.tokenizer, dist)
-    elif is_lora(parts.student):
+    elif lora:
         student = run_dir / LORA_EXPORT / MERGED_DIR
         if dist.is_main:
             export_lora(parts.student, parts.tokenizer, run_dir / LORA_EXPORT)

@@ -29,13 +29,19 @@ from typing import Any
 import numpy as np
 import torch
 
-from adwin.backends.structure import is_lora
 from adwin.sampling.lora import ADAPTER_CONFIG, ADAPTER_WEIGHTS, require_peft
 
 log = logging.getLogger(__name__)
 
 _NAME = re.compile(r"^checkpoint-(\d+)$")
 _TMP_PREFIX = ".checkpoint-"
+
+
+def seed_everything(seed: int) -> None:
+    """Seed Python's, NumPy's and torch's global RNG streams (what ``rng_state`` captures)."""
+    random.seed(seed)
+    np.random.seed(seed)
+    torch.manual_seed(seed)
 
 
 def rng_state() -> dict[str, Any]:
@@ -192,25 +198,26 @@ def load_adapter(path: str | Path, model: torch.nn.Module) -> None:
                                  f"{sorted(adapters)[:3]}, unexpected {sorted(result.unexpected_keys)[:3]})")
 
 
-def check_checkpoint_kind(path: str | Path, model: torch.nn.Module) -> None:
-    """A LoRA student resumes from an adapter folder, a full one from a full checkpoint; else say which is which."""
+def check_checkpoint_kind(path: str | Path, lora: bool) -> None:
+    """A LoRA student (``lora``) resumes from an adapter folder, a full one from a full checkpoint; else say which
+    is which."""
     adapter = is_adapter_folder(path)
-    if adapter and not is_lora(model):
+    if adapter and not lora:
         raise CheckpointMismatch(f"{path}: the checkpoint holds LoRA adapters but the run's config has no "
                                  "model.lora; resume with the run's own config.json")
-    if is_lora(model) and not adapter:
+    if lora and not adapter:
         raise CheckpointMismatch(f"{path}: the checkpoint holds full weights but the run's config sets model.lora; "
                                  "resume with the run's own config.json")
 
 
-def load_weights(path: str | Path, model: torch.nn.Module) -> None:
+def load_weights(path: str | Path, model: torch.nn.Module, *, lora: bool) -> None:
     """Load a ``save_pretrained`` folder's weights into ``model`` in place (the optimizer keeps its params); a
-    LoRA student's folder holds its adapter only (``load_adapter``); a folder of the other kind is refused
-    (``check_checkpoint_kind``)."""
+    LoRA student's (``lora``: ``adwin.backends.structure.is_lora``) folder holds its adapter only (``load_adapter``);
+    a folder of the other kind is refused (``check_checkpoint_kind``)."""
     from safetensors.torch import load_file
 
     path = Path(path)
-    check_checkpoint_kind(path, model)
+    check_checkpoint_kind(path, lora)
     if is_adapter_folder(path):
         load_adapter(path, model)
         return

@@ -11,7 +11,11 @@ import math
 import sys
 from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import Any, Protocol, TextIO, runtime_checkable
+from typing import TYPE_CHECKING, Any, Protocol, TextIO, runtime_checkable
+
+if TYPE_CHECKING:
+    from adwin.config import TrainConfig
+    from adwin.controller.api import ControllerAPI
 
 log = logging.getLogger(__name__)
 
@@ -130,3 +134,14 @@ class MultiLogger:
     def close(self) -> None:
         for sink in self.sinks:
             sink.close()
+
+
+def open_loggers(cfg: TrainConfig, run_dir: Path, controller: ControllerAPI, run_id: str) -> MultiLogger:
+    """A run's sinks: the JSONL file and the controller, then stdout and W&B as ``logging`` asks."""
+    resolved = cfg.model_dump(mode="json")
+    sinks: list[Any] = [JsonlLogger(run_dir, resolved), ControllerLogger(controller, run_id)]
+    if cfg.logging.stdout:
+        sinks.append(StdoutLogger(keys=["window/current", "loss/total", "loss/teacher_kl", "eval/accuracy"]))
+    if cfg.logging.wandb != "off":
+        sinks.append(WandbLogger(cfg.logging.wandb, run_dir, cfg.name, resolved))
+    return MultiLogger(sinks)

@@ -142,15 +142,17 @@ def check_extension(checkpoint: Path, steps: int, schedule: str) -> None:
 
 
 def resume_from(checkpoint: Path, model: Any, optimizer: Any, scheduler: Any, pool: Any, ledger: Any,
-                prompts: Any, faults: Any, schedule: Any = None, budget: Any = None) -> tuple[dict[str, float], int]:
-    """Load everything back in place; RNG states last. Returns the run's initial evaluation and the next step."""
+                prompts: Any, faults: Any, schedule: Any = None, budget: Any = None, *,
+                lora: bool) -> tuple[dict[str, float], int]:
+    """Load everything back in place; RNG states last. Returns the run's initial evaluation and the next step.
+    ``lora``: the student is a LoRA one (``adwin.backends.structure.is_lora``), which resumes from its adapter only."""
     from adwin.runtime.checkpoint import load_checkpoint, load_weights
     from adwin.runtime.sharded_checkpoint import is_sharded_checkpoint, load_sharded
 
     if is_sharded_checkpoint(checkpoint):  # every rank reads its shards (any world size)
-        load_sharded(checkpoint, model, optimizer)
+        load_sharded(checkpoint, model, optimizer, lora=lora)
     else:
-        load_weights(checkpoint, model)
+        load_weights(checkpoint, model, lora=lora)
     state = load_checkpoint(checkpoint, optimizer, scheduler)
     restore_run_state(state["extra"], pool, ledger, prompts, faults, schedule, budget)
     log.info("resumed from %s at step %d (%d probes restored)", checkpoint, state["step"], len(pool))

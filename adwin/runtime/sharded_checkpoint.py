@@ -74,7 +74,7 @@ def stage_sharded(run_dir: Path, step: int, model: torch.nn.Module, optimizer: t
     return folder
 
 
-def load_sharded(path: Path, model: torch.nn.Module, optimizer: torch.optim.Optimizer) -> None:
+def load_sharded(path: Path, model: torch.nn.Module, optimizer: torch.optim.Optimizer, *, lora: bool) -> None:
     """Every rank: the checkpoint's weights and optimizer state into ``model`` and ``optimizer`` in place,
     resharded to this run's world size. A checkpoint of the other kind (full weights for a LoRA student, or
     the reverse) is a ``CheckpointMismatch`` naming ``model.lora``."""
@@ -83,7 +83,7 @@ def load_sharded(path: Path, model: torch.nn.Module, optimizer: torch.optim.Opti
 
     # an optimizer with no state yet gets empty moments
     model_sd, optim_sd = get_state_dict(model, optimizer, options=trained_options())
-    check_sharded_kind(path, set(model_sd), is_lora(model))
+    check_sharded_kind(path, set(model_sd), lora)
     state = {MODEL_KEY: model_sd, "optim": optim_sd}
     with _one_process_quiet():
         dcp.load(state, checkpoint_id=Path(path) / SHARDED_DIR, no_dist=_one_process())

@@ -15,6 +15,7 @@ from safetensors.torch import load_file
 from tiny_models import make_tiny_llama
 from torch.distributed.checkpoint import FileSystemReader
 
+from adwin.backends.structure import is_lora
 from adwin.cli import main as cli_main
 from adwin.config import LoraSection, load_config
 from adwin.controller import Controller
@@ -113,11 +114,11 @@ def test_a_sharded_checkpoint_of_the_other_kind_is_refused_naming_model_lora(run
     lora_ck = runs["sharded"] / f"checkpoint-{STEPS}"
     full = make_tiny_llama()
     with pytest.raises(CheckpointMismatch, match="holds LoRA adapters but the run's config has no model.lora"):
-        load_sharded(lora_ck, full, build_optimizer(cfg, full)[0])
+        load_sharded(lora_ck, full, build_optimizer(cfg, full)[0], lora=is_lora(full))
     other = apply_lora(make_tiny_llama(), LoraSection(r=4, target_modules=["q_proj"]))  # other targets
     with pytest.raises(CheckpointMismatch, match="LoRA adapters do not match the student's"):
-        load_sharded(lora_ck, other, build_optimizer(cfg, other)[0])
+        load_sharded(lora_ck, other, build_optimizer(cfg, other)[0], lora=is_lora(other))
     full_ck = stage_sharded(tmp_path, 1, full, build_optimizer(cfg, full)[0], LocalDist())  # a world of one
     lora = apply_lora(make_tiny_llama(), LoraSection(r=4))
     with pytest.raises(CheckpointMismatch, match="holds full weights but the run's config sets model.lora"):
-        load_sharded(full_ck, lora, build_optimizer(cfg, lora)[0])
+        load_sharded(full_ck, lora, build_optimizer(cfg, lora)[0], lora=is_lora(lora))

@@ -25,19 +25,19 @@ def test_probe_requests_ride_the_rollout_call_on_the_vllm_engine(tmp_path: Path,
     parts = load_parts(cfg)
     fake = HFBackedLLM(parts.student)
     monkeypatch.setattr(VLLMRollout, "load", staticmethod(lambda path, **kw: VLLMRollout(fake, sampling_params=params)))
-    real = Sampler.roll_out
+    step_rollouts, evaluation_rows = Sampler.step_rollouts, Sampler.evaluation_rows
     calls = Counter[str]()
 
-    def spy(self, prompts, n, window, *, evaluation=False, seeds=None):  # type: ignore[no-untyped-def]
-        kind = "eval" if evaluation else "rollout"
+    def phase(kind: str, call):  # type: ignore[no-untyped-def]
         fake.phase = f"{kind}-{calls[kind]}"
         calls[kind] += 1
         try:
-            return real(self, prompts, n, window, evaluation=evaluation, seeds=seeds)
+            return call()
         finally:
             fake.phase = None  # a forced round later in the step is its own call
 
-    monkeypatch.setattr(Sampler, "roll_out", spy)
+    monkeypatch.setattr(Sampler, "step_rollouts", lambda self, *a: phase("rollout", lambda: step_rollouts(self, *a)))
+    monkeypatch.setattr(Sampler, "evaluation_rows", lambda self, *a: phase("eval", lambda: evaluation_rows(self, *a)))
     res = train(cfg, Controller(), parts)
     rows = cfg.rollout.prompts_per_step * cfg.rollout.samples_per_prompt
     per_call = Counter(r.phase for r in fake.requests if str(r.phase).startswith("rollout"))

@@ -47,20 +47,27 @@ def _vllm_run(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, **extra: object):
     real_open = VLLMEngine.load.__func__  # type: ignore[attr-defined]
     monkeypatch.setattr(VLLMEngine, "load", classmethod(lambda cls, *a, **k: engines.append(real_open(cls, *a, **k))
                                                         or engines[-1]))
-    roll_out, extend = Sampler.roll_out, RoundExtender.__call__
+    step_rollouts, evaluation_rows = Sampler.step_rollouts, Sampler.evaluation_rows
+    extend = RoundExtender.__call__
     calls: list[tuple[str, object]] = []  # (kind, window or the positive budgets), one per Sampler call
 
-    def spy_roll_out(self, prompts, n, window, *, evaluation=False, seeds=None):  # type: ignore[no-untyped-def]
-        calls.append(("eval" if evaluation else "rollout", window))
+    def spy_rollouts(self, prompts, rows, window, step):  # type: ignore[no-untyped-def]
+        calls.append(("rollout", window))
         fake.phase = len(calls) - 1
-        return roll_out(self, prompts, n, window, evaluation=evaluation, seeds=seeds)
+        return step_rollouts(self, prompts, rows, window, step)
+
+    def spy_evaluation(self, problems, first):  # type: ignore[no-untyped-def]
+        calls.append(("eval", cfg.rollout.max_response_len))
+        fake.phase = len(calls) - 1
+        return evaluation_rows(self, problems, first)
 
     def spy_extend(self, contexts, budgets):  # type: ignore[no-untyped-def]
         calls.append(("probe", [b for b in budgets if b > 0]))
         fake.phase = len(calls) - 1
         return extend(self, contexts, budgets)
 
-    monkeypatch.setattr(Sampler, "roll_out", spy_roll_out)
+    monkeypatch.setattr(Sampler, "step_rollouts", spy_rollouts)
+    monkeypatch.setattr(Sampler, "evaluation_rows", spy_evaluation)
     monkeypatch.setattr(RoundExtender, "__call__", spy_extend)
     res = train(cfg, Controller(), parts)
     return cfg, res, fake, engines, loaded, calls

@@ -13,11 +13,11 @@ from adwin.controller import Controller
 from adwin.controller.schemas import OfferIn, PolicyIn, ProbeOfferItem, RunIn
 from adwin.loop.accounting import TokenLedger
 from adwin.loop.probing import ProbeSide
-from adwin.loop.sampler import Batch
 from adwin.probes.async_executor import AsyncProbeExecutor
 from adwin.probes.client import ProbeClient
 from adwin.probes.pool import Extension, Probe, ProbePool
 from adwin.probes.workers import InlineWorker, ThreadWorker
+from adwin.sampling.batch import Batch
 from adwin.sampling.data import Prompt
 from adwin.sampling.rollout import layout
 

@@ -11,9 +11,9 @@ from tiny_models import make_tiny_llama
 
 from adwin.config import TrainConfig, load_config
 from adwin.loop.parts import build_optimizer
-from adwin.loop.sampler import Batch
 from adwin.loop.step import TeacherSignal, optimize, score_teacher
 from adwin.objectives.losses import token_logprobs
+from adwin.sampling.batch import Batch
 from adwin.sampling.data import Prompt
 from adwin.sampling.lora import apply_lora
 from adwin.sampling.rollout import layout
@@ -56,7 +56,7 @@ def config(**overrides: Any) -> TrainConfig:
 def run_steps(cfg: TrainConfig, batches: list[Batch], *, student_seed: int = 3, reducer: Any = None,
               dtype: torch.dtype = torch.float64) -> tuple[list[dict[str, float]], torch.nn.Module, list[torch.Tensor]]:
     """``optimize`` once per batch on a fresh tiny student (with ``model.lora``: its LoRA wrapper, as
-    ``adwin.loop.parts.load_student`` builds it); returns the metrics, the student, the logprobs.
+    ``adwin.loop.parts.load_parts`` builds it); returns the metrics, the student, the logprobs.
 
     float64 by default: the step parity tests promise exactness (tests/numerics.py), which a float32 run cannot
     keep through Adam's normalisation on every CPU's kernels."""

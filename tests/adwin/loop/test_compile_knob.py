@@ -13,8 +13,8 @@ import pytest
 from tiny_models import make_tiny_llama
 
 import adwin.decode.engine as engine_mod
-import adwin.loop.evaluate as evaluate_mod
 import adwin.probes.executors as executors_mod
+import adwin.sampling.batch as batch_mod
 import adwin.trainer_adapters.generic as generic_mod
 from adwin.config import load_config
 from adwin.decode.loop import Generation
@@ -62,7 +62,7 @@ def test_the_rollout_engine_decodes_with_the_setting(setting, monkeypatch) -> No
 @pytest.mark.parametrize("setting", SETTINGS)
 def test_compact_evaluation_decodes_with_the_setting(setting, monkeypatch) -> None:
     seen: list[Any] = []
-    monkeypatch.setattr(evaluate_mod, "generate_compacting", _recording(seen))
+    monkeypatch.setattr(batch_mod, "generate_compacting", _recording(seen))
     gen = _sampler(setting)
     with pytest.raises(_Stop):
         evaluate(gen.parts, gen.cfg, gen)

@@ -11,6 +11,7 @@ from reliability_record import record
 from trainer_fixtures import tiny_overrides, write_config
 
 from adwin.audit import job as audit_job
+from adwin.backends.structure import is_lora
 from adwin.cli import main
 from adwin.config import load_config
 from adwin.controller import Controller
@@ -94,7 +95,7 @@ def test_repeated_faults_stop_the_run_with_a_checkpoint_of_the_last_good_state(t
     assert ck == run_dir / "checkpoint-2"
     initial = load_model(ov["model.student"], "float32", "cpu")
     saved = load_model(ov["model.student"], "float32", "cpu")
-    load_weights(ck, saved)
+    load_weights(ck, saved, lora=is_lora(saved))
     assert _same(_snapshot(initial), _snapshot(saved)), "both steps were skipped: the checkpoint is the start"
     record("repeated_faults", {"faults_injected": 2, "runs_stopped_cleanly": 1, "exit_code": 3,
                                "checkpoint_equals_last_good_state": True})

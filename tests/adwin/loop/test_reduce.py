@@ -11,7 +11,7 @@ from numerics import assert_same_params
 from step_fixtures import config, ragged_batch, run_steps
 
 from adwin.loop.reduce import LocalReducer, all_sum_grads
-from adwin.loop.sampler import Batch
+from adwin.sampling.batch import Batch
 from adwin.sampling.rollout import layout
 
 

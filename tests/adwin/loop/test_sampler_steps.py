@@ -8,7 +8,7 @@ import torch
 from tiny_models import make_tiny_llama
 
 from adwin.decode.generate import generate
-from adwin.loop.sampler import steps_needed
+from adwin.sampling.batch import steps_needed
 
 CONTEXTS = [[1, 5, 6], [1, 8], [1, 9, 9, 9]]
 

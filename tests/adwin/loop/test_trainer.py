@@ -14,8 +14,8 @@ from adwin.config import apply_policy_spec, load_config
 from adwin.controller import Controller
 from adwin.loop.accounting import TokenLedger
 from adwin.loop.parts import build_optimizer, load_parts
-from adwin.loop.sampler import Batch
 from adwin.loop.trainer import train
+from adwin.sampling.batch import Batch
 from adwin.sampling.rollout import Rows
 
 NAMESPACES = ("window/", "rollout/", "probe/", "audit/", "optim/", "loss/", "eval/", "time/", "drift/")

@@ -10,6 +10,7 @@ import torch
 from reliability_record import record
 from trainer_fixtures import tiny_overrides
 
+from adwin.backends.structure import is_lora
 from adwin.config import load_config
 from adwin.controller import Controller
 from adwin.loop.trainer import train
@@ -76,7 +77,7 @@ def test_resumed_run_matches_straight_run_parameters_and_windows(tmp_path: Path)
         state.pop("train_seconds"), state.pop("seconds"), state.pop("learner_seconds")  # measured: differ between any two runs
     assert budgets[0] == budgets[1]
     s_model = load_parts(straight_cfg).student
-    ckpt_mod.load_weights(tmp_path / "straight" / "run" / f"checkpoint-{N}", s_model)
+    ckpt_mod.load_weights(tmp_path / "straight" / "run" / f"checkpoint-{N}", s_model, lora=is_lora(s_model))
     diffs = [float((a - b).abs().max()) for a, b in zip(_params(s_model), _params(parts.student), strict=True)]
     assert max(diffs) <= 1e-6, max(diffs)
     # the step after the checkpoint was logged by the crashed run and again after resume: once in the file

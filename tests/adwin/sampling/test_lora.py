@@ -127,15 +127,15 @@ def test_adapter_checkpoints_hold_the_adapter_only_and_load_back_in_place(tmp_pa
     assert not (tmp_path / "ck" / "model.safetensors").exists()
     fresh = _student_from_disk(tmp_path)
     assert not torch.equal(_logits(fresh), _logits(student))
-    load_weights(tmp_path / "ck", fresh)
+    load_weights(tmp_path / "ck", fresh, lora=is_lora(fresh))
     assert torch.equal(_logits(fresh), _logits(student))
     with pytest.raises(CheckpointMismatch, match="holds LoRA adapters .* no model.lora"):
-        load_weights(tmp_path / "ck", make_tiny_llama())
+        load_weights(tmp_path / "ck", make_tiny_llama(), lora=False)
     with pytest.raises(CheckpointMismatch, match="holds full weights .* sets model.lora"):
-        load_weights(tmp_path / "base", fresh)
+        load_weights(tmp_path / "base", fresh, lora=is_lora(fresh))
     other = apply_lora(make_tiny_llama(), LoraSection(r=8))  # another rank: the adapter does not fit
     with pytest.raises(CheckpointMismatch, match="does not match the student's model.lora"):
-        load_weights(tmp_path / "ck", other)
+        load_weights(tmp_path / "ck", other, lora=is_lora(other))
 
 
 def test_export_writes_the_adapter_and_a_merged_plain_student_equal_to_merge_and_unload(tmp_path: Path) -> None:
