@@ -88,12 +88,13 @@ def lag_statistics(history: Sequence[Mapping[str, Any]]) -> dict[str, float]:
     return out
 
 
-FORCED_BIN = "eval/forced_lines@"  # + a bin's upper edge in response tokens (adwin.tasks.forced.bin_edges)
+FORCED_BIN = "@"  # eval/forced_lines@<c>: c, a bin's upper edge in response tokens (adwin.tasks.forced.bin_edges)
 
 
 def forced_bins(evaluation: Mapping[str, float]) -> dict[str, float]:
     """An evaluation's teacher-forced line skill per position bin, keyed by the bin's upper edge (empty without)."""
-    return {k.removeprefix(FORCED_BIN): float(v) for k, v in evaluation.items() if k.startswith(FORCED_BIN)}
+    keys = [k for k in evaluation if k.startswith("eval/forced_lines" + FORCED_BIN)]
+    return {k.rpartition(FORCED_BIN)[2]: float(evaluation[k]) for k in keys}
 
 
 def measure_run(history: Sequence[Mapping[str, Any]], initial: Mapping[str, float], final: Mapping[str, float],

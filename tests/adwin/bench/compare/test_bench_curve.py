@@ -99,7 +99,7 @@ def test_curve_smoke_run_on_the_tiny_profile_writes_its_rows_table_and_plot(tmp_
     (folder,) = (tmp_path / "out").iterdir()
     rows = [json.loads(x) for x in (folder / "curve.jsonl").read_text().splitlines()]
     assert [r["step"] for r in rows] == [0, 1, 2]
-    assert set(rows[1]["measures"]) == {"accuracy", "lines_right", "closing_right"}
+    assert set(rows[1]["measures"]) == {"accuracy", "lines_right", "closing_right", "forced_lines"}
     summary = json.loads((folder / "summary.json").read_text())
     assert summary["measure"] == "closing_right" and summary["steps"] == 2 and summary["rollouts_per_step"] == 4
     assert (folder / "curve.png").read_bytes()[:4] == b"\x89PNG"
