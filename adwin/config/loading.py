@@ -166,7 +166,7 @@ def parse_set(items: Iterable[str]) -> dict[str, Any]:
 
 def policy_overrides(name: str, **fields: Any) -> dict[str, Any]:
     """Dotted overrides that switch the window policy to ``name`` with its ``fields``. A policy that does not
-    audit also unsets ``window.confidence``: a preset that turns it on for ADWIN (configs/default.yaml) must not
+    audit also unsets ``window.confidence``: a preset or base config that turns it on for ADWIN must not
     block a switch to ``full`` or ``fixed`` (setting both by hand is still refused, naming the field)."""
     out: dict[str, Any] = {"window.policy": name} | {f"window.{k}": v for k, v in fields.items()}
     if not is_audited(name):

@@ -63,11 +63,12 @@ def test_set_items_parse_as_yaml_and_new_candidates_drop_the_presets_initial_win
 
 @pytest.mark.parametrize("spec", ["full", "fixed:32", "linear:32:8", "surprise", "adwin"])
 def test_every_window_policy_spec_loads_on_the_default_preset(spec: str) -> None:
-    # configs/default.yaml turns on window.confidence, which only audited policies accept: a switch of policy
+    # a preset may turn on window.confidence, which only audited policies accept: a switch of policy
     # (--window-policy, bench compare, bench probes) must not be refused for it
     from adwin.policies.registry import is_audited
 
-    cfg = load_config("configs/default.yaml", apply_policy_spec({}, spec))
+    on = {"window.confidence": True}  # as a preset with the interval rule sets it
+    cfg = load_config("configs/default.yaml", apply_policy_spec(dict(on), spec))
     assert cfg.window.policy == spec.split(":")[0] and cfg.window.confidence == is_audited(cfg.window.policy)
     with pytest.raises(ValidationError, match="window.confidence"):  # set by hand on a non-audited policy: refused
         load_config("configs/default.yaml", {"window.policy": "full", "window.confidence": True})
