@@ -100,9 +100,12 @@ def read_truth(paths: Sequence[str]) -> dict[str, list[tuple[int, int]]]:
     """Per task, the ``(step, truth window)`` of every checkpoint in the given audit-truth ``truth.json`` files."""
     out: dict[str, list[tuple[int, int]]] = {}
     for path in paths:
-        report = json.loads(Path(path).read_text())
-        task = report["meta"]["task"]
-        out.setdefault(task, []).extend((int(c["step"]), int(c["truth_window"])) for c in report["checkpoints"])
+        try:
+            report = json.loads(Path(path).read_text())
+            task = report["meta"]["task"]
+            out.setdefault(task, []).extend((int(c["step"]), int(c["truth_window"])) for c in report["checkpoints"])
+        except (json.JSONDecodeError, KeyError, TypeError) as e:
+            raise ValueError(f"--truth {path}: not an adwin bench audit-truth truth.json ({e!r})") from e
     return {t: sorted(set(v)) for t, v in out.items()}
 
 
@@ -113,6 +116,9 @@ def main(args: argparse.Namespace) -> int:
 
     run = setup(args)
     mode, tasks, seeds, config_path, base = run.mode, run.tasks, run.seeds, run.config_path, run.base
+    if args.truth and len(tasks) < 2:
+        raise ValueError("--truth feeds the cross-task goals: give it with --suite or several --tasks")
+    truth = read_truth(args.truth or [])  # read before any run: a bad file fails now, not after the suite
     shaped, seeds_of, planned, notes = run.shaped, run.seeds_of, run.planned, run.notes
     console = Console(width=200)  # the command's own output, like its tables: what the user started
     for line in run.plan_lines(args.profile):
@@ -150,7 +156,7 @@ def main(args: argparse.Namespace) -> int:
         per_task[task] = finish(task_meta, chosen, runs, task_dir, plots=not args.no_plots)
     if len(tasks) > 1:
         finish_suite(meta | {"machine": machine_info()}, {t: m for t, _, m in shaped}, per_task, out_dir,
-                     plots=not args.no_plots, truth=read_truth(args.truth or []))
+                     plots=not args.no_plots, truth=truth)
     return 0
 
 

@@ -275,3 +275,20 @@ def test_labels_of_neighbouring_points_at_one_regret_take_different_heights() ->
         if b[0] - a[0] < 0.15:
             assert offsets[a] != offsets[b], f"{a} and {b} would overprint"
     assert offsets[(0.48, 0.047)] == offsets[(0.37, 0.039)] == (5, 4)  # far from any neighbour: the default height
+
+
+def test_truth_files_are_read_per_task_and_a_bad_one_is_refused_before_any_run(tmp_path: Path) -> None:
+    from adwin.bench.compare.command import read_truth
+
+    good = tmp_path / "truth.json"
+    good.write_text(json.dumps({"meta": {"task": "chain-long"}, "checkpoints": [
+        {"step": 10, "truth_window": 2048}, {"step": 0, "truth_window": 1024}]}))
+    assert read_truth([str(good)]) == {"chain-long": [(0, 1024), (10, 2048)]}
+    bad = tmp_path / "bad.json"
+    bad.write_text(json.dumps({"checkpoints": []}))
+    out = tmp_path / "out"
+    assert main(["bench", "compare", "--profile", "tiny", "--tasks", "chain,chain-long", "--truth", str(bad),
+                 "--out", str(out)]) == 2
+    # one task has no cross-task goals: a truth given there would be read by nothing
+    assert main(["bench", "compare", "--profile", "tiny", "--truth", str(good), "--out", str(out)]) == 2
+    assert not (out.exists() and any(out.iterdir()))
