@@ -129,6 +129,7 @@ def main(args: argparse.Namespace) -> int:
                                                         runs=args.replay_runs, rng=rng,
                                                         initial=args.initial or ck.get("meta", meta).get("initial"),
                                                         cadence=args.cadence,
+                                                        # pools saved before S was recorded: the suite's S = 5
                                                         max_age=ck.get("meta", meta).get("staleness_limit", 5))
                                      | {"step": ck["step"], "pool": ck["pool"]})
     (out_dir / "truth.json").write_text(json.dumps(report, indent=2))
