@@ -29,9 +29,10 @@ from adwin.config import AuditConfig
 from adwin.controller.api import ControllerAPI
 from adwin.controller.schemas import RunIn
 from adwin.policies.registry import is_audited
-from adwin.probes.settings import audit_schedule, audit_settings, decision_budget
+from adwin.probes.settings import audit_schedule, audit_settings
 from adwin.probes.workers import run_now
 from adwin.trainer_adapters.asyncopd.items import StreamItem
+from adwin.trainer_adapters.generic import spec_budget
 from adwin.trainer_adapters.hooks import ControllerWindowHooks
 from adwin.trainer_adapters.registration import check_feasible, register, resilient
 from adwin.trainer_adapters.verl.fields import check_window
@@ -112,12 +113,7 @@ class VerlWindowDriver:
         client.schedule = audit_schedule(self.audit_config, float(policy.get("threshold", 0.7)))
         client.auditor = auditor
         if model_params is not None:
-            client.budget = decision_budget(
-                self.audit_config, probe_batch=int(out.spec.get("probe_batch_size", 1)),
-                staleness_limit=min(int(out.spec.get("staleness_limit", 1 << 20)), 1 << 20),
-                offers_per_step=int(out.spec.get("offers_per_step", 1)), n_student=model_params[0],
-                n_teacher=model_params[1], max_prompt_len=max_len, max_response_len=max_len,
-                min_window=min(candidates, default=max_len), drift=False)
+            client.budget = spec_budget(self.audit_config, out.spec, model_params)
         self.last_window: int | None = None
 
     def plan(self, version: int, rows: Sequence[tuple[str, str]]) -> StepPlan:
