@@ -16,6 +16,8 @@ per-sample pass of the model answers every question below:
   (estimated from the rest of the pool, so no sample's own noise enters both sides).
 
 ``truth_window`` is the shortest candidate whose population cosine reaches the threshold (the horizon if none);
+``identifiable`` says whether the pool sees the full gradient's mean at all (its signal z over the whole pool): where
+it does not, the population cosines are undefined or noise and no window is the truth's;
 ``rung`` places a window on the ladder (candidates, then the horizon) so decisions are compared in rungs.
 docs/benchmarks.md, "Audit truth", has the tables these produce.
 """
@@ -165,6 +167,13 @@ def update_view(h: np.ndarray, candidates: Sequence[int], r: int, *, draws: int,
         norm = np.sqrt(np.maximum(np.einsum("cs,st,ct->c", pref, own, pref), 1e-300))
         out += num / (norm * len(rest) * max(mu_f, 1e-300))
     return [float(v) for v in np.clip(out / draws, -1.0, 1.0)]
+
+
+def identifiable(h: np.ndarray, z: float = 2.0) -> bool:
+    """Whether the whole pool measures a full-gradient mean: its ``signal_z`` reaches ``z`` (the cross-sample
+    ``|mu_F|^2`` at least ``z`` standard errors above pure noise). Not, when the noise scale is beyond the pool: the
+    population cosines are then undefined or noise, and a replay has no truth to land on."""
+    return signal_z(h) >= z
 
 
 def truth_window(population: dict[int, float], candidates: Sequence[int], horizon: int, threshold: float) -> int:

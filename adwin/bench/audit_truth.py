@@ -154,13 +154,14 @@ def measure_checkpoint(h: np.ndarray, candidates: Sequence[int], horizon: int, t
     readings = {int(p): truth.readings_at(h, cands, int(p), threshold=threshold, draws=draws, rng=rng)
                 for p in sizes if int(p) <= h.shape[0]}
     update = truth.update_view(h, cands, r, draws=max(20, draws // 4), rng=rng)
-    window = truth.truth_window({c: v[0] for c, v in pop.items()}, cands, horizon, threshold)
-    sure = truth.truth_window({c: v[1] for c, v in pop.items()}, cands, horizon, threshold)
+    seen = truth.identifiable(h)  # else no window is the truth's: the replay lists its decisions only
+    window = truth.truth_window({c: v[0] for c, v in pop.items()}, cands, horizon, threshold) if seen else None
+    sure = truth.truth_window({c: v[1] for c, v in pop.items()}, cands, horizon, threshold) if seen else None
     return {
         "candidates": cands, "horizon": int(horizon), "threshold": float(threshold),
         "population": {str(c): list(v) for c, v in pop.items()},
         "noise_floor": {str(c): float(v) for c, v in zip(cands, floor, strict=True)},
-        "noise_scale": scale, "effective_dim": d_eff,
+        "noise_scale": scale, "effective_dim": d_eff, "signal_z": truth.signal_z(h),
         "readings": {str(p): {est: [asdict(x) for x in xs] for est, xs in by.items()} for p, by in readings.items()},
         "update_view": {"R": r, **{str(c): v for c, v in zip([*cands, "full"], update, strict=True)}},
         "truth_window": window, "surely_admissible_window": sure, "replay_initial": initial,
@@ -172,14 +173,15 @@ def measure_checkpoint(h: np.ndarray, candidates: Sequence[int], horizon: int, t
 
 
 def replay(h: np.ndarray, candidates: Sequence[int], horizon: int, threshold: float, rule: Rule, *, p: int,
-           audits: int, runs: int, truth_window: int, rng: np.random.Generator, cadence: int = 1,
+           audits: int, runs: int, truth_window: int | None, rng: np.random.Generator, cadence: int = 1,
            level: float = 0.9, initial: int | None = None, max_age: int | None = None) -> dict[str, Any]:
     """``runs`` runs of ``audits`` audits of ``p`` probes drawn from the pool (the weights held fixed, so the right
     window never moves; within a run no sample is drawn twice): ADWIN's policy with ``rule``'s settings decides
     after each, on the estimators the product computes (``adwin.audit.evidence``; a pooled rule weights the last
     ``rule.pool`` audits' samples by ``rule.decay ** age``, ``cadence`` steps between audits, none older than
     ``max_age`` steps: the staleness limit the product's pool keeps to). Returns the share of
-    decisions within one rung of ``truth_window``, exactly on it, and the windows chosen."""
+    decisions within one rung of ``truth_window``, exactly on it, and the windows chosen (None shares where the
+    pool has no truth, ``truth_window`` None)."""
     from adwin.audit import truth
     from adwin.audit.evidence import evidence_of_gram
     from adwin.policies.adaptive import AdaptiveWindow
@@ -187,7 +189,7 @@ def replay(h: np.ndarray, candidates: Sequence[int], horizon: int, threshold: fl
     cands, n = list(candidates), h.shape[0]
     if audits * p > n:
         raise ValueError(f"{audits} audits of {p} probes need {audits * p} distinct samples; the pool has {n}")
-    target = truth.rung(truth_window, cands, horizon)
+    target = truth.rung(truth_window, cands, horizon) if truth_window is not None else None
     near = exact = late = 0
     chosen: dict[int, int] = {}
     for _ in range(runs):
@@ -208,11 +210,16 @@ def replay(h: np.ndarray, candidates: Sequence[int], horizon: int, threshold: fl
             policy.observe(_Audit(ev.cosines, ev.cosine_ci, ev.noise_floor, ev.signal_z))
             w = policy.window(0)
             r = truth.rung(w, cands, horizon)
-            near += abs(r - target) <= 1
-            exact += r == target
-            late += a >= audits // 2 and abs(r - target) <= 1
+            if target is not None:
+                near += abs(r - target) <= 1
+                exact += r == target
+                late += a >= audits // 2 and abs(r - target) <= 1
             chosen[w] = chosen.get(w, 0) + 1
     total = runs * audits
+    if target is None:
+        return {"within_one_rung": None, "exact": None, "decisions": total, "probe_batch": p,
+                "within_one_rung_late": None, "pooled_audits": rule.pool,
+                "windows": {str(w): c / total for w, c in sorted(chosen.items())}}
     return {"within_one_rung": near / total, "exact": exact / total, "decisions": total, "probe_batch": p,
             "within_one_rung_late": late / (runs * (audits - audits // 2)),
             "pooled_audits": rule.pool, "windows": {str(w): c / total for w, c in sorted(chosen.items())}}
@@ -226,6 +233,10 @@ class _Audit:
     signal_z: float
 
 
+def _share(x: float | None) -> str:
+    return "n/a" if x is None else f"{100 * x:.0f} %"
+
+
 def truth_markdown(report: Mapping[str, Any]) -> str:
     """The tables, one section per checkpoint."""
     meta = report["meta"]
@@ -234,11 +245,18 @@ def truth_markdown(report: Mapping[str, Any]) -> str:
     for ck in report["checkpoints"]:
         cands, tau = ck["candidates"], ck["threshold"]
         pool = ck["pool"]
+        if ck["truth_window"] is None:
+            verdict = (f"**Truth's window: not identifiable**: the pool does not measure the full gradient's mean (its "
+                       f"signal z {ck['signal_z']:.1f} over {pool['rollouts']} rollouts is below 2: the noise scale is "
+                       "beyond the pool), so no population cosine tells an admissible window; a larger pool "
+                       "(--rollouts) may resolve it. The replay lists the windows chosen only.")
+        else:
+            verdict = (f"**Truth's window: {ck['truth_window']}** (surely admissible: "
+                       f"{ck['surely_admissible_window']}).")
         lines += [f"## Step {ck['step']}: {pool['rollouts']} full rollouts, mean {pool['mean_len']:.0f} tokens, "
                   f"{100 * pool['at_horizon']:.0f} % at the horizon", "",
                   f"Noise scale tr(Sigma)/|mu|^2 {ck['noise_scale']:.1f}, effective dimension "
-                  f"{ck['effective_dim']:.0f}. **Truth's window: {ck['truth_window']}** (surely admissible: "
-                  f"{ck['surely_admissible_window']}).", ""]
+                  f"{ck['effective_dim']:.0f}. {verdict}", ""]
         sizes = list(ck["readings"])
         head = ["window", "population cosine [90 %]", "pure-noise reading"]
         head += [f"{est} P={p}: mean [10-90 %] (>= {tau})" for p in sizes for est in ("batch", "debiased")]
@@ -261,8 +279,8 @@ def truth_markdown(report: Mapping[str, Any]) -> str:
                       "|---|---|---|---|---|"]
             for name, r in rules.items():
                 ws = ", ".join(f"{w}: {100 * s:.0f} %" for w, s in r["windows"].items())
-                lines.append(f"| {name} | {100 * r['within_one_rung']:.0f} % | {100 * r['exact']:.0f} % | "
-                             f"{100 * r['within_one_rung_late']:.0f} % | {ws} |")
+                lines.append(f"| {name} | {_share(r['within_one_rung'])} | {_share(r['exact'])} | "
+                             f"{_share(r['within_one_rung_late'])} | {ws} |")
         lines.append("")
     return "\n".join(lines)
 

@@ -43,6 +43,9 @@ def main() -> None:
     for path in args.npz:
         ck = _load_npz(path)
         cands, horizon = ck["candidates"], ck["horizon"]
+        if not truth.identifiable(ck["h"]):  # no truth to land on (adwin bench audit-truth says so)
+            sys.stdout.write(f"{ck['meta']['task']}@{ck['step']}: truth not identifiable, skipped\n")
+            continue
         pop = truth.population_interval(ck["h"], cands)
         window = truth.truth_window({c: v[0] for c, v in pop.items()}, cands, horizon, 0.7)
         initial = 128 if horizon == 320 else 512

@@ -97,13 +97,16 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def read_truth(paths: Sequence[str]) -> dict[str, list[tuple[int, int]]]:
-    """Per task, the ``(step, truth window)`` of every checkpoint in the given audit-truth ``truth.json`` files."""
+    """Per task, the ``(step, truth window)`` of every checkpoint in the given audit-truth ``truth.json`` files; a
+    checkpoint whose pool could not identify the truth (``truth_window`` null) is left out, so its steps are charged
+    at the checkpoint before it."""
     out: dict[str, list[tuple[int, int]]] = {}
     for path in paths:
         try:
             report = json.loads(Path(path).read_text())
             task = report["meta"]["task"]
-            out.setdefault(task, []).extend((int(c["step"]), int(c["truth_window"])) for c in report["checkpoints"])
+            out.setdefault(task, []).extend((int(c["step"]), int(c["truth_window"])) for c in report["checkpoints"]
+                                            if c["truth_window"] is not None)
         except (json.JSONDecodeError, KeyError, TypeError) as e:
             raise ValueError(f"--truth {path}: not an adwin bench audit-truth truth.json ({e!r})") from e
     return {t: sorted(set(v)) for t, v in out.items()}

@@ -61,3 +61,11 @@ def test_signal_z_is_small_on_noise_and_large_on_a_shared_direction() -> None:
 def test_the_update_view_favours_the_full_rollout_when_short_windows_are_not_aligned() -> None:
     view = truth.update_view(_h(200, signal=np.sqrt(2048 / 2)), CANDS, 32, draws=20, rng=np.random.default_rng(0))
     assert view[-1] > view[0] and view[-1] > 0.5 and len(view) == len(CANDS) + 1
+
+
+@pytest.mark.parametrize("seed", [4, 5, 6])
+def test_a_pool_of_pure_noise_identifies_no_truth_and_a_shared_direction_does(seed: int) -> None:
+    # pure noise: the whole pool's signal z is a standard normal draw, below 2 for these seeds; a shared direction at
+    # noise scale 6 over 128 samples lies far above it
+    assert not truth.identifiable(_h(128, 0.0, seed=seed))
+    assert truth.identifiable(_h(128, np.sqrt(2048 / 6), seed=seed))

@@ -108,3 +108,17 @@ def test_more_probes_than_the_pool_holds_is_refused_before_any_compute(tmp_path:
     assert main(["bench", "audit-truth", "--task", "chain", "--profile", "tiny", "--rollouts", "40", "--sizes", "8",
                  "--update-rollouts", "8", "--probe-batch", "8", "--replay-audits", "6", "--out", str(tmp_path)]) == 2
     assert not any(tmp_path.iterdir())
+
+
+def test_a_pool_without_a_truth_replays_its_decisions_without_a_share_and_says_so() -> None:
+    from adwin.bench.audit_truth import measure_checkpoint, truth_markdown
+
+    ck = measure_checkpoint(_h([0.2, 0.3, 0.35, 0.5, 0.85], 0.0, seed=4), CANDS, HORIZON, 0.7, sizes=[8], draws=10,
+                            r=8, p_run=[8], audits=4, runs=2, rng=np.random.default_rng(0), initial=512)
+    assert ck["truth_window"] is None and ck["surely_admissible_window"] is None
+    for r in ck["replay"]["8"].values():
+        assert r["within_one_rung"] is None and sum(r["windows"].values()) == pytest.approx(1.0)
+    report = {"meta": {"task": "t"}, "checkpoints": [ck | {"step": 0, "pool": {"rollouts": 128, "mean_len": 1.0,
+                                                                                "at_horizon": 0.0}}]}
+    text = truth_markdown(report)
+    assert "not identifiable" in text and "| n/a |" in text

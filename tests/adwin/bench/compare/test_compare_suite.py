@@ -282,7 +282,8 @@ def test_truth_files_are_read_per_task_and_a_bad_one_is_refused_before_any_run(t
 
     good = tmp_path / "truth.json"
     good.write_text(json.dumps({"meta": {"task": "chain-long"}, "checkpoints": [
-        {"step": 10, "truth_window": 2048}, {"step": 0, "truth_window": 1024}]}))
+        {"step": 10, "truth_window": 2048}, {"step": 0, "truth_window": 1024}, {"step": 20, "truth_window": None}]}))
+    # a checkpoint whose pool identified no truth is left out: its steps are charged at the one before
     assert read_truth([str(good)]) == {"chain-long": [(0, 1024), (10, 2048)]}
     bad = tmp_path / "bad.json"
     bad.write_text(json.dumps({"checkpoints": []}))
