@@ -130,7 +130,7 @@ def main(args: argparse.Namespace) -> int:
         return 2
     from adwin.backends import BackendUnavailable, check_backends
     from adwin.loop.sharding import check_data_parallel
-    from adwin.sampling.lora import require_peft
+    from adwin.student.lora import require_peft
 
     try:
         check_backends(cfg)

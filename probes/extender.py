@@ -11,7 +11,7 @@ import torch
 from adwin.decode.generate import generate
 from adwin.decode.static_cache import CompileSetting
 from adwin.probes.pool import Extension
-from adwin.sampling.lora import load_trained_state, trained_state
+from adwin.student.lora import load_trained_state, trained_state
 
 
 @dataclass

@@ -21,7 +21,7 @@ from adwin.audit.job import AuditSettings
 from adwin.audit.schedule import AuditSchedule
 from adwin.config import AuditConfig, ProbeConfig, TrainConfig
 from adwin.probes.client import ProbeClient
-from adwin.sampling.lora import trainable_parameters
+from adwin.student.lora import trainable_parameters
 
 log = logging.getLogger(__name__)
 

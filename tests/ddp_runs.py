@@ -180,10 +180,10 @@ def _sharded_audits(dist: Any, rank: int, variant: str) -> dict[str, Any]:
 
     from adwin.audit.alignment import ProbeBatch
     from adwin.audit.job import AuditJob, AuditSettings, run_audit_job
-    from adwin.backends.fsdp import full_tensor, shard_student
     from adwin.config import load_config
-    from adwin.loop.parts import build_optimizer
-    from adwin.sampling.lora import apply_lora, trainable_parameters
+    from adwin.student.fsdp import full_tensor, shard_student
+    from adwin.student.lora import apply_lora, trainable_parameters
+    from adwin.student.optimizer import build_optimizer
 
     lora = variant == "lora"
     cfg = load_config(None, {"model.sharding": "fsdp", **({"optim.lr": 1e-2} if lora else {})})
@@ -246,9 +246,9 @@ def _sharded_audits(dist: Any, rank: int, variant: str) -> dict[str, Any]:
 def _compiled_decode_on_gathered_weights(ref: Any, shard: Any) -> bool:
     """Whether the sharded student, decoding compiled (``rollout.compile: true``) on its gathered weights, draws
     the tokens ``ref`` draws eagerly (per-sample seeds)."""
-    from adwin.backends.fsdp import full_weights
     from adwin.decode.generate import generate
     from adwin.sampling.seeding import row_seed
+    from adwin.student.fsdp import full_weights
 
     contexts, budgets = [[1, 5, 6, 7], [1, 9], [1, 3, 4, 5, 6, 7, 8]], [12, 5, 12]
     kw = {"eos": {2}, "pad_id": 0, "temperature": 0.9, "row_seeds": [row_seed(1, "rollout", 0, i) for i in range(3)]}

@@ -18,9 +18,9 @@ FOLDERS = {"adwin": "adwin", "adwin.controller": "controller", "adwin.probes": "
 # The pipeline's layers, bottom first. A module may import its own layer and the layers below it,
 # never one above (function-level imports count too).
 LAYERS: list[tuple[str, ...]] = [
-    # math of the losses; engines, FSDP, a model's structure; the student's decode engine (token sampler, KV-cache
-    # and static-cache paths)
-    ("adwin.objectives", "adwin.backends", "adwin.decode"),
+    # math of the losses; the optional engines (vLLM); the student as parameters (LoRA, FSDP, its structure, its
+    # optimizer); the student's decode engine (token sampler, KV-cache and static-cache paths)
+    ("adwin.objectives", "adwin.backends", "adwin.student", "adwin.decode"),
     # alignment audit; window policies; rollouts, prompts; the teacher's scorers; the built-in tasks (which serve
     # their prompts as the sampling package's, and whose prepare measures accuracy with the evaluation's sampler)
     ("adwin.audit", "adwin.policies", "adwin.sampling", "adwin.teacher", "adwin.tasks"),

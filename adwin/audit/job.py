@@ -24,7 +24,7 @@ import torch
 
 from adwin.audit.alignment import AuditResult, ProbeBatch, audit
 from adwin.audit.stale import stale_token_weights
-from adwin.backends.fsdp import full_tensor, full_weights, is_sharded
+from adwin.student.fsdp import full_tensor, full_weights, is_sharded
 
 
 @dataclass

@@ -6,7 +6,7 @@ the audit's backward cost falls roughly by the fraction of blocks left out. The 
 prefix and full gradients restricted to those parameters; whether that changes the window decision is a
 measured question (``adwin bench audit-agreement``), not an assumption.
 
-Blocks are found generically for HF causal LMs (``adwin.backends.structure.transformer_blocks``). Outside the blocks, everything except the input embeddings (token
+Blocks are found generically for HF causal LMs (``adwin.student.structure.transformer_blocks``). Outside the blocks, everything except the input embeddings (token
 and learned position embeddings) counts as the head. An LM head tied to the input embeddings is the same
 tensor as the embedding, whose gradient needs the full backward; ``top:N`` leaves it out and says so.
 """
@@ -17,7 +17,7 @@ import logging
 import re
 from typing import TYPE_CHECKING
 
-from adwin.backends.structure import transformer_blocks
+from adwin.student.structure import transformer_blocks
 
 if TYPE_CHECKING:  # torch stays out of the config's import (parse_audit_params validates audit.params)
     import torch
@@ -41,7 +41,7 @@ def audited_parameters(
     model: torch.nn.Module, spec: str = "all"
 ) -> list[tuple[str, torch.nn.Parameter]]:
     """``(name, parameter)`` pairs the audit differentiates for ``spec`` (``all`` | ``top:N``), model order."""
-    from adwin.sampling.lora import trainable_named_parameters  # torch stays out of the config's import
+    from adwin.student.lora import trainable_named_parameters  # torch stays out of the config's import
 
     n_top = parse_audit_params(spec)
     named = trainable_named_parameters(model)  # a LoRA student: its adapters (docs/decisions.md, "LoRA students")

@@ -3,17 +3,17 @@
 The CPU install never imports vLLM. ``check_backends(cfg)`` runs before any model loads and turns a
 config asking for an engine this machine cannot run into one clear error naming the field.
 
-- ``vllm_rollout``: student rollout with per-request ``SamplingParams.max_tokens`` (the window for
-  rollouts, the remaining budget for probe extension), behavior logprobs, weight sync into the engine
-  after each optimizer step. The synchronous trainer's engine (``adwin.decode.engine``) and the AsyncOPD
-  ``StreamingEngine`` (``adwin.trainer_adapters.asyncopd.vllm``) sit on top of it.
-  The teacher's vLLM scorer (``adwin.teacher.vllm``) shares its engine arguments.
+- the student's rollout on vLLM is the decode engine's other implementation (``adwin.decode.vllm``: per-request
+  ``SamplingParams.max_tokens``, behavior logprobs, weight sync after each optimizer step); the synchronous
+  trainer's engine (``adwin.decode.engine``) and the AsyncOPD ``StreamingEngine``
+  (``adwin.trainer_adapters.asyncopd.vllm``) sit on top of it, and the teacher's vLLM scorer (``adwin.teacher.vllm``)
+  shares its engine arguments; each asks here for vLLM.
 - ``logprob_gap``: the train-rollout logprob gap diagnostic (pure torch).
 
 Status: the vLLM code paths are untested on hardware (no GPU was available while writing them); the
 parsing and tensor layout code is unit-tested on CPU with stand-in engine outputs, and the synchronous
 trainer runs end to end on CPU with a stand-in ``vllm.LLM`` that samples with a transformers model
-(tests/backends/test_vllm_sync_trainer.py).
+(tests/adwin/decode/test_vllm_sync_trainer.py).
 """
 
 from __future__ import annotations

@@ -169,7 +169,7 @@ def _build(args: argparse.Namespace) -> tuple[Any, Any]:
 def _lora(args: argparse.Namespace, model: Any) -> Any:
     """``model`` wrapped with adapters of rank ``--lora-r`` (in place: pass a copy to keep the plain model)."""
     from adwin.config import LoraSection
-    from adwin.sampling.lora import apply_lora
+    from adwin.student.lora import apply_lora
 
     return apply_lora(model, LoraSection(r=args.lora_r))
 

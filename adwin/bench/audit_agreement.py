@@ -169,8 +169,8 @@ def _rows(pool: Any, idx: Any) -> Any:
 def _agreement(model: Any, pool: Any, cands: list[int], threshold: float, max_len: int,
                args: argparse.Namespace) -> dict[str, Any]:
     from adwin.audit.alignment import audit
-    from adwin.backends.structure import transformer_blocks
     from adwin.policies.adaptive import AdaptiveWindow
+    from adwin.student.structure import transformer_blocks
 
     decide = AdaptiveWindow(cands, threshold, max_len=max(max_len, cands[-1])).decide
     n_blocks = len(transformer_blocks(model))

@@ -5,7 +5,7 @@ Measured: every mode (``MODES``: ``ddp`` replicates the student, ``fsdp`` shards
 and ``lora+fsdp`` do the same with LoRA adapters on a frozen base, ``model.lora``: the run's, else the defaults) runs
 on ``--nproc`` ranks of this machine (gloo on CPU; NCCL with ``--set model.device=cuda``, one GPU per rank)
 the trainer's own pieces on one model: the student loaded and prepared as ``adwin train`` prepares it
-(``adwin.sampling.lora.apply_lora``, ``adwin.backends.fsdp.shard_student``), AdamW (``build_optimizer``), ``--steps`` optimizer steps on random
+(``adwin.student.lora.apply_lora``, ``adwin.student.fsdp.shard_student``), AdamW (``build_optimizer``), ``--steps`` optimizer steps on random
 rows (``adwin.loop.step.optimize``), then one rollout call on the rollout engine (``HFEngine``: a sharded
 student is gathered for it) and, for a sharded student, the same call with FSDP's per-layer all-gathers on
 every decode step instead (transformers ``generate(synced_gpus=True)``). Per phase and rank: on CPU the
@@ -194,14 +194,14 @@ def _rank(rank: int, world: int, port: int, setup: Setup, out: str) -> None:
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank), WORLD_SIZE=str(world),
                       LOCAL_RANK=str(rank))
     torch.set_num_threads(1)
-    from adwin.backends.fsdp import shard_student
     from adwin.config import load_config
     from adwin.decode.engine import HFEngine
     from adwin.decode.generate import generate
     from adwin.loop.distributed import LocalDist, init_distributed
-    from adwin.loop.parts import build_optimizer
     from adwin.loop.step import optimize
-    from adwin.sampling.lora import apply_lora, require_peft, trainable_parameters
+    from adwin.student.fsdp import shard_student
+    from adwin.student.lora import apply_lora, require_peft, trainable_parameters
+    from adwin.student.optimizer import build_optimizer
 
     cfg = load_config(setup.config, setup.overrides, world=world)
     dist, device = init_distributed(cfg.model.device) if world > 1 else (LocalDist(), cfg.model.device)

@@ -23,7 +23,7 @@ LLAMA_PROJECTIONS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_pr
 
 
 class LoraSection(_Strict):
-    """LoRA adapters on the student through peft (``adwin.sampling.lora``): the base weights stay frozen and
+    """LoRA adapters on the student through peft (``adwin.student.lora``): the base weights stay frozen and
     only the adapters train, are audited and are saved (docs/decisions.md, "LoRA students")."""
 
     r: int = Field(16, ge=1, le=65_536, description="adapter rank")

@@ -8,11 +8,11 @@ the engine samples from the student version the trainer just produced. Two imple
 - ``HFEngine`` (``rollout.backend: hf``): ``adwin.decode.generate.generate`` on the trainer's own
   student module, numerically what the trainer did before the engine existed; ``sync_weights`` has
   nothing to copy (the engine *is* the trainer's module). A sharded student (``model.sharding: fsdp``)
-  is gathered whole for each call (``adwin.backends.fsdp.full_weights``; docs/decisions.md, "Sharded students").
-- ``VLLMEngine`` (``rollout.backend: vllm``): ``adwin.backends.vllm_rollout.VLLMRollout`` (vLLM's
+  is gathered whole for each call (``adwin.student.fsdp.full_weights``; docs/decisions.md, "Sharded students").
+- ``VLLMEngine`` (``rollout.backend: vllm``): ``adwin.decode.vllm.VLLMRollout`` (vLLM's
   offline ``LLM``), one request per context with its own ``max_tokens`` and seed; ``sync_weights``
   loads the student's tensors into the engine and drops its prefix cache. UNTESTED ON A GPU: the
-  trainer runs end to end on CPU with a stand-in ``vllm.LLM`` (tests/backends/test_vllm_sync_trainer.py).
+  trainer runs end to end on CPU with a stand-in ``vllm.LLM`` (tests/adwin/decode/test_vllm_sync_trainer.py).
 """
 
 from __future__ import annotations
@@ -24,11 +24,11 @@ from typing import Protocol
 
 import torch
 
-from adwin.backends.fsdp import full_weights
-from adwin.backends.vllm_rollout import VLLMRollout
 from adwin.decode.generate import generate
 from adwin.decode.loop import Generation
 from adwin.decode.static_cache import CompileSetting
+from adwin.decode.vllm import VLLMRollout
+from adwin.student.fsdp import full_weights
 
 log = logging.getLogger(__name__)
 
@@ -61,7 +61,7 @@ class HFEngine:
 
     def generate(self, contexts: Sequence[Sequence[int]], budgets: Sequence[int], *, temperature: float,
                  top_p: float, with_logprobs: bool, row_seeds: Sequence[int] | None = None) -> Generation:
-        with full_weights(self.model):  # a sharded student decodes on its gathered weights (adwin.backends.fsdp)
+        with full_weights(self.model):  # a sharded student decodes on its gathered weights (adwin.student.fsdp)
             return generate(self.model, contexts, budgets, eos=self.eos, pad_id=self.pad_id,
                             temperature=temperature, top_p=top_p, with_logprobs=with_logprobs, row_seeds=row_seeds,
                             compile=self.compile)

@@ -18,13 +18,13 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from adwin.backends.fsdp import full_weights
 from adwin.config import TrainConfig
 from adwin.loop.distributed import LocalDist
 from adwin.loop.parts import Parts
 from adwin.loop.sampler import Sampler
 from adwin.objectives.losses import token_logprobs
 from adwin.sampling.rollout import layout
+from adwin.student.fsdp import full_weights
 from adwin.tasks.row_scores import Forcing, score_rows
 from adwin.teacher.client import TeacherUnavailable
 

@@ -15,7 +15,7 @@ import torch
 
 from adwin.config import TrainConfig
 from adwin.objectives.precision import autocast
-from adwin.sampling.lora import lora_dropout_modules
+from adwin.student.lora import lora_dropout_modules
 
 
 def micro_slices(n: int, size: int | None) -> list[slice]:

@@ -3,7 +3,6 @@ controller run spec (the loggers: ``adwin.runtime.metrics_log.open_loggers``).""
 
 from __future__ import annotations
 
-import math
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -21,7 +20,7 @@ from adwin.sampling.data import (
     load_jsonl,
     match_answer,
 )
-from adwin.sampling.lora import apply_lora, trainable_parameters
+from adwin.student.lora import apply_lora
 from adwin.tasks.prompts import BuiltinPrompts, builtin_checker, builtin_prompts
 from adwin.teacher.checkpoints import load_model, load_tokenizer
 from adwin.teacher.load import AnyTeachers, load_teachers
@@ -52,6 +51,7 @@ def load_parts(cfg: TrainConfig, profile: str = "default") -> Parts:
     student_path, tok_path = student_paths(cfg, assets)
     teacher_paths = resolve_teachers(cfg.model.teachers, assets)
     train, eval_p = load_prompts(cfg)  # their own RNG streams: nothing below draws from them
+    check_routes(train.route_examples() + eval_p, list(teacher_paths))  # before any model loads
     tokenizer = load_tokenizer(tok_path)
     base = load_model(student_path, cfg.model.dtype, cfg.model.device)
     served = cfg.model.teacher_server
@@ -63,7 +63,6 @@ def load_parts(cfg: TrainConfig, profile: str = "default") -> Parts:
     student = base if cfg.model.lora is None else apply_lora(base, cfg.model.lora, seed=cfg.seed)
     check_context(cfg.data.max_prompt_len, cfg.rollout.max_response_len,
                   getattr(student.config, "max_position_embeddings", None))
-    check_routes(train.route_examples() + eval_p, list(teachers.models))
     checker = builtin_checker() if cfg.data.task == "builtin" else match_answer
     return Parts(student, tokenizer, teachers, train, eval_p, checker)
 
@@ -120,25 +119,6 @@ def run_spec(cfg: TrainConfig) -> RunIn:
     return RunIn(name=cfg.name, policy=policy, probe_batch_size=p.batch_size, staleness_limit=p.staleness_limit,
                  offers_per_step=p.offers_per_step, max_active_probes=p.max_active, lookahead=p.lookahead,
                  selection=p.selection, seed=cfg.seed, config=cfg.model_dump(mode="json"))
-
-
-def build_optimizer(cfg: TrainConfig, model: torch.nn.Module) -> tuple[torch.optim.Optimizer, Any]:
-    """AdamW with linear warmup, then a constant, cosine or linear decay to zero at ``cfg.steps``."""
-    o = cfg.optim
-    params = trainable_parameters(model)  # a LoRA student: its adapters
-    optimizer = torch.optim.AdamW(params, lr=o.lr, betas=o.betas, eps=o.eps, weight_decay=o.weight_decay)
-
-    def factor(step: int) -> float:
-        if step < o.warmup_steps:
-            return (step + 1) / (o.warmup_steps + 1)
-        frac = (step - o.warmup_steps) / max(1, cfg.steps - o.warmup_steps)
-        if o.schedule == "cosine":
-            return 0.5 * (1.0 + math.cos(math.pi * min(frac, 1.0)))
-        if o.schedule == "linear":
-            return max(0.0, 1.0 - frac)
-        return 1.0
-
-    return optimizer, torch.optim.lr_scheduler.LambdaLR(optimizer, factor)
 
 
 SMALL_MODEL_PARAMS = 20_000_000

@@ -31,7 +31,7 @@ class LocalReducer:
 
 def all_sum_grads(params: Iterable[torch.nn.Parameter], reducer: Reducer,
                   bucket: int = GRAD_BUCKET_ELEMENTS) -> None:
-    """Sum the ``.grad`` of ``params`` (the trainable ones: ``adwin.sampling.lora.trainable_parameters``) across
+    """Sum the ``.grad`` of ``params`` (the trainable ones: ``adwin.student.lora.trainable_parameters``) across
     ranks, in flat same-dtype buckets (few collectives, bounded copy).
 
     A parameter without a gradient contributes zeros and gets the summed gradient: every rank must send

@@ -16,7 +16,6 @@ from typing import Any
 
 import torch
 
-from adwin.backends.fsdp import full_tensor, is_sharded
 from adwin.config import TrainConfig
 from adwin.controller.schemas import WindowOut
 from adwin.loop.memory import micro_slices, training_forward
@@ -36,8 +35,9 @@ from adwin.objectives.losses import (
 )
 from adwin.runtime.guards import is_finite
 from adwin.sampling.batch import Batch
-from adwin.sampling.lora import trainable_parameters
 from adwin.sampling.rollout import response_values
+from adwin.student.fsdp import full_tensor, is_sharded
+from adwin.student.lora import trainable_parameters
 from adwin.teacher.load import AnyTeachers
 
 log = logging.getLogger(__name__)
@@ -121,7 +121,7 @@ def optimize(student: torch.nn.Module, optimizer: torch.optim.Optimizer, schedul
     that count, the gradients and the metrics' sums across ranks; metrics are then global on every rank
     except the ratio percentiles (``loss/is_ratio_*``), which are this rank's. A sharded student
     (``model.sharding: fsdp``) sums its gradients itself: each backward reduce-scatters them into this
-    rank's shards (``adwin.backends.fsdp``), so the reducer sums only the normaliser and the metrics.
+    rank's shards (``adwin.student.fsdp``), so the reducer sums only the normaliser and the metrics.
 
     Returns the metrics and the student's per-token logprobs before the update (B, L): the behavior
     logprobs of this step's prefixes, which probes carry forward.
@@ -218,3 +218,29 @@ def window_metrics(win: WindowOut) -> dict[str, Any]:
     return m
 
 
+class FaultCounter:
+    """Skipped (non-finite) steps, as ``optimize`` reports them: total and consecutive; ``exhausted`` once
+    ``limit`` (``optim.max_bad_steps``) in a row: the trainer then stops with ``NumericalFault``."""
+
+    def __init__(self, limit: int) -> None:
+        self.limit = limit
+        self.total = 0
+        self.consecutive = 0
+
+    def record(self, skipped: bool) -> dict[str, float]:
+        if skipped:
+            self.total += 1
+            self.consecutive += 1
+        else:
+            self.consecutive = 0
+        return {"optim/skipped_steps": float(self.total), "optim/consecutive_skipped": float(self.consecutive)}
+
+    @property
+    def exhausted(self) -> bool:
+        return self.consecutive >= self.limit
+
+    def state_dict(self) -> dict[str, int]:
+        return {"total": self.total, "consecutive": self.consecutive}
+
+    def load_state_dict(self, state: dict[str, int]) -> None:
+        self.total, self.consecutive = int(state["total"]), int(state["consecutive"])

@@ -15,8 +15,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from adwin.backends.fsdp import shard_student
-from adwin.backends.structure import is_lora
 from adwin.config import TrainConfig
 from adwin.controller.api import ControllerAPI
 from adwin.decode.static_cache import LEDGER as COMPILES
@@ -24,15 +22,15 @@ from adwin.loop.accounting import Clock
 from adwin.loop.distributed import LocalDist
 from adwin.loop.evaluate import evaluate
 from adwin.loop.outage import score_or_outage, step_start, stop_after_outage
-from adwin.loop.parts import Parts, build_optimizer, load_parts, run_spec
+from adwin.loop.parts import Parts, load_parts, run_spec
 from adwin.loop.probing import open_probe_side
 from adwin.loop.rank_zero import RankZeroController, SilentSinks
 from adwin.loop.sampler import Sampler
 from adwin.loop.sharding import check_data_parallel, gather_rollouts
-from adwin.loop.step import optimize, window_metrics
+from adwin.loop.step import FaultCounter, optimize, window_metrics
 from adwin.policies.surprise import surprise_metrics
 from adwin.runtime.checkpoint import rng_state, save_checkpoint, seed_everything
-from adwin.runtime.guards import FaultCounter, NumericalFault
+from adwin.runtime.guards import NumericalFault
 from adwin.runtime.metrics_log import open_loggers
 from adwin.runtime.rank_state import check_resumable, restore_rank_rng, write_rank_rngs
 from adwin.runtime.resilient_controller import controller_metrics, drain_controller
@@ -45,7 +43,10 @@ from adwin.runtime.resume import (
     truncate_metrics,
 )
 from adwin.runtime.sharded_checkpoint import export_student, stage_sharded
-from adwin.sampling.lora import LORA_EXPORT, MERGED_DIR, export_lora
+from adwin.student.fsdp import shard_student
+from adwin.student.lora import LORA_EXPORT, MERGED_DIR, export_lora
+from adwin.student.optimizer import build_optimizer
+from adwin.student.structure import is_lora
 
 
 @dataclass
@@ -72,7 +73,7 @@ def train(cfg: TrainConfig, controller: ControllerAPI | None, parts: Parts | Non
     ``dist``: this process's rank of a data-parallel run (``adwin.loop.distributed``; ``controller`` is None on
     ranks > 0): each rank samples and differentiates its shard of the step's rows, rank 0 alone talks to the
     controller and logs, and every rank trains on the same window (docs/decisions.md, "Data-parallel training").
-    With ``model.sharding: fsdp`` the student is sharded over the ranks first (``adwin.backends.fsdp``), checkpoints
+    With ``model.sharding: fsdp`` the student is sharded over the ranks first (``adwin.student.fsdp``), checkpoints
     hold its shards, and the run ends by exporting it whole (``TrainResult.student_dir``; docs/decisions.md,
     "Sharded students").
     """
@@ -84,9 +85,10 @@ def train(cfg: TrainConfig, controller: ControllerAPI | None, parts: Parts | Non
     state = read_state(resume) if resume else None
     run_id = state["run_id"] if state else ctl.register_run(run_spec(cfg)).run_id  # a resumed run is known
     gen = Sampler(parts, cfg)
-    sharded = cfg.model.sharding == "fsdp"  # before the optimizer: it must hold the shards (adwin.backends.fsdp)
+    sharded = cfg.model.sharding == "fsdp"  # before the optimizer: it must hold the shards (adwin.student.fsdp)
     shard_student(parts.student, cfg, dist)
     lora = is_lora(parts.student)  # a LoRA student's checkpoints and export hold its adapters
+    optimizer, scheduler = build_optimizer(cfg, parts.student)  # over what trains: its shards, its adapters
     # the run's runtime side, together: RNG streams, the checkpoint to resume, loggers, the fault count
     # batch seeding: ranks must not draw the same noise for different prompts; one process: unchanged
     seed_everything(cfg.seed + (dist.rank if cfg.rollout.seeding == "batch" else 0))
@@ -98,7 +100,6 @@ def train(cfg: TrainConfig, controller: ControllerAPI | None, parts: Parts | Non
         ctl.get_run(run_id)  # the controller must know the run (and a wrapper caches it)
     sinks = open_loggers(cfg, run_dir, controller, run_id) if dist.is_main else SilentSinks()
     faults = FaultCounter(cfg.optim.max_bad_steps)
-    optimizer, scheduler = build_optimizer(cfg, parts.student)
     probes = open_probe_side(cfg, ctl, run_id, parts, gen, optimizer, dist)  # thread/Ray workers start here
     clock, started = Clock(), time.perf_counter()
 

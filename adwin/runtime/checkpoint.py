@@ -29,7 +29,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from adwin.sampling.lora import ADAPTER_CONFIG, ADAPTER_WEIGHTS, require_peft
+from adwin.student.lora import ADAPTER_CONFIG, ADAPTER_WEIGHTS, require_peft
 
 log = logging.getLogger(__name__)
 
@@ -212,7 +212,7 @@ def check_checkpoint_kind(path: str | Path, lora: bool) -> None:
 
 def load_weights(path: str | Path, model: torch.nn.Module, *, lora: bool) -> None:
     """Load a ``save_pretrained`` folder's weights into ``model`` in place (the optimizer keeps its params); a
-    LoRA student's (``lora``: ``adwin.backends.structure.is_lora``) folder holds its adapter only (``load_adapter``);
+    LoRA student's (``lora``: ``adwin.student.structure.is_lora``) folder holds its adapter only (``load_adapter``);
     a folder of the other kind is refused (``check_checkpoint_kind``)."""
     from safetensors.torch import load_file
 

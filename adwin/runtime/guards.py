@@ -1,8 +1,8 @@
 """Runtime guards of the training loop: non-finite steps and audits.
 
 * A step whose loss or gradient norm is NaN/Inf is skipped (``adwin.loop.step.optimize`` does not apply it) and
-  counted (``optim/skipped_steps``). ``optim.max_bad_steps`` consecutive skipped steps stop the run with
-  ``NumericalFault`` after a checkpoint of the last good state (skipped steps never touch the weights).
+  counted (``adwin.loop.step.FaultCounter``, ``optim/skipped_steps``). ``optim.max_bad_steps`` consecutive skipped
+  steps stop the run with ``NumericalFault`` after a checkpoint of the last good state (skipped steps never touch the weights).
 * An audit with NaN/Inf cosines (or Gram) is refused, by the controller (``NonFiniteAudit``, 422, logged as a
   ``fallback`` decision) or already by the audit math (``NonFiniteAuditError``); the probe client decides by type
   (``is_non_finite_audit``), counts it (``audit/rejected``) and the window stays. Any other refusal propagates.
@@ -33,30 +33,3 @@ class TeacherOutage(RuntimeError):
 
 def is_finite(*values: float) -> bool:
     return all(math.isfinite(float(v)) for v in values)
-
-
-class FaultCounter:
-    """Skipped (non-finite) steps: total and consecutive; ``exhausted`` once ``limit`` in a row."""
-
-    def __init__(self, limit: int) -> None:
-        self.limit = limit
-        self.total = 0
-        self.consecutive = 0
-
-    def record(self, skipped: bool) -> dict[str, float]:
-        if skipped:
-            self.total += 1
-            self.consecutive += 1
-        else:
-            self.consecutive = 0
-        return {"optim/skipped_steps": float(self.total), "optim/consecutive_skipped": float(self.consecutive)}
-
-    @property
-    def exhausted(self) -> bool:
-        return self.consecutive >= self.limit
-
-    def state_dict(self) -> dict[str, int]:
-        return {"total": self.total, "consecutive": self.consecutive}
-
-    def load_state_dict(self, state: dict[str, int]) -> None:
-        self.total, self.consecutive = int(state["total"]), int(state["consecutive"])

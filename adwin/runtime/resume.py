@@ -145,7 +145,7 @@ def resume_from(checkpoint: Path, model: Any, optimizer: Any, scheduler: Any, po
                 prompts: Any, faults: Any, schedule: Any = None, budget: Any = None, *,
                 lora: bool) -> tuple[dict[str, float], int]:
     """Load everything back in place; RNG states last. Returns the run's initial evaluation and the next step.
-    ``lora``: the student is a LoRA one (``adwin.backends.structure.is_lora``), which resumes from its adapter only."""
+    ``lora``: the student is a LoRA one (``adwin.student.structure.is_lora``), which resumes from its adapter only."""
     from adwin.runtime.checkpoint import load_checkpoint, load_weights
     from adwin.runtime.sharded_checkpoint import is_sharded_checkpoint, load_sharded
 

@@ -11,11 +11,11 @@ filesystem every node mounts.
 
 Only what training changes is stored (``TRAINED``): a LoRA student's checkpoint holds its adapters and their
 AdamW moments, the frozen base being reloaded from the base checkpoint on resume (as an unsharded LoRA
-checkpoint holds the adapter folder only, ``adwin.sampling.lora``).
+checkpoint holds the adapter folder only, ``adwin.student.lora``).
 
 ``export_student`` writes the final student as a transformers ``save_pretrained`` folder: the whole state
 dict gathered on rank 0 (in host memory), the tokenizer beside it; a LoRA student's export is its adapter
-and the merged student (``adwin.sampling.lora.export_lora``), only the adapters gathered when the base
+and the merged student (``adwin.student.lora.export_lora``), only the adapters gathered when the base
 checkpoint is on disk.
 """
 
@@ -32,14 +32,14 @@ from typing import Any
 
 import torch
 
-from adwin.backends.structure import is_lora
 from adwin.runtime.checkpoint import CheckpointMismatch, staging_folder
-from adwin.sampling.lora import (
+from adwin.student.lora import (
     LORA_EXPORT,
     MERGED_DIR,
     base_checkpoint,
     export_lora,
 )
+from adwin.student.structure import is_lora
 
 log = logging.getLogger(__name__)
 

@@ -24,7 +24,7 @@ from typing import Any
 import torch
 
 from adwin.backends import require_vllm
-from adwin.backends.vllm_rollout import engine_kwargs
+from adwin.decode.vllm import engine_kwargs
 from adwin.teacher.checkpoints import check_tokenizers, one_per_checkpoint, teacher_tokenizers
 from adwin.teacher.protocol import unpadded
 from adwin.teacher.routing import RoutedTeachers, check_row_routes, rows_per_model

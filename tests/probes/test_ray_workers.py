@@ -11,7 +11,6 @@ import torch
 from client_rounds import advance
 from tiny_models import make_tiny_llama
 
-from adwin.backends.structure import is_lora
 from adwin.cli import main
 from adwin.config import LoraSection
 from adwin.controller import Controller
@@ -20,7 +19,8 @@ from adwin.objectives.losses import token_logprobs
 from adwin.probes.async_executor import AsyncProbeExecutor
 from adwin.probes.executors import build_executor
 from adwin.probes.pool import Probe, ProbePool
-from adwin.sampling.lora import apply_lora, trainable_named_parameters
+from adwin.student.lora import apply_lora, trainable_named_parameters
+from adwin.student.structure import is_lora
 
 ray = pytest.importorskip("ray")
 

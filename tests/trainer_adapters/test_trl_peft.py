@@ -11,9 +11,9 @@ from trl_fixtures import make_trainer
 from trl_fixtures import rows as _rows
 
 from adwin.audit import alignment
-from adwin.backends.structure import is_lora
 from adwin.controller import Controller
-from adwin.sampling.lora import trainable_named_parameters
+from adwin.student.lora import trainable_named_parameters
+from adwin.student.structure import is_lora
 
 trl = pytest.importorskip("trl")
 peft = pytest.importorskip("peft")

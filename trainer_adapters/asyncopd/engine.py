@@ -32,7 +32,7 @@ from adwin.decode.sampler import TokenSampler
 from adwin.decode.slots import StaticSlots
 from adwin.decode.static_cache import CompileSetting, compile_wanted
 from adwin.decode.streaming import DynamicSlots
-from adwin.sampling.lora import load_trained_state
+from adwin.student.lora import load_trained_state
 from adwin.trainer_adapters.asyncopd.items import StreamItem, TokenOut
 
 log = logging.getLogger(__name__)

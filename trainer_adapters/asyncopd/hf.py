@@ -26,8 +26,8 @@ import torch
 from adwin.backends.logprob_gap import logprob_gap
 from adwin.objectives.loss_table import ASYNCOPD_TOKEN_LOSSES as LEARNER_LOSSES
 from adwin.objectives.losses import action_logprobs, opd_loss, token_logprobs
-from adwin.sampling.lora import trainable_parameters, trained_state
 from adwin.sampling.rollout import Rows, layout, response_values
+from adwin.student.lora import trainable_parameters, trained_state
 from adwin.teacher.local import Teachers
 from adwin.teacher.served import ServedTeachers
 from adwin.trainer_adapters.asyncopd.engine import (

@@ -27,7 +27,7 @@ from adwin.backends.logprob_gap import logprob_gap
 from adwin.config import OAPLSection
 from adwin.objectives.losses import k1, keep_mask, ratio_percentiles, token_logprobs
 from adwin.objectives.oapl import OAPLTerms, oapl_loss, sequence_logprob, teacher_return
-from adwin.sampling.lora import trained_state
+from adwin.student.lora import trained_state
 from adwin.trainer_adapters.asyncopd.groups import group_version
 from adwin.trainer_adapters.asyncopd.hf import clip_and_step, item_rows, item_values
 from adwin.trainer_adapters.asyncopd.items import StreamItem

@@ -30,13 +30,14 @@ from adwin.config import ASYNCOPD_LOSSES, AsyncOPDSection, TrainConfig, lag_of
 from adwin.controller.api import ControllerAPI
 from adwin.decode.static_cache import LEDGER as COMPILES
 from adwin.decode.static_cache import without_compiled
-from adwin.loop.parts import Parts, build_optimizer, load_parts, run_spec
+from adwin.loop.parts import Parts, load_parts, run_spec
 from adwin.probes.client import InlineAuditor
 from adwin.probes.settings import configure_audits
 from adwin.runtime.checkpoint import seed_everything
 from adwin.runtime.metrics_log import open_loggers
 from adwin.runtime.resilient_controller import controller_metrics, drain_controller
 from adwin.sampling.rollout import encode_prompts, eos_ids, pad_id_of
+from adwin.student.optimizer import build_optimizer
 from adwin.trainer_adapters.asyncopd.hf import (
     HFLearner,
     HFRolloutEngine,

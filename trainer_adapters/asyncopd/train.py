@@ -19,7 +19,6 @@ from dataclasses import dataclass, field
 from types import SimpleNamespace
 from typing import Any
 
-from adwin.backends.structure import is_lora
 from adwin.config import TrainConfig
 from adwin.controller.api import ControllerAPI
 from adwin.loop.accounting import TokenLedger
@@ -28,7 +27,8 @@ from adwin.loop.parts import Parts
 from adwin.loop.sampler import Sampler
 from adwin.loop.trainer import TrainResult
 from adwin.runtime.checkpoint import save_checkpoint
-from adwin.sampling.lora import LORA_EXPORT, export_lora
+from adwin.student.lora import LORA_EXPORT, export_lora
+from adwin.student.structure import is_lora
 from adwin.trainer_adapters.asyncopd.run import AsyncOPDRun, build_asyncopd, run_asyncopd
 
 SUMMARY_KEYS = ("throughput_tokens_per_s", "overlap", "staleness", "permits", "checks", "submitted",

@@ -18,7 +18,7 @@ from typing import Any
 
 import torch
 
-from adwin.backends.vllm_rollout import VLLMRollout
+from adwin.decode.vllm import VLLMRollout
 from adwin.trainer_adapters.asyncopd.items import StreamItem, TokenOut
 
 

@@ -8,7 +8,7 @@ are summed over the actor's data-parallel group before the Gram, as in adwin's o
 
 The computation is adwin's (``adwin.audit.job.run_audit_job`` → ``adwin.audit.alignment.audit``): one
 implementation, with verl's loss as its per-token loss and the DP group as its combiner. An FSDP2 actor
-(``actor.strategy=fsdp2``) is audited on gathered weights (``adwin.backends.fsdp.full_weights``); FSDP1 and
+(``actor.strategy=fsdp2``) is audited on gathered weights (``adwin.student.fsdp.full_weights``); FSDP1 and
 Ulysses sequence parallelism are refused (``UnsupportedActorEngine``).
 """
 

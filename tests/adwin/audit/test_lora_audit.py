@@ -13,7 +13,7 @@ from adwin.audit.alignment import ProbeBatch, audit
 from adwin.audit.params import audited_parameters
 from adwin.config import LoraSection
 from adwin.objectives.losses import reverse_kl_pg, token_logprobs
-from adwin.sampling.lora import apply_lora, trainable_named_parameters
+from adwin.student.lora import apply_lora, trainable_named_parameters
 
 peft = pytest.importorskip("peft")  # the lora extra
 

@@ -175,7 +175,7 @@ def test_a_lora_student_decodes_compiled_to_the_eager_tokens_and_follows_its_ada
     pytest.importorskip("peft")
     from adwin.config import LoraSection
     from adwin.decode.static_cache import without_compiled
-    from adwin.sampling.lora import apply_lora, trainable_parameters
+    from adwin.student.lora import apply_lora, trainable_parameters
 
     student = apply_lora(without_compiled(copy.deepcopy(model)), LoraSection(r=4))
     kw = {"eos": EOS, "pad_id": 0, "temperature": 0.9, "top_p": 0.8,

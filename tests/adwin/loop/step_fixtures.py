@@ -10,13 +10,13 @@ import torch
 from tiny_models import make_tiny_llama
 
 from adwin.config import TrainConfig, load_config
-from adwin.loop.parts import build_optimizer
 from adwin.loop.step import TeacherSignal, optimize, score_teacher
 from adwin.objectives.losses import token_logprobs
 from adwin.sampling.batch import Batch
 from adwin.sampling.data import Prompt
-from adwin.sampling.lora import apply_lora
 from adwin.sampling.rollout import layout
+from adwin.student.lora import apply_lora
+from adwin.student.optimizer import build_optimizer
 from adwin.teacher.local import Teachers
 
 WINDOW = 6

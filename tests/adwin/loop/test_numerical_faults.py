@@ -11,13 +11,13 @@ from reliability_record import record
 from trainer_fixtures import tiny_overrides, write_config
 
 from adwin.audit import job as audit_job
-from adwin.backends.structure import is_lora
 from adwin.cli import main
 from adwin.config import load_config
 from adwin.controller import Controller
 from adwin.loop.parts import load_parts
 from adwin.loop.trainer import train
 from adwin.runtime.checkpoint import latest_checkpoint, load_weights
+from adwin.student.structure import is_lora
 from adwin.teacher.checkpoints import load_model
 from adwin.teacher.local import Teachers
 

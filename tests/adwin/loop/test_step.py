@@ -11,13 +11,13 @@ from tiny_models import make_tiny_llama
 
 from adwin.config import TrainConfig, load_config
 from adwin.decode.generate import generate
-from adwin.loop.parts import build_optimizer
 from adwin.loop.sampler import Sampler
 from adwin.loop.step import TeacherSignal, optimize
 from adwin.objectives.losses import token_logprobs
 from adwin.sampling.batch import Batch
 from adwin.sampling.data import Prompt
 from adwin.sampling.rollout import encode_prompts, layout
+from adwin.student.optimizer import build_optimizer
 from adwin.tasks.tokenizer import build_tokenizer
 
 PROMPTS = [[1, 5, 6], [1, 7]]

@@ -11,7 +11,7 @@ from test_reduce import two_ranks
 from tiny_models import make_tiny_llama
 
 from adwin.loop.memory import training_forward
-from adwin.sampling.lora import apply_lora, trainable_named_parameters
+from adwin.student.lora import apply_lora, trainable_named_parameters
 
 peft = pytest.importorskip("peft")  # the lora extra
 

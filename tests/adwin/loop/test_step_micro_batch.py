@@ -8,9 +8,9 @@ from numerics import assert_same_params, f32_sum_tol
 from step_fixtures import WINDOW, config, ragged_batch, run_steps, teachers, with_behavior
 from tiny_models import make_tiny_llama
 
-from adwin.loop.parts import build_optimizer
 from adwin.loop.step import optimize, score_teacher
 from adwin.objectives.losses import opd_loss
+from adwin.student.optimizer import build_optimizer
 
 AGGREGATIONS = ("token-mean", "seq-mean-token-mean", "seq-mean-token-sum")
 COMPARED = ("loss/total", "loss/teacher_kl", "loss/tokens")

@@ -13,10 +13,11 @@ from trainer_fixtures import tiny_overrides
 from adwin.config import apply_policy_spec, load_config
 from adwin.controller import Controller
 from adwin.loop.accounting import TokenLedger
-from adwin.loop.parts import build_optimizer, load_parts
+from adwin.loop.parts import load_parts
 from adwin.loop.trainer import train
 from adwin.sampling.batch import Batch
 from adwin.sampling.rollout import Rows
+from adwin.student.optimizer import build_optimizer
 
 NAMESPACES = ("window/", "rollout/", "probe/", "audit/", "optim/", "loss/", "eval/", "time/", "drift/")
 

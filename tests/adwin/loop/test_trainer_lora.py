@@ -13,7 +13,6 @@ import torch
 from safetensors.torch import load_file
 from trainer_fixtures import tiny_overrides
 
-from adwin.backends.structure import is_lora
 from adwin.config import load_config
 from adwin.controller import Controller
 from adwin.loop.parts import load_parts
@@ -21,7 +20,8 @@ from adwin.loop.trainer import train
 from adwin.probes.extender import ModelExtender, snapshot_weights
 from adwin.runtime.checkpoint import latest_checkpoint
 from adwin.runtime.resume import open_resumed_controller
-from adwin.sampling.lora import LORA_EXPORT, trainable_named_parameters
+from adwin.student.lora import LORA_EXPORT, trainable_named_parameters
+from adwin.student.structure import is_lora
 
 peft = pytest.importorskip("peft")  # the lora extra
 

@@ -10,13 +10,13 @@ import torch
 from reliability_record import record
 from trainer_fixtures import tiny_overrides
 
-from adwin.backends.structure import is_lora
 from adwin.config import load_config
 from adwin.controller import Controller
 from adwin.loop.trainer import train
 from adwin.runtime import checkpoint as ckpt_mod
 from adwin.runtime.checkpoint import latest_checkpoint
 from adwin.runtime.resume import open_resumed_controller
+from adwin.student.structure import is_lora
 
 N = 6
 
@@ -139,8 +139,8 @@ def test_the_audit_schedule_survives_a_checkpoint() -> None:
     # audit.every / skip_margin: a resumed run skips the same batches the straight run would
     from adwin.audit.schedule import AuditSchedule
     from adwin.loop.accounting import TokenLedger
+    from adwin.loop.step import FaultCounter
     from adwin.probes.pool import ProbePool
-    from adwin.runtime.guards import FaultCounter
     from adwin.runtime.resume import restore_run_state, run_state
     from adwin.tasks.prompts import BuiltinPrompts
 

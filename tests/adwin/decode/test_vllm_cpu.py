@@ -16,9 +16,9 @@ from tiny_models import make_tiny_llama
 
 import adwin.backends as backends
 from adwin.backends import BackendUnavailable, check_backends
-from adwin.backends.vllm_rollout import VLLMRollout, parse_outputs
 from adwin.cli import main
 from adwin.config import load_config
+from adwin.decode.vllm import VLLMRollout, parse_outputs
 from adwin.objectives.losses import forward_kl, opd_loss
 from adwin.teacher.vllm import VLLMTeacher, parse_prompt_logprobs, scores_to_tensors
 

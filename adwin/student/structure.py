@@ -1,6 +1,6 @@
 """What a student model is made of, read from the model alone (neither torch nor peft is imported for it): its
 stack of transformer blocks (``transformer_blocks``: what ``audit.params: top:N`` counts from the top and what
-FSDP shards one unit each, ``adwin.backends.fsdp``) and whether peft wraps it (``is_lora``).
+FSDP shards one unit each, ``adwin.student.fsdp``) and whether peft wraps it (``is_lora``).
 
 Blocks are found generically for HF causal LMs (Llama, Qwen2, Mistral: ``model.layers``; GPT-2:
 ``transformer.h``; ...): the ``torch.nn.ModuleList`` with ``config.num_hidden_layers`` entries (or, without

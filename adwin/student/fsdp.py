@@ -22,7 +22,7 @@ order), forwards and gradients inside see whole plain ``Parameter`` s and make n
 are restored on exit. Outside a sharded run every helper here is the identity.
 
 Which parameters train is not decided here: ``fully_shard`` shards whatever the model holds, and the
-optimizer takes the parameters that require grad (``adwin.loop.parts.build_optimizer``). A LoRA student
+optimizer takes the parameters that require grad (``adwin.student.optimizer.build_optimizer``). A LoRA student
 (``model.lora``) is sharded the same way, adapters and frozen base weights together in each layer's unit:
 FSDP2 shards every parameter on its own (a ``DTensor`` each, no flat buffer), all-gathers them all and
 reduce-scatters only those that received a gradient, so a unit mixing frozen and trainable parameters needs
@@ -53,7 +53,7 @@ from typing import Any
 
 import torch
 
-from adwin.backends.structure import is_lora, transformer_blocks
+from adwin.student.structure import is_lora, transformer_blocks
 
 log = logging.getLogger(__name__)
 

@@ -10,9 +10,9 @@ import pytest
 from fake_vllm import HFBackedLLM, params
 from trainer_fixtures import tiny_overrides
 
-from adwin.backends.vllm_rollout import VLLMRollout
 from adwin.config import load_config
 from adwin.controller import Controller
+from adwin.decode.vllm import VLLMRollout
 from adwin.loop.parts import load_parts
 from adwin.loop.sampler import Sampler
 from adwin.loop.trainer import train

@@ -38,7 +38,7 @@ def _hf_logprobs(model: torch.nn.Module, prompt: list[int], tokens: list[int]) -
 
 
 def test_rollout_respects_the_window_and_weight_sync_changes_the_sampler(tmp_path: Path) -> None:
-    from adwin.backends.vllm_rollout import VLLMRollout
+    from adwin.decode.vllm import VLLMRollout
 
     path, model = _save(tmp_path, 0)
     ro = VLLMRollout.load(path, dtype="float32", gpu_memory_utilization=0.2, max_model_len=128)

@@ -15,16 +15,16 @@ from safetensors.torch import load_file
 from tiny_models import make_tiny_llama
 from torch.distributed.checkpoint import FileSystemReader
 
-from adwin.backends.structure import is_lora
 from adwin.cli import main as cli_main
 from adwin.config import LoraSection, load_config
 from adwin.controller import Controller
 from adwin.loop.distributed import LocalDist
-from adwin.loop.parts import build_optimizer
 from adwin.loop.trainer import train
 from adwin.runtime.checkpoint import CheckpointMismatch
 from adwin.runtime.sharded_checkpoint import SHARDED_DIR, load_sharded, stage_sharded
-from adwin.sampling.lora import LORA_EXPORT, apply_lora
+from adwin.student.lora import LORA_EXPORT, apply_lora
+from adwin.student.optimizer import build_optimizer
+from adwin.student.structure import is_lora
 
 pytest.importorskip("peft")  # the lora extra
 

@@ -11,10 +11,9 @@ import torch
 from tiny_models import make_tiny_llama
 from trainer_fixtures import save_tiny
 
-from adwin.backends.structure import is_lora
 from adwin.config import LoraSection
 from adwin.runtime.checkpoint import CheckpointMismatch, load_weights
-from adwin.sampling.lora import (
+from adwin.student.lora import (
     LoraTargetError,
     LoraUnavailable,
     apply_lora,
@@ -24,6 +23,7 @@ from adwin.sampling.lora import (
     trainable_named_parameters,
     trained_state,
 )
+from adwin.student.structure import is_lora
 
 peft = pytest.importorskip("peft")  # the lora extra
 

@@ -17,10 +17,10 @@ from fake_vllm import HFBackedLLM, PromptLogprobLLM, params
 from trainer_fixtures import tiny_overrides
 
 from adwin.backends import BackendUnavailable
-from adwin.backends.vllm_rollout import VLLMRollout
 from adwin.config import load_config
 from adwin.controller import Controller
 from adwin.decode.engine import VLLMEngine
+from adwin.decode.vllm import VLLMRollout
 from adwin.loop.parts import load_parts
 from adwin.loop.probe_rounds import RoundExtender
 from adwin.loop.sampler import Sampler

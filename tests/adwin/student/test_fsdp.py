@@ -12,11 +12,11 @@ import torch
 from ddp_runs import assert_same_decisions, cut_copy, ddp_config, metrics_rows, two_ranks
 from safetensors.torch import load_file
 
-from adwin.backends.fsdp import precision_policy
 from adwin.cli import main as cli_main
 from adwin.config import load_config
 from adwin.controller import Controller
 from adwin.loop.trainer import train
+from adwin.student.fsdp import precision_policy
 
 STEPS, EVERY = 4, 2
 
