@@ -224,3 +224,24 @@ def test_every_release_ci_tests_verl_on_is_one_pyproject_accepts() -> None:
         version = next(iter(pin.specifier)).version
         spec = ours.get(pin.name.lower().replace("_", "-"))
         assert spec is None or spec.contains(version), f"{pin} is outside adwin's {pin.name}{spec}"
+
+
+def test_the_design_docs_layer_picture_names_the_packages_of_each_layer() -> None:
+    """docs/design.md, "Layering": item ``k`` names (as ``adwin.<package>``) exactly the packages of ``LAYERS[k-1]``."""
+    text = (ROOT / "docs" / "design.md").read_text()
+    section = text.split("## Layering", 1)[1].split("\n## ", 1)[0]
+    items: dict[int, str] = {}
+    current = None
+    for line in section.splitlines():
+        m = re.match(r"(\d+)\. (.*)", line)
+        if m:
+            current = int(m.group(1))
+            items[current] = m.group(2)
+        elif current is not None and line.startswith("   "):
+            items[current] += " " + line.strip()
+        elif line.strip():
+            current = None
+    assert sorted(items) == list(range(1, len(LAYERS) + 1))
+    for k, groups in enumerate(LAYERS, start=1):
+        named = {".".join(n.split(".")[:2]) for n in re.findall(r"`(adwin\.[a-z_]+(?:\.[a-z_]+)*)`", items[k])}
+        assert named == set(groups) - {"adwin.__main__"}, (k, named, groups)
