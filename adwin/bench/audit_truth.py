@@ -237,6 +237,11 @@ def _share(x: float | None) -> str:
     return "n/a" if x is None else f"{100 * x:.0f} %"
 
 
+def _update(ck: Mapping[str, Any], key: str) -> str:
+    """The update view's cosine, n/a where the pool has no population full gradient to compare with."""
+    return "n/a" if ck["truth_window"] is None else f"{ck['update_view'][key]:.2f}"
+
+
 def truth_markdown(report: Mapping[str, Any]) -> str:
     """The tables, one section per checkpoint."""
     meta = report["meta"]
@@ -270,9 +275,9 @@ def truth_markdown(report: Mapping[str, Any]) -> str:
                     x = ck["readings"][p][est][i]
                     fb = f", fb {100 * x['fallbacks']:.0f} %" if est == "debiased" and x["fallbacks"] else ""
                     row.append(f"{x['mean']:.2f} [{x['q10']:.2f}, {x['q90']:.2f}] ({100 * x['share_admissible']:.0f} %{fb})")
-            row.append(f"{ck['update_view'][str(c)]:.2f}")
+            row.append(_update(ck, str(c)))
             lines.append("| " + " | ".join(row) + " |")
-        lines.append("| full | | | " + " | " * (2 * len(sizes)) + f"{ck['update_view']['full']:.2f} |")
+        lines.append("| full | | | " + " | " * (2 * len(sizes)) + f"{_update(ck, 'full')} |")
         for p, rules in ck["replay"].items():
             lines += ["", f"Replay at P = {p}, truth's window {ck['truth_window']}:", "",
                       "| rule | within one rung | exactly | within one rung, later half | windows chosen (share) |",

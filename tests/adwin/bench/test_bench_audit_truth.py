@@ -122,3 +122,4 @@ def test_a_pool_without_a_truth_replays_its_decisions_without_a_share_and_says_s
                                                                                 "at_horizon": 0.0}}]}
     text = truth_markdown(report)
     assert "not identifiable" in text and "| n/a |" in text
+    assert text.count("n/a |") >= len(CANDS) + 1 + 3 * len(RULES)  # no update view, no shares
