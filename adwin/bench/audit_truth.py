@@ -279,7 +279,8 @@ def truth_markdown(report: Mapping[str, Any]) -> str:
             lines.append("| " + " | ".join(row) + " |")
         lines.append("| full | | | " + " | " * (2 * len(sizes)) + f"{_update(ck, 'full')} |")
         for p, rules in ck["replay"].items():
-            lines += ["", f"Replay at P = {p}, truth's window {ck['truth_window']}:", "",
+            target = "no truth" if ck["truth_window"] is None else f"truth's window {ck['truth_window']}"
+            lines += ["", f"Replay at P = {p}, {target}:", "",
                       "| rule | within one rung | exactly | within one rung, later half | windows chosen (share) |",
                       "|---|---|---|---|---|"]
             for name, r in rules.items():

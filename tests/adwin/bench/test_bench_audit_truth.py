@@ -123,3 +123,4 @@ def test_a_pool_without_a_truth_replays_its_decisions_without_a_share_and_says_s
     text = truth_markdown(report)
     assert "not identifiable" in text and "| n/a |" in text
     assert text.count("n/a |") >= len(CANDS) + 1 + 3 * len(RULES)  # no update view, no shares
+    assert "Replay at P = 8, no truth:" in text
