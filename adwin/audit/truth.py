@@ -169,7 +169,10 @@ def update_view(h: np.ndarray, candidates: Sequence[int], r: int, *, draws: int,
     return [float(v) for v in np.clip(out / draws, -1.0, 1.0)]
 
 
-def identifiable(h: np.ndarray, z: float = 2.0) -> bool:
+IDENTIFIABLE_Z = 2.0  # the pool's signal z below which it identifies no truth
+
+
+def identifiable(h: np.ndarray, z: float = IDENTIFIABLE_Z) -> bool:
     """Whether the whole pool measures a full-gradient mean: its ``signal_z`` reaches ``z`` (the cross-sample
     ``|mu_F|^2`` at least ``z`` standard errors above pure noise). Not, when the noise scale is beyond the pool: the
     population cosines are then undefined or noise, and a replay has no truth to land on."""

@@ -154,14 +154,15 @@ def measure_checkpoint(h: np.ndarray, candidates: Sequence[int], horizon: int, t
     readings = {int(p): truth.readings_at(h, cands, int(p), threshold=threshold, draws=draws, rng=rng)
                 for p in sizes if int(p) <= h.shape[0]}
     update = truth.update_view(h, cands, r, draws=max(20, draws // 4), rng=rng)
-    seen = truth.identifiable(h)  # else no window is the truth's: the replay lists its decisions only
+    z = truth.signal_z(h)
+    seen = z >= truth.IDENTIFIABLE_Z  # else no window is the truth's: the replay lists its decisions only
     window = truth.truth_window({c: v[0] for c, v in pop.items()}, cands, horizon, threshold) if seen else None
     sure = truth.truth_window({c: v[1] for c, v in pop.items()}, cands, horizon, threshold) if seen else None
     return {
         "candidates": cands, "horizon": int(horizon), "threshold": float(threshold),
         "population": {str(c): list(v) for c, v in pop.items()},
         "noise_floor": {str(c): float(v) for c, v in zip(cands, floor, strict=True)},
-        "noise_scale": scale, "effective_dim": d_eff, "signal_z": truth.signal_z(h),
+        "noise_scale": scale, "effective_dim": d_eff, "signal_z": z,
         "readings": {str(p): {est: [asdict(x) for x in xs] for est, xs in by.items()} for p, by in readings.items()},
         "update_view": {"R": r, **{str(c): v for c, v in zip([*cands, "full"], update, strict=True)}},
         "truth_window": window, "surely_admissible_window": sure, "replay_initial": initial,
@@ -215,13 +216,10 @@ def replay(h: np.ndarray, candidates: Sequence[int], horizon: int, threshold: fl
                 exact += r == target
                 late += a >= audits // 2 and abs(r - target) <= 1
             chosen[w] = chosen.get(w, 0) + 1
-    total = runs * audits
-    if target is None:
-        return {"within_one_rung": None, "exact": None, "decisions": total, "probe_batch": p,
-                "within_one_rung_late": None, "pooled_audits": rule.pool,
-                "windows": {str(w): c / total for w, c in sorted(chosen.items())}}
-    return {"within_one_rung": near / total, "exact": exact / total, "decisions": total, "probe_batch": p,
-            "within_one_rung_late": late / (runs * (audits - audits // 2)),
+    total, known = runs * audits, target is not None
+    return {"within_one_rung": near / total if known else None, "exact": exact / total if known else None,
+            "decisions": total, "probe_batch": p,
+            "within_one_rung_late": late / (runs * (audits - audits // 2)) if known else None,
             "pooled_audits": rule.pool, "windows": {str(w): c / total for w, c in sorted(chosen.items())}}
 
 
@@ -244,6 +242,8 @@ def _update(ck: Mapping[str, Any], key: str) -> str:
 
 def truth_markdown(report: Mapping[str, Any]) -> str:
     """The tables, one section per checkpoint."""
+    from adwin.audit.truth import IDENTIFIABLE_Z
+
     meta = report["meta"]
     lines = [f"# Audit truth: {meta.get('task')} (commit {meta.get('commit')}, {meta.get('date')})", "",
              f"`{meta.get('command')}`", ""]
@@ -252,7 +252,7 @@ def truth_markdown(report: Mapping[str, Any]) -> str:
         pool = ck["pool"]
         if ck["truth_window"] is None:
             verdict = (f"**Truth's window: not identifiable**: the pool does not measure the full gradient's mean (its "
-                       f"signal z {ck['signal_z']:.1f} over {pool['rollouts']} rollouts is below 2: the noise scale is "
+                       f"signal z {ck['signal_z']:.1f} over {pool['rollouts']} rollouts is below {IDENTIFIABLE_Z:g}: the noise scale is "
                        "beyond the pool), so no population cosine tells an admissible window; a larger pool "
                        "(--rollouts) may resolve it. The replay lists the windows chosen only.")
         else:
