@@ -46,12 +46,17 @@ def load_parts(cfg: TrainConfig, profile: str = "default") -> Parts:
 
     ``builtin`` model paths come from the built-in task's prepared assets of ``profile`` (``tiny`` for tests).
     """
+    from transformers import AutoConfig  # heavy: imported when a run loads
+
     uses_builtin = cfg.model.student == "builtin" or "builtin" in cfg.model.teachers.values()
     assets = builtin_assets(cfg, profile) if uses_builtin else None
     student_path, tok_path = student_paths(cfg, assets)
     teacher_paths = resolve_teachers(cfg.model.teachers, assets)
     train, eval_p = load_prompts(cfg)  # their own RNG streams: nothing below draws from them
     check_routes(train.route_examples() + eval_p, list(teacher_paths))  # before any model loads
+    # the student's positions from its config file: a run that cannot fit stops before any weights load
+    context = getattr(AutoConfig.from_pretrained(student_path), "max_position_embeddings", None)
+    check_context(cfg.data.max_prompt_len, cfg.rollout.max_response_len, context)
     tokenizer = load_tokenizer(tok_path)
     base = load_model(student_path, cfg.model.dtype, cfg.model.device)
     served = cfg.model.teacher_server
@@ -61,8 +66,6 @@ def load_parts(cfg: TrainConfig, profile: str = "default") -> Parts:
                              client=served.client(), check_tokenizer=served.check_tokenizer)
     # LoRA adapters on the student only (teachers stay the plain checkpoints); apply_lora seeds its own init
     student = base if cfg.model.lora is None else apply_lora(base, cfg.model.lora, seed=cfg.seed)
-    check_context(cfg.data.max_prompt_len, cfg.rollout.max_response_len,
-                  getattr(student.config, "max_position_embeddings", None))
     checker = builtin_checker() if cfg.data.task == "builtin" else match_answer
     return Parts(student, tokenizer, teachers, train, eval_p, checker)
 

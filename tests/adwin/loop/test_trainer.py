@@ -134,6 +134,23 @@ def test_multi_teacher_run_routes_by_key(tmp_path: Path) -> None:
         load_parts(load_config(None, ov))
 
 
+def test_a_run_beyond_the_students_context_stops_before_any_weights_load(tmp_path: Path,
+                                                                          monkeypatch: pytest.MonkeyPatch) -> None:
+    from trainer_fixtures import make_assets
+
+    from adwin.loop import parts as parts_module
+    from adwin.sampling.data import DataError
+
+    ov = tiny_overrides(tmp_path, steps=1, **{"eval.every": 0})
+    ov.update(make_assets(tmp_path, routes=("math", "code")))
+    loaded: list[str] = []
+    monkeypatch.setattr(parts_module, "load_model", lambda path, *a, **k: loaded.append(str(path)))
+    ov["rollout.max_response_len"] = 100_000
+    with pytest.raises(DataError, match=r"rollout\.max_response_len \(100000\).*student's context"):
+        load_parts(load_config(None, ov))
+    assert loaded == []
+
+
 def test_summary_counts_audits_that_changed_the_window() -> None:
     from adwin.runtime.summary import summarize
 
