@@ -73,6 +73,19 @@ def test_at_small_p_the_debiased_noise_hold_rule_lands_on_the_true_window(p: int
     assert out["within_one_rung"] >= 0.8
 
 
+@pytest.mark.parametrize("p, cosines, truth_window, initial", [
+    (8, [0.9, 0.95, 0.97, 0.98, 0.99], 64, 512),  # shrinks from the run's start to the truth
+    (2, [0.2, 0.3, 0.5, 0.8, 0.9], 512, 128),  # grows to it, at the suite's P
+])
+def test_the_presets_pooled_point_rule_at_small_p_lands_on_the_true_window(p: int, cosines: list[float],
+                                                                         truth_window: int, initial: int) -> None:
+    (presets,) = [r for r in RULES if r.name == "batch, point, 8 audits pooled (decay 0.9)"]
+    h = _h(cosines, np.sqrt(sum(TOKENS) / 6))  # noise scale 6, as chain-long's prepared student
+    out = replay(h, CANDS, HORIZON, 0.7, presets, p=p, audits=12, runs=6, truth_window=truth_window,
+                 rng=np.random.default_rng(0), initial=initial)
+    assert out["within_one_rung"] >= 0.8
+
+
 def test_the_batch_estimator_at_small_p_is_held_above_the_true_window_by_its_bias() -> None:
     aligned = _h([0.9, 0.95, 0.97, 0.98, 0.99], np.sqrt(sum(TOKENS) / 6))
     (rule,) = [r for r in RULES if r.name == "batch, confidence"]
