@@ -54,8 +54,9 @@ def load_parts(cfg: TrainConfig, profile: str = "default") -> Parts:
     teacher_paths = resolve_teachers(cfg.model.teachers, assets)
     train, eval_p = load_prompts(cfg)  # their own RNG streams: nothing below draws from them
     check_routes(train.route_examples() + eval_p, list(teacher_paths))  # before any model loads
-    # the student's positions from its config file: a run that cannot fit stops before any weights load
-    context = getattr(AutoConfig.from_pretrained(student_path), "max_position_embeddings", None)
+    # the student's positions from its config file (a composite model's: its text decoder's), so a run that cannot
+    # fit stops before any weights load
+    context = getattr(AutoConfig.from_pretrained(student_path).get_text_config(), "max_position_embeddings", None)
     check_context(cfg.data.max_prompt_len, cfg.rollout.max_response_len, context)
     tokenizer = load_tokenizer(tok_path)
     base = load_model(student_path, cfg.model.dtype, cfg.model.device)
