@@ -11,6 +11,7 @@ import torch
 
 from adwin.config import TrainConfig
 from adwin.controller.schemas import PolicyIn, RunIn
+from adwin.loop.memory import enable_checkpointing
 from adwin.sampling.data import (
     Prompt,
     PromptStream,
@@ -67,6 +68,8 @@ def load_parts(cfg: TrainConfig, profile: str = "default") -> Parts:
                              client=served.client(), check_tokenizer=served.check_tokenizer)
     # LoRA adapters on the student only (teachers stay the plain checkpoints); apply_lora seeds its own init
     student = base if cfg.model.lora is None else apply_lora(base, cfg.model.lora, seed=cfg.seed)
+    if cfg.model.gradient_checkpointing:  # a student HF cannot checkpoint is refused here, not at the first update
+        enable_checkpointing(student)
     checker = builtin_checker() if cfg.data.task == "builtin" else match_answer
     return Parts(student, tokenizer, teachers, train, eval_p, checker)
 

@@ -151,6 +151,31 @@ def test_a_run_beyond_the_students_context_stops_before_any_weights_load(tmp_pat
     assert loaded == []
 
 
+def test_gradient_checkpointing_on_a_student_hf_cannot_checkpoint_is_refused_at_load(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from trainer_fixtures import make_assets
+
+    from adwin.loop import parts as parts_module
+
+    real = parts_module.load_model
+
+    def no_checkpointing(*a: object, **k: object) -> torch.nn.Module:
+        model = real(*a, **k)
+        model.supports_gradient_checkpointing = False  # as a model class without HF checkpointing layers
+        return model
+
+    ov = tiny_overrides(tmp_path, steps=1, **{"eval.every": 0})
+    ov.update(make_assets(tmp_path, routes=("math", "code")))
+    ov["model.gradient_checkpointing"] = True
+    monkeypatch.setattr(parts_module, "load_model", no_checkpointing)
+    with pytest.raises(ValueError, match="model.gradient_checkpointing: .* has no HF checkpointing layers"):
+        load_parts(load_config(None, ov))
+    monkeypatch.setattr(parts_module, "load_model", real)
+    parts = load_parts(load_config(None, ov))
+    layers = [m for m in parts.student.modules() if getattr(m, "gradient_checkpointing", False)]
+    assert layers and not any(m.training for m in layers)  # enabled, off until the training forward
+
+
 def test_summary_counts_audits_that_changed_the_window() -> None:
     from adwin.runtime.summary import summarize
 
