@@ -3,6 +3,7 @@ tiny built-in task (one checkpoint sampled, then replayed from its saved Gram)."
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import sys
 from pathlib import Path
@@ -84,6 +85,19 @@ def test_the_presets_pooled_point_rule_at_small_p_lands_on_the_true_window(p: in
     out = replay(h, CANDS, HORIZON, 0.7, presets, p=p, audits=12, runs=6, truth_window=truth_window,
                  rng=np.random.default_rng(0), initial=initial)
     assert out["within_one_rung"] >= 0.8
+
+
+@pytest.mark.parametrize("preset", ["default", "long", "suite"])
+def test_the_rule_the_replay_calls_the_presets_is_the_one_the_adwin_presets_ship(preset: str) -> None:
+    from adwin.config import load_config
+    from adwin.config.loading import preset_path
+
+    cfg = load_config(preset_path(preset))
+    shipped = Rule("shipped", cfg.audit.estimator, cfg.window.confidence, noise_hold=cfg.window.noise_hold,
+                   grow_to=cfg.window.grow_to, signal_z=cfg.window.signal_z, pool=cfg.audit.evidence_audits,
+                   decay=cfg.audit.evidence_decay)
+    (presets,) = [r for r in RULES if r.name == "batch, point, 8 audits pooled (decay 0.9)"]
+    assert cfg.window.policy == "adwin" and shipped == dataclasses.replace(presets, name="shipped")
 
 
 def test_the_batch_estimator_at_small_p_is_held_above_the_true_window_by_its_bias() -> None:
