@@ -5,9 +5,9 @@ The bottom of the config package: every other module of it may import this one, 
 
 from __future__ import annotations
 
-from typing import Annotated
+from typing import Annotated, Any
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Field
 
 from adwin.objectives.importance import ISMethod
 
@@ -21,6 +21,15 @@ class _Strict(BaseModel):
 ISMethodField = Annotated[ISMethod, Field(description="old-to-current ratio treatment: none | clip | cap | icepop")]
 ISLowField = Annotated[float, Field(ge=0.0, description="lower ratio bound (clip, icepop)")]
 ISHighField = Annotated[float, Field(gt=0.0, description="upper ratio bound (clip, cap, icepop)")]
+
+
+def _off_word(value: Any) -> Any:
+    return "off" if value is False else value
+
+
+# YAML 1.1 (PyYAML, and so every config file and --set value) reads the bare word off as false: a field whose
+# values include "off" takes it back, so `model.autocast: off` means what it says
+OffWord = BeforeValidator(_off_word)
 
 
 def check_is_bounds(section: str, method: str, low: float, high: float) -> None:

@@ -4,11 +4,11 @@ validated on its own; the rules across sections are ``adwin.config.run``.
 
 from __future__ import annotations
 
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, Field, field_validator, model_validator
 
-from adwin.config.base import ISHighField, ISLowField, ISMethodField, _Strict, check_is_bounds
+from adwin.config.base import ISHighField, ISLowField, ISMethodField, OffWord, _Strict, check_is_bounds
 from adwin.config.teacher_server import TeacherServerConfig
 from adwin.decode.static_cache import CompileSetting
 from adwin.policies.fields import DEFAULT_CANDIDATES, Candidates, PolicyKnobs
@@ -66,7 +66,7 @@ class ModelConfig(_Strict):
     # memory options of the student's training forward (docs/design.md, "Memory options")
     gradient_checkpointing: bool = Field(False, description="recompute decoder-layer activations in the backward "
                                          "(HF activation checkpointing): less activation memory, one more forward of the layers")
-    autocast: Literal["off", "bf16"] = Field("off", description="bf16 autocast of the student's training and "
+    autocast: Annotated[Literal["off", "bf16"], OffWord] = Field("off", description="bf16 autocast of the student's training and "
                                              "audit forwards over float32 weights (cuda or cpu)")
     teacher_server: TeacherServerConfig = Field(default_factory=TeacherServerConfig)
     lora: LoraSection | None = Field(None, description="LoRA adapters on the student (needs adwin[lora]); None = "
@@ -327,7 +327,7 @@ class ControllerSection(_Strict):
 
 
 class LoggingConfig(_Strict):
-    wandb: Literal["off", "offline", "online"] = Field("off", description="also log to Weights & Biases")
+    wandb: Annotated[Literal["off", "offline", "online"], OffWord] = Field("off", description="also log to Weights & Biases")
     stdout: bool = Field(False, description="print one metrics line per step")
     progress: bool = Field(True, description="show a progress bar")
 

@@ -1,5 +1,7 @@
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 from pydantic import ValidationError
 
@@ -85,3 +87,12 @@ def test_asyncopd_refuses_probe_worker_knobs_it_cannot_honour_naming_the_field(f
     with pytest.raises(ValueError, match=rf"probes\.{field}: scheduler 'asyncopd'"):
         load_config(None, {"scheduler": "asyncopd", f"probes.{field}": value})
     load_config(None, {"scheduler": "sync", f"probes.{field}": value})
+
+
+def test_the_bare_word_off_in_yaml_or_set_means_off_not_false(tmp_path: Path) -> None:
+    path = tmp_path / "run.yaml"
+    path.write_text("model:\n  autocast: off\nlogging:\n  wandb: off\n")  # YAML 1.1 reads both as false
+    cfg = load_config(path, parse_set(["model.autocast=off"]))
+    assert (cfg.model.autocast, cfg.logging.wandb) == ("off", "off")
+    with pytest.raises(ValidationError, match="model.autocast"):  # on is not a value of the field
+        load_config(None, parse_set(["model.autocast=on"]))
