@@ -183,9 +183,13 @@ class AuditOut(_Out):
 # --- telemetry -----------------------------------------------------------------------------------
 
 
+MetricName = Annotated[str, Field(min_length=1, max_length=256)]
+MAX_STEP_METRICS = 4096  # a trainer logs a few hundred; the bound keeps one report from bloating every telemetry read
+
+
 class StepMetricsIn(_In):
     step: int = Field(..., ge=0, le=MAX_INT)
-    metrics: dict[str, float]
+    metrics: dict[MetricName, float] = Field(..., max_length=MAX_STEP_METRICS)
     _finite: ClassVar[bool] = False  # the controller refuses a non-finite metric by name (InvalidInput)
 
 

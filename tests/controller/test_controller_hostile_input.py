@@ -11,7 +11,7 @@ from fastapi.testclient import TestClient
 
 from adwin.controller import Controller, InvalidInput
 from adwin.controller.app import create_app
-from adwin.controller.schemas import ErrorOut
+from adwin.controller.schemas import MAX_STEP_METRICS, ErrorOut
 
 TOKEN = "s3cret"
 JSON = {"Content-Type": "application/json"}
@@ -66,6 +66,20 @@ def test_non_finite_numbers_and_lone_surrogates_in_step_reports_get_422_and_leav
     rid = _run(client)
     _assert_error(client.post(f"/v1/runs/{rid}/steps", content=body, headers=JSON), 422)
     _reads_ok(client, rid)
+
+
+@pytest.mark.parametrize("metrics", [
+    {"": 1.0},  # a nameless metric
+    {"x" * 257: 1.0},  # a name longer than any metric's
+    {f"m{i}": 1.0 for i in range(MAX_STEP_METRICS + 1)},  # more metrics than a trainer logs
+])
+def test_step_reports_with_unbounded_metric_names_or_counts_get_422_and_store_nothing(client, ctrl, metrics):
+    rid = _run(client)
+    _assert_error(client.post(f"/v1/runs/{rid}/steps", json={"step": 0, "metrics": metrics}), 422)
+    assert client.get(f"/v1/runs/{rid}/telemetry").json()["steps"] == []
+    _reads_ok(client, rid)
+    r = client.post(f"/v1/runs/{rid}/steps", json={"step": 0, "metrics": {f"m{i}": 1.0 for i in range(MAX_STEP_METRICS)}})
+    assert r.status_code == 204, r.text  # the bound itself is accepted
 
 
 @pytest.mark.parametrize("patch", [
