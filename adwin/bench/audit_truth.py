@@ -242,7 +242,7 @@ def _update(ck: Mapping[str, Any], key: str) -> str:
 
 def truth_markdown(report: Mapping[str, Any]) -> str:
     """The tables, one section per checkpoint."""
-    from adwin.audit.truth import IDENTIFIABLE_Z
+    from adwin.audit import truth
 
     meta = report["meta"]
     lines = [f"# Audit truth: {meta.get('task')} (commit {meta.get('commit')}, {meta.get('date')})", "",
@@ -252,7 +252,7 @@ def truth_markdown(report: Mapping[str, Any]) -> str:
         pool = ck["pool"]
         if ck["truth_window"] is None:
             verdict = (f"**Truth's window: not identifiable**: the pool does not measure the full gradient's mean (its "
-                       f"signal z {ck['signal_z']:.1f} over {pool['rollouts']} rollouts is below {IDENTIFIABLE_Z:g}: the noise scale is "
+                       f"signal z {ck['signal_z']:.1f} over {pool['rollouts']} rollouts is below {truth.IDENTIFIABLE_Z:g}: the noise scale is "
                        "beyond the pool), so no population cosine tells an admissible window; a larger pool "
                        "(--rollouts) may resolve it. The replay lists the windows chosen only.")
         else:

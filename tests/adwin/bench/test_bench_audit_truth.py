@@ -21,6 +21,7 @@ from adwin.cli import main  # noqa: E402
 CANDS, HORIZON = [64, 128, 256, 512, 1024], 2048
 TOKENS = [64, 64, 128, 256, 512, 1024]
 NOISE_HOLD = [r for r in RULES if r.noise_hold]
+(PRESETS,) = [r for r in RULES if r.name == "batch, point, 8 audits pooled (decay 0.9)"]  # what the presets ship
 
 
 def _h(cosines: list[float], signal: float, seed: int = 1) -> np.ndarray:
@@ -44,7 +45,6 @@ def test_the_replay_starts_where_the_run_starts() -> None:
 
 def test_a_pooled_rule_reads_no_audit_older_than_the_staleness_limit() -> None:
     h = _h([0.9, 0.95, 0.97, 0.98, 0.99], np.sqrt(sum(TOKENS) / 6))
-    (pooled,) = [r for r in RULES if r.name == "batch, point, 8 audits pooled (decay 0.9)"]
 
     def run(rule: Rule, **kw: int) -> dict:
         out = replay(h, CANDS, HORIZON, 0.7, rule, p=8, audits=8, runs=4, truth_window=64,
@@ -52,8 +52,8 @@ def test_a_pooled_rule_reads_no_audit_older_than_the_staleness_limit() -> None:
         return {k: v for k, v in out.items() if k != "pooled_audits"}  # the rule's setting, not what it read
 
     # audits 3 steps apart under a limit of 2: every pool holds its own audit alone, as the paper's rule reads it
-    assert run(pooled, cadence=3, max_age=2) == run(RULES[0], cadence=3, max_age=2)
-    assert run(pooled, cadence=1, max_age=5) != run(RULES[0], cadence=1, max_age=5)
+    assert run(PRESETS, cadence=3, max_age=2) == run(RULES[0], cadence=3, max_age=2)
+    assert run(PRESETS, cadence=1, max_age=5) != run(RULES[0], cadence=1, max_age=5)
 
 
 def test_on_pure_noise_the_papers_rule_moves_the_window() -> None:
@@ -80,9 +80,8 @@ def test_at_small_p_the_debiased_noise_hold_rule_lands_on_the_true_window(p: int
 ])
 def test_the_presets_pooled_point_rule_at_small_p_lands_on_the_true_window(p: int, cosines: list[float],
                                                                          truth_window: int, initial: int) -> None:
-    (presets,) = [r for r in RULES if r.name == "batch, point, 8 audits pooled (decay 0.9)"]
     h = _h(cosines, np.sqrt(sum(TOKENS) / 6))  # noise scale 6, as chain-long's prepared student
-    out = replay(h, CANDS, HORIZON, 0.7, presets, p=p, audits=12, runs=6, truth_window=truth_window,
+    out = replay(h, CANDS, HORIZON, 0.7, PRESETS, p=p, audits=12, runs=6, truth_window=truth_window,
                  rng=np.random.default_rng(0), initial=initial)
     assert out["within_one_rung"] >= 0.8
 
@@ -96,8 +95,7 @@ def test_the_rule_the_replay_calls_the_presets_is_the_one_the_adwin_presets_ship
     shipped = Rule("shipped", cfg.audit.estimator, cfg.window.confidence, noise_hold=cfg.window.noise_hold,
                    grow_to=cfg.window.grow_to, signal_z=cfg.window.signal_z, pool=cfg.audit.evidence_audits,
                    decay=cfg.audit.evidence_decay)
-    (presets,) = [r for r in RULES if r.name == "batch, point, 8 audits pooled (decay 0.9)"]
-    assert cfg.window.policy == "adwin" and shipped == dataclasses.replace(presets, name="shipped")
+    assert cfg.window.policy == "adwin" and shipped == dataclasses.replace(PRESETS, name="shipped")
 
 
 def test_the_batch_estimator_at_small_p_is_held_above_the_true_window_by_its_bias() -> None:
