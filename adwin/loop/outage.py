@@ -2,8 +2,9 @@
 
 The client already retries every request (``model.teacher_server.retries``, with backoff); a step whose teacher
 scoring still fails is not trained on. With a served teacher, ``step_start`` records what the step is about to
-draw from (the prompt stream and the RNG streams); ``stop_after_outage`` rewinds to it, saves ``checkpoint-t``
-(``t`` optimizer steps applied, the step's prompts not yet consumed) and stops the run with ``TeacherOutage``
+draw from (the prompt stream and the RNG streams); ``stop_after_outage`` rewinds the prompt stream to it, saves
+``checkpoint-t`` with the step's starting RNG streams (``t`` optimizer steps applied, the step's prompts not yet
+consumed; the process's own RNG streams are left as they are, since the run stops) and stops the run with ``TeacherOutage``
 naming the server and the checkpoint. Resuming from it once the server is back runs step ``t`` on the prompts and
 seeds a straight run would (probes a rollout call carried along keep the tokens it added, which are of version
 ``t``). Data-parallel ranks agree on the outage (one ``all_max``) so no rank trains while another stops.
@@ -20,7 +21,7 @@ from adwin.config import TrainConfig
 from adwin.loop.distributed import LocalDist
 from adwin.loop.parts import Parts
 from adwin.loop.step import TeacherSignal, score_teacher
-from adwin.runtime.checkpoint import rng_state, set_rng_state
+from adwin.runtime.checkpoint import rng_state
 from adwin.runtime.guards import TeacherOutage
 from adwin.sampling.batch import Batch
 from adwin.teacher.client import TeacherUnavailable
@@ -32,11 +33,7 @@ class StepStart:
     """The prompt stream's and the RNG streams' state before a step draws."""
 
     prompts: dict[str, Any]
-    rng: dict[str, Any]
-
-    def rewind(self, parts: Parts) -> None:
-        parts.train_prompts.load_state_dict(self.prompts)
-        set_rng_state(self.rng)
+    rng: dict[str, Any]  # adwin.runtime.checkpoint.rng_state()
 
 
 def step_start(parts: Parts) -> StepStart | None:
@@ -60,11 +57,15 @@ def score_or_outage(teachers: Any, batch: Batch, cfg: TrainConfig,
 
 
 def stop_after_outage(outage: TeacherUnavailable, step: int, start: StepStart | None, parts: Parts,
-                      checkpoint: Callable[[int], Path], probes: Any, sinks: Any) -> None:
-    """Rewind to the step's start, save ``checkpoint-step``, close workers and loggers, raise ``TeacherOutage``."""
+                      checkpoint: Callable[[int, dict[str, Any] | None], Path], probes: Any, sinks: Any) -> None:
+    """Save ``checkpoint-step`` as of the step's start, close workers and loggers, raise ``TeacherOutage``.
+
+    ``checkpoint(step, rng)`` saves ``rng`` as the RNG streams (None: the current ones)."""
+    rng = None
     if start is not None:
-        start.rewind(parts)
-    saved = checkpoint(step)
+        parts.train_prompts.load_state_dict(start.prompts)  # the step's prompts go back to the stream
+        rng = start.rng
+    saved = checkpoint(step, rng)
     probes.close()
     sinks.close()
     raise TeacherOutage(f"step {step}: {outage}; the run stopped before training on the step, state saved in "

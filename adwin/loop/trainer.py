@@ -103,9 +103,10 @@ def train(cfg: TrainConfig, controller: ControllerAPI | None, parts: Parts | Non
     probes = open_probe_side(cfg, ctl, run_id, parts, gen, optimizer, dist)  # thread/Ray workers start here
     clock, started = Clock(), time.perf_counter()
 
-    def checkpoint(step: int) -> Path:
+    def checkpoint(step: int, rng: dict[str, Any] | None = None) -> Path:  # rng: the RNG streams to save; None: now's
         probes.drain(step)  # normally a no-op (drained before logging); the fault stop comes here directly
-        rngs = dist.all_gather_object(rng_state())  # each rank's own streams (batch seeding differs per rank)
+        rng = rng or rng_state()
+        rngs = dist.all_gather_object(rng)  # each rank's own streams (batch seeding differs per rank)
         saved = run_dir / f"checkpoint-{step}"
         staged = stage_sharded(run_dir, step, parts.student, optimizer, dist) if sharded else None  # every rank's shards
         if dist.is_main:
@@ -116,7 +117,7 @@ def train(cfg: TrainConfig, controller: ControllerAPI | None, parts: Parts | Non
                 meta={"run_id": run_id, "initial_eval": initial, "world_size": dist.world,
                       "sharding": cfg.model.sharding},
                 write_files=lambda d: (snapshot_controller(controller, d / CONTROLLER_DB), write_rank_rngs(d, rngs)),
-                staged=staged)
+                staged=staged, rng=rng)
         dist.barrier()  # no rank runs ahead of a checkpoint that is not on disk yet
         return saved
 
@@ -132,7 +133,7 @@ def train(cfg: TrainConfig, controller: ControllerAPI | None, parts: Parts | Non
             initial = evaluate(parts, cfg, gen, dist=dist)
     final = initial
     for t in range(start, cfg.steps):
-        step_state = step_start(parts)  # a served teacher's outage rewinds to it
+        step_state = step_start(parts)  # a served teacher's outage checkpoints the step's start
         win = ctl.get_window(run_id, t)
         prompts = parts.train_prompts.next_batch(cfg.rollout.prompts_per_step)
         mine = dist.shard(len(prompts))  # every rank drew the same global batch: keep this rank's rows

@@ -72,18 +72,20 @@ def save_checkpoint(
     meta: dict[str, Any] | None = None,
     write_files: Callable[[Path], None] | None = None,
     staged: Path | None = None,
+    rng: dict[str, Any] | None = None,
 ) -> Path:
     """Atomically write ``checkpoint-<step>`` and return its path.
 
     ``extra`` goes into ``trainer_state.pt`` (anything ``torch.save`` pickles), ``meta`` into ``state.json``
     (JSON), ``write_files(folder)`` may add files (e.g. a database snapshot) before the folder is published.
     ``staged``: a ``staging_folder`` that already holds the model's and optimizer's state (a sharded student's,
-    ``adwin.runtime.sharded_checkpoint``); the rest is written into it and it is published.
+    ``adwin.runtime.sharded_checkpoint``); the rest is written into it and it is published. ``rng``: the RNG
+    streams to save (``rng_state()``'s form; None: the current ones).
     """
     run_dir = Path(run_dir)
     tmp = staged if staged is not None else staging_folder(run_dir, step)
     try:
-        blob: dict[str, Any] = {"scheduler": scheduler.state_dict(), "rng": rng_state(), "extra": extra or {}}
+        blob: dict[str, Any] = {"scheduler": scheduler.state_dict(), "rng": rng or rng_state(), "extra": extra or {}}
         if staged is None:
             model.save_pretrained(tmp)  # type: ignore[operator]
             blob["optimizer"] = optimizer.state_dict()

@@ -62,8 +62,10 @@ def test_two_routes_on_two_servers_train_the_same_run_as_two_local_teachers(tmp_
     _same(_compared(local.history), _compared(served.history))
 
 
-def test_a_server_killed_mid_run_stops_with_a_checkpoint_that_resumes(tmp_path: Path) -> None:
-    ov = _pure(tmp_path)
+# batch seeding: the step's rollouts draw from the process's RNG, so the checkpoint must hold the step's starting streams
+@pytest.mark.parametrize("seeding", ["per_sample", "batch"])
+def test_a_server_killed_mid_run_stops_with_a_checkpoint_that_resumes(tmp_path: Path, seeding: str) -> None:
+    ov = _pure(tmp_path, **{"rollout.seeding": seeding})
     teacher = ov["model.teachers"]["default"]  # type: ignore[index]
     proc, base = start(teacher)
     port = int(base.rsplit(":", 1)[1])
