@@ -80,7 +80,8 @@ class TrainConfig(_Strict):
         _sync_only_fields(self)
         check_oapl(self)
         check_engines(self)
-        check_served_teacher(self)
+        m = self.model
+        check_served_teacher(m.teacher_backend, m.teachers, m.teacher_server, self.loss.name)
         check_read_settings(self)
         _round_fits_active(self)
         return self

@@ -4,16 +4,13 @@ the rules a served teacher puts on the rest of the run (docs/decisions.md, "A te
 from __future__ import annotations
 
 import os
-from typing import TYPE_CHECKING, Literal
+from typing import Literal
 
 from pydantic import Field
 
 from adwin.config.base import _Strict
 from adwin.objectives.loss_table import LOSSES, losses_where
 from adwin.teacher.client import ClientSettings, split_url
-
-if TYPE_CHECKING:
-    from adwin.config.run import TrainConfig
 
 # what a server gives: realized-token logprobs (prompt logprobs) and their top-k; OAPL's reward reads the former
 SERVED_SIGNALS = ("realized", "topk", "sequence")
@@ -48,22 +45,21 @@ def is_url(spec: str) -> bool:
     return spec.startswith(("http://", "https://"))
 
 
-def check_served_teacher(cfg: TrainConfig) -> None:
-    """``model.teacher_backend: server`` needs URLs in ``model.teachers`` and a loss a server can feed; URLs and
-    ``model.teacher_server`` settings need that backend."""
-    m = cfg.model
-    urls = {k: v for k, v in m.teachers.items() if is_url(v)}
-    if m.teacher_backend != "server":
+def check_served_teacher(backend: str, teachers: dict[str, str], settings: TeacherServerConfig, loss: str) -> None:
+    """``model.teacher_backend: server`` (``backend``) needs URLs in ``model.teachers`` and a loss (``loss.name``) a
+    server can feed; URLs and ``model.teacher_server`` settings need that backend."""
+    urls = {k: v for k, v in teachers.items() if is_url(v)}
+    if backend != "server":
         if urls:
             key = next(iter(urls))
             raise ValueError(f"model.teachers.{key}: {urls[key]!r} is a server URL; set model.teacher_backend: server")
         default = TeacherServerConfig()
-        changed = [k for k in TeacherServerConfig.model_fields if getattr(m.teacher_server, k) != getattr(default, k)]
+        changed = [k for k in TeacherServerConfig.model_fields if getattr(settings, k) != getattr(default, k)]
         if changed:
             raise ValueError(f"model.teacher_server.{changed[0]}: read only with model.teacher_backend: server; "
                              "drop it")
         return
-    for key, spec in m.teachers.items():
+    for key, spec in teachers.items():
         if not is_url(spec):
             raise ValueError(f"model.teachers.{key}: model.teacher_backend: server needs a server URL per routing "
                              f"key (e.g. http://127.0.0.1:8000/v1), got {spec!r}")
@@ -71,9 +67,9 @@ def check_served_teacher(cfg: TrainConfig) -> None:
             split_url(spec)
         except ValueError as e:
             raise ValueError(f"model.teachers.{key}: {e}") from e
-    if LOSSES[cfg.loss.name].teacher not in SERVED_SIGNALS:
-        raise ValueError(f"loss.name: {cfg.loss.name!r} needs the teacher's "
-                         f"{'full logits' if LOSSES[cfg.loss.name].teacher == 'logits' else 'logprobs of cached actions'}"
+    if LOSSES[loss].teacher not in SERVED_SIGNALS:
+        raise ValueError(f"loss.name: {loss!r} needs the teacher's "
+                         f"{'full logits' if LOSSES[loss].teacher == 'logits' else 'logprobs of cached actions'}"
                          f", which a teacher server does not give (realized tokens and top-k only); use one of "
                          f"{[n for n in losses_where() if LOSSES[n].teacher in SERVED_SIGNALS]} or "
                          "model.teacher_backend: hf")
