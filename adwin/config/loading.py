@@ -152,6 +152,8 @@ def parse_set(items: Iterable[str]) -> dict[str, Any]:
 
     New ``window.candidates`` without a ``window.initial`` also reset the preset's initial window to
     ``None`` (the largest new candidate): the preset's initial window belongs to the preset's candidates.
+    A ``data.path`` without a ``data.task`` also sets ``data.task: jsonl``: a prompt file given on the command line
+    is the one to train on, whatever task the preset names.
     """
     overrides: dict[str, Any] = {}
     for item in items:
@@ -161,6 +163,8 @@ def parse_set(items: Iterable[str]) -> dict[str, Any]:
         overrides[key] = yaml.safe_load(value)
     if "window.candidates" in overrides:
         overrides.setdefault("window.initial", None)
+    if overrides.get("data.path") is not None:
+        overrides.setdefault("data.task", "jsonl")
     return overrides
 
 

@@ -113,7 +113,13 @@ class DataConfig(_Strict):
         if self.task == "jsonl" and not self.path:
             raise ValueError("data.path is required when data.task is 'jsonl'")
         if self.task == "jsonl" and self.builtin_task != DEFAULT_TASK:
-            raise ValueError("data.builtin_task is read only when data.task is 'builtin'; drop it for a JSONL task")
+            raise ValueError(f"data.builtin_task is read only when data.task is 'builtin'; drop it for a JSONL task "
+                             f"(from the command line: --set data.builtin_task={DEFAULT_TASK}, its default)")
+        if self.task == "builtin":  # the built-in task makes its own prompts: a file given here would go unread
+            given = next((k for k in ("path", "eval_path") if getattr(self, k) is not None), None)
+            if given is not None:
+                raise ValueError(f"data.{given} is read only when data.task is 'jsonl' (data.task: builtin makes its "
+                                 "own prompts); set data.task: jsonl to train on the file")
         return self
 
 

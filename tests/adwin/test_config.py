@@ -47,6 +47,18 @@ def test_yaml_preset_and_overrides(tmp_path):
     assert (cfg.steps, cfg.window.threshold, cfg.seed) == (3, 0.8, 5)
 
 
+def test_a_prompt_file_set_on_the_command_line_is_the_task_and_a_built_in_task_refuses_one(tmp_path) -> None:
+    """``--set data.path`` on a built-in-task preset trains on the file; a config that names a file for the built-in
+    task (which makes its own prompts) is refused, naming the field, instead of leaving the file unread."""
+    ov = parse_set([f"data.path={tmp_path / 'train.jsonl'}"])
+    assert ov["data.task"] == "jsonl"
+    assert load_config("configs/default.yaml", ov).data.task == "jsonl"
+    assert parse_set(["data.path=x.jsonl", "data.task=builtin"])["data.task"] == "builtin"  # named: kept, then refused
+    for field in ("path", "eval_path"):
+        with pytest.raises(ValueError, match=f"data.{field} is read only when data.task is 'jsonl'"):
+            load_config("configs/default.yaml", {f"data.{field}": "x.jsonl"})
+
+
 def test_policy_spec_becomes_overrides():
     cfg = load_config(None, apply_policy_spec({}, "fixed:64"))
     assert cfg.window.policy == "fixed" and cfg.window.window == 64
