@@ -24,6 +24,10 @@ from adwin.tasks.chain import parse_prompt, written_lines
 from adwin.tasks.suite import BuiltinTask
 
 
+class NotCharacterLevel(ValueError):
+    """The tokenizer does not spell the reference one token per character: a line's tokens are not its own."""
+
+
 @dataclass(frozen=True)
 class ForcedLines:
     """One problem's chain lines under teacher forcing. ``right[k]``: line ``k`` predicted right, character for
@@ -75,6 +79,13 @@ def reference_lines(task: BuiltinTask, prompt: str) -> tuple[str, list[int]]:
     return solution, ends
 
 
+def reads_characters(tokenizer: object, task: BuiltinTask) -> bool:
+    """Whether ``tokenizer`` spells the task's reference solutions one token per character (the built-in tokenizer
+    does); read from one fixed reference, so every rank of a data-parallel run answers alike."""
+    solution = task.solution(next(iter(task.iter_problems(0, "eval"))))
+    return len(tokenizer(solution, add_special_tokens=False)["input_ids"]) == len(solution)  # type: ignore[operator]
+
+
 @torch.no_grad()
 def forced_lines(model: torch.nn.Module, tokenizer: object, task: BuiltinTask, prompt_ids: Sequence[Sequence[int]],
                  prompts: Sequence[str], *, pad_id: int, batch_size: int = 16) -> list[ForcedLines]:
@@ -86,7 +97,8 @@ def forced_lines(model: torch.nn.Module, tokenizer: object, task: BuiltinTask, p
     responses = tokenizer([s for s, _ in refs], add_special_tokens=False)["input_ids"]  # type: ignore[operator]
     for (solution, _), ids in zip(refs, responses, strict=True):
         if len(ids) != len(solution):
-            raise ValueError("teacher-forced line skill needs the built-in task's character-level tokenizer")
+            raise NotCharacterLevel(f"teacher-forced line skill needs a character-level tokenizer (the built-in "
+                                    f"task's); this one spells {len(solution)} characters in {len(ids)} tokens")
     dev = next(model.parameters()).device
     out: list[ForcedLines] = []
     for i in range(0, len(prompts), batch_size):

@@ -4,13 +4,17 @@ teacher-forced line skill of its problem (``forced_lines``: :mod:`adwin.tasks.fo
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Sequence
 from dataclasses import dataclass
 
 import torch
 
-from adwin.tasks.forced import binned, forced_lines
+from adwin.tasks.forced import binned, forced_lines, reads_characters
 from adwin.tasks.suite import get_task
+
+log = logging.getLogger(__name__)
+_warned: set[str] = set()  # tasks warned about: one warning a process, not one per evaluation
 
 
 @dataclass(frozen=True)
@@ -46,6 +50,12 @@ def score_rows(task_name: str, prompts: Sequence[str], texts: Sequence[str],
     # rows first.. are problem-major: row r belongs to problem r // k, whose first row on this rank stands for it;
     # a problem's k rows share one reference, so each problem is scored once
     heads = [i for i in range(len(prompts)) if i == 0 or (f.first + i) // k != (f.first + i - 1) // k]
+    if not reads_characters(f.tokenizer, task):  # a student of its own tokenizer on a built-in task
+        if task.name not in _warned:
+            _warned.add(task.name)
+            log.warning("eval/forced_lines: not scored: teacher forcing scores a line character by character, and "
+                        "the student's tokenizer is not character-level; eval.forced_lines: false leaves it out")
+        return out, {}
     scored = forced_lines(f.model, f.tokenizer, task, [f.prompt_ids[i] for i in heads], [prompts[i] for i in heads],
                           pad_id=f.pad_id, batch_size=f.batch_size)
     of_problem = {(f.first + i) // k: s for i, s in zip(heads, scored, strict=True)}

@@ -3,11 +3,23 @@ window bin its last token falls in."""
 
 from __future__ import annotations
 
+import logging
+
 import pytest
 import torch
 
+import adwin.tasks.row_scores as row_scores
 from adwin.sampling.rollout import encode_prompts
-from adwin.tasks.forced import ForcedLines, bin_edges, binned, forced_lines, reference_lines
+from adwin.tasks.forced import (
+    ForcedLines,
+    NotCharacterLevel,
+    bin_edges,
+    binned,
+    forced_lines,
+    reads_characters,
+    reference_lines,
+)
+from adwin.tasks.row_scores import Forcing, score_rows
 from adwin.tasks.suite import get_task
 from adwin.tasks.tokenizer import build_tokenizer
 
@@ -69,3 +81,37 @@ def test_lines_fall_in_the_bin_their_last_token_ends_in() -> None:
     # (0, 32]: ends 14 (right), 28 (wrong), 14 (right); (32, 64]: 42; (64, 128]: 70; the last bin also takes the
     # line ending at 400, past a horizon shorter than the reference
     assert binned(rows, [32, 64, 128], 320) == {32: (2, 3), 64: (1, 1), 128: (1, 1), 320: (0, 1)}
+
+
+class _Pairs:
+    """A tokenizer that spells two characters a token, as a BPE tokenizer of a model of one's own would merge them."""
+
+    def __call__(self, text, add_special_tokens: bool = False) -> dict:
+        def spell(t: str) -> list[int]:
+            return [ord(t[i]) % 50 for i in range(0, len(t), 2)]
+
+        return {"input_ids": spell(text) if isinstance(text, str) else [spell(t) for t in text]}
+
+
+def test_a_tokenizer_that_is_not_character_level_leaves_the_forced_score_out_of_an_evaluation(caplog,
+                                                                                               monkeypatch) -> None:
+    """A student with a tokenizer of its own on a built-in task: the evaluation keeps its other measures and leaves the
+    forced score out, warning once; ``forced_lines`` itself refuses such a tokenizer by type."""
+    monkeypatch.setattr(row_scores, "_warned", set())
+    task = get_task("chain")
+    tok, pairs = build_tokenizer(), _Pairs()
+    assert reads_characters(tok, task) and not reads_characters(pairs, task)
+    prompts = [p.prompt for p in task.problems(2, 0, "eval")]
+    ids = encode_prompts(tok, prompts, 64)
+    oracle = _Oracle(len(tok), len(ids[0]), set())
+    forcing = Forcing(oracle, pairs, ids, 0, 1, tok.pad_token_id, 4, [32, 64], 320)
+    with caplog.at_level(logging.WARNING, logger=row_scores.__name__):
+        for _ in range(2):  # two evaluations of one run
+            lines, bins = score_rows("chain", prompts, ["", ""], forcing)
+            assert set(lines) == set(task.line_measures) and "forced_lines" not in lines and bins == {}
+    assert sum("eval/forced_lines: not scored" in r.getMessage() for r in caplog.records) == 1
+    lines, bins = score_rows("chain", prompts, ["", ""], Forcing(oracle, tok, ids, 0, 1, tok.pad_token_id, 4,
+                                                                 [32, 64], 320))
+    assert lines["forced_lines"] == [1.0, 1.0] and bins  # the built-in tokenizer: scored
+    with pytest.raises(NotCharacterLevel):
+        forced_lines(oracle, pairs, task, ids, prompts, pad_id=tok.pad_token_id)
