@@ -44,6 +44,15 @@ def _layers(cache: Any) -> list[Any]:
     return layers
 
 
+def _full_history_cache() -> Any:
+    """An empty ``DynamicCache`` that keeps every column of every layer. A model's own cache rolls the columns of
+    its sliding-window layers (Mistral, Gemma 2 and 3), and rolled rows cannot be left-padded and merged; with
+    every column kept, the model's attention mask (built from its config) still applies the window."""
+    from transformers.cache_utils import DynamicCache
+
+    return DynamicCache()
+
+
 def _left_pad_kv(t: torch.Tensor, width: int) -> torch.Tensor:
     """(b, h, T, d) -> (b, h, width, d) with zero columns on the left (masked out)."""
     extra = width - t.shape[-2]
@@ -148,7 +157,7 @@ class DynamicSlots:
         contexts = [it.prompt_ids + it.tokens for it in items]
         ids, mask = left_pad(contexts, self.pad_id, device)  # (n, L)
         out = self.model(input_ids=ids, attention_mask=mask, position_ids=(mask.cumsum(-1) - 1).clamp_min(0),
-                         use_cache=True, logits_to_keep=1)
+                         **{self._cache_kw: _full_history_cache()}, use_cache=True, logits_to_keep=1)
         self.prefilled_tokens += sum(len(c) for c in contexts)
         self._merge([it.request_id for it in items], [len(c) for c in contexts], returned_cache(out), mask)
         return out.logits[:, -1]

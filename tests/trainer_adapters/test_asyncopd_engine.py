@@ -78,9 +78,11 @@ def test_same_tokens_logprobs_and_mc_actions_as_a_full_reencode_for_the_same_see
             assert a == pytest.approx(b, abs=1e-4)
 
 
-def test_greedy_continuations_see_the_logits_of_a_full_reencode_at_every_step() -> None:
+# the sliding-window model attends through a window of 4 in its first layer: every prefix here is longer
+@pytest.mark.parametrize("make", [make_tiny_llama, make_tiny_sliding_window_model])
+def test_greedy_continuations_see_the_logits_of_a_full_reencode_at_every_step(make) -> None:
     """Requests join and leave at different steps; the next-token logits stay those of the full prefix."""
-    model = make_tiny_llama(seed=2)
+    model = make(seed=2)
     eng = HFRolloutEngine(model, eos=set(), pad_id=0)
     ref = ReencodeEngine(model, eos=set(), pad_id=0)
     reqs = [request(i, p, n) for i, (p, n) in enumerate(zip(PROMPTS, LENGTHS, strict=True))]
@@ -251,3 +253,15 @@ def test_a_compiled_engine_refuses_a_sliding_window_cache_when_built() -> None:
     sliding = make_tiny_sliding_window_model()
     with pytest.raises(StaticCacheError, match="rollout.compile"):
         HFRolloutEngine(sliding, eos=set(), pad_id=0, compile=True, max_len=16)
+
+
+def test_auto_compiles_where_the_static_cache_lays_rows_and_decodes_a_sliding_window_model_eagerly(monkeypatch) -> None:
+    """``rollout.compile: auto`` on a GPU (stood in for here): the static slots for a model whose static cache lays
+    rows, the eager layout (which keeps every column, the mask applying the window) for a sliding-window one."""
+    import adwin.trainer_adapters.asyncopd.engine as engine_module
+
+    monkeypatch.setattr(engine_module, "compile_wanted", lambda setting, device: True)
+    assert HFRolloutEngine(make_tiny_llama(), eos=set(), pad_id=0, compile="auto", max_len=16)._slots is not None
+    eager = HFRolloutEngine(make_tiny_sliding_window_model(), eos=set(), pad_id=0, compile="auto", max_len=16)
+    assert eager._slots is None
+    assert eager.step([request(0, [1, 5, 9, 13, 17, 21], 4)])[0] is not None  # the prefill merges into the cache

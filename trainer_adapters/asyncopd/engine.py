@@ -30,7 +30,7 @@ import torch
 
 from adwin.decode.sampler import TokenSampler
 from adwin.decode.slots import StaticSlots
-from adwin.decode.static_cache import CompileSetting, compile_wanted
+from adwin.decode.static_cache import CompileSetting, compile_wanted, lays_rows
 from adwin.decode.streaming import DynamicSlots
 from adwin.student.lora import load_trained_state
 from adwin.trainer_adapters.asyncopd.items import StreamItem, TokenOut
@@ -71,7 +71,8 @@ class HFRolloutEngine:
         self._stepped: set[str] = set()  # requests that got a token at the previous step
         self.prefilled_tokens = 0  # context tokens encoded by prefills (a kept request's rebuild included)
         self._slots: StaticSlots | None = None  # rollout.compile: the static-cache layout
-        if compile_wanted(compile, next(model.parameters()).device):
+        # auto: eager where the static cache cannot lay rows (sliding windows); true refuses such a model by type
+        if compile_wanted(compile, next(model.parameters()).device) and (compile is True or lays_rows(model)):
             if max_len is None:
                 raise ValueError("a compiled engine (rollout.compile) needs max_len: the longest request "
                                  "(data.max_prompt_len + rollout.max_response_len) sizes its static cache")
