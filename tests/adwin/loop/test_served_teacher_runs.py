@@ -19,10 +19,13 @@ from adwin.runtime.resume import open_resumed_controller
 # what the teacher's answers decide: losses, windows, audits, evaluation (drift/* needs full logits: a served
 # teacher has none, and the decision budget charges FLOPs by the teachers' parameter counts)
 COMPARED = ("loss/", "window/", "eval/", "audit/micro_cos", "audit/next_window", "optim/grad_norm", "rollout/")
+# process-wide compile telemetry (adwin.decode.static_cache.LEDGER): a test that compiled earlier in the process shows
+# up in the next run's first step; seconds are timings, not what the teacher's answers decide
+TIMINGS = ("rollout/compile_s", "rollout/compiled_shapes")
 
 
 def _compared(history: list[dict[str, Any]]) -> list[dict[str, float]]:
-    return [{k: v for k, v in row.items() if k.startswith(COMPARED)} for row in history]
+    return [{k: v for k, v in row.items() if k.startswith(COMPARED) and k not in TIMINGS} for row in history]
 
 
 def _same(a: list[dict[str, Any]], b: list[dict[str, Any]]) -> None:
