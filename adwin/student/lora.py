@@ -124,7 +124,8 @@ def apply_lora(model: torch.nn.Module, spec: LoraSpec, seed: int = 0) -> torch.n
             linear = sorted({n.rsplit(".", 1)[-1] for n, m in model.named_modules()
                              if type(m).__name__ in ("Linear", "Conv1D")})  # Conv1D: GPT-2's projections
             raise LoraTargetError(f"model.lora.target_modules: {missing} match no module of the student "
-                                  f"({type(model).__name__}); its linear layers are named {linear}")
+                                  f"({type(model).__name__}); its linear layers are named {linear} "
+                                  "(model.lora.target_modules: all-linear takes every one but the output head)")
     config = peft.LoraConfig(task_type="CAUSAL_LM", r=spec.r, lora_alpha=spec.alpha, lora_dropout=spec.dropout,
                              target_modules=targets if isinstance(targets, str) else list(targets))
     training = model.training
