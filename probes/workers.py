@@ -91,6 +91,7 @@ def run_now(fn: Callable[[], Any]) -> Future[Any]:
 
 
 _STOP = object()
+CLOSE_TIMEOUT_S = 60.0  # ThreadWorker.close waits this long at most for a job in progress (one probe round or audit)
 
 
 @contextlib.contextmanager
@@ -152,7 +153,22 @@ class ThreadWorker:
         return self._thread.is_alive()
 
     def close(self) -> None:
-        self._jobs.put(_STOP)  # a round in progress finishes; its result is no longer read
+        """Stop the thread: jobs not started are dropped (their futures cancelled); a job in progress finishes,
+        its result no longer read, and is waited for (at most ``CLOSE_TIMEOUT_S``), so the process does not exit
+        while the thread is inside torch: a daemon thread stopped there aborts the process (``terminate called
+        without an active exception``, exit status -6) after a run that finished."""
+        while True:
+            try:
+                item = self._jobs.get_nowait()
+            except queue.Empty:
+                break
+            if item is not _STOP:
+                item[1].cancel()
+        self._jobs.put(_STOP)
+        if threading.current_thread() is not self._thread:
+            self._thread.join(CLOSE_TIMEOUT_S)
+            if self._thread.is_alive():
+                log.warning("%s still runs a job %.0f s after close", self._thread.name, CLOSE_TIMEOUT_S)
 
     def _loop(self) -> None:
         while True:
