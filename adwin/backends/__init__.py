@@ -1,7 +1,7 @@
 """Optional inference engines behind extras (``adwin[vllm]``), imported lazily.
 
 The CPU install never imports vLLM. ``check_backends(cfg)`` runs before any model loads and turns a
-config asking for an engine this machine cannot run into one clear error naming the field.
+config asking for a device or an engine this machine cannot run into one clear error naming the field.
 
 - the student's rollout on vLLM is the decode engine's other implementation (``adwin.decode.vllm``: per-request
   ``SamplingParams.max_tokens``, behavior logprobs, weight sync after each optimizer step); the synchronous
@@ -53,9 +53,28 @@ def require_cuda(field: str) -> None:
                                  "with transformers")
 
 
+def require_device(device: str, field: str = "model.device") -> None:
+    """Raise ``BackendUnavailable`` naming ``field`` when ``device`` is not one torch can use here (a CUDA device
+    without a visible GPU, or past the last one). Creates no CUDA context."""
+    import torch
+
+    try:
+        dev = torch.device(device)
+    except RuntimeError as e:
+        raise BackendUnavailable(f"{field}: {device!r} is not a torch device ({e})") from e
+    if dev.type != "cuda":
+        return
+    if not torch.cuda.is_available():
+        raise BackendUnavailable(f"{field}: {device!r} needs a CUDA GPU and none is visible; set {field}=cpu "
+                                 "(with model.dtype=float32 on a CPU)")
+    if dev.index is not None and dev.index >= torch.cuda.device_count():
+        raise BackendUnavailable(f"{field}: {device!r}, but {torch.cuda.device_count()} CUDA device(s) are visible")
+
+
 def check_backends(cfg: Any) -> None:
-    """Fail before compute when ``cfg`` asks for an engine that cannot run here: ``rollout.backend`` (the
-    student's sampler, both schedulers) and ``model.teacher_backend`` (teacher scoring)."""
+    """Fail before compute when ``cfg`` asks for a device or an engine that cannot run here: ``model.device``,
+    ``rollout.backend`` (the student's sampler, both schedulers) and ``model.teacher_backend`` (teacher scoring)."""
+    require_device(cfg.model.device)
     for field, value in (("rollout.backend", cfg.rollout.backend),
                          ("model.teacher_backend", getattr(cfg.model, "teacher_backend", "hf"))):
         if value == "vllm":

@@ -69,6 +69,8 @@ def test_bad_paths_and_inputs_exit_non_zero_with_one_line(tmp_path: Path, capsys
         (["train", "--config", str(good), "--set", "rollout.nope=1"], "rollout.nope"),
         (["train", "--config", str(good), "--set", f"data.path={tmp_path / 'gone.jsonl'}"], "gone.jsonl"),
         (["train", "--config", str(good), "--set", f"model.student={tmp_path / 'no-model'}"], "no-model"),
+        (["train", "--config", str(good), "--set", "model.device=cuda:99"], "model.device: 'cuda:99'"),  # no GPU 99
+        (["train", "--config", str(good), "--set", "model.device=gpu0"], "model.device: 'gpu0' is not a torch device"),
         (["train", "--resume", str(tmp_path)], "not a run folder"),
         (["train", "--config", str(good), "--controller-url", f"http://127.0.0.1:{_free_port()}"], "unavailable"),
     ]
