@@ -24,6 +24,15 @@ from adwin.decode.static_cache import (
     stop_dummy_rows,
 )
 
+# transformers' generate fills every setting a call leaves unset from the checkpoint's generation_config.json. These
+# would add logits processors or change the search (a repetition penalty, n-gram bans, a minimum length, beams), so
+# under the shared sampler they are pinned to their no-op values: generate's tokens are then the eager loop's, which
+# reads no generation config.
+NEUTRAL_GENERATION: dict[str, Any] = {
+    "num_beams": 1, "repetition_penalty": 1.0, "encoder_repetition_penalty": 1.0, "no_repeat_ngram_size": 0,
+    "encoder_no_repeat_ngram_size": 0, "min_length": 0, "min_new_tokens": 0, "guidance_scale": 1.0,
+    "renormalize_logits": False, "remove_invalid_values": False}
+
 
 def generate(
     model: torch.nn.Module,
@@ -96,7 +105,7 @@ def hf_generate(model: torch.nn.Module, contexts: Sequence[Sequence[int]], budge
     if sampler is not None:
         from transformers import LogitsProcessorList
 
-        sampling = {"do_sample": False} | ({} if sampler.greedy else {
+        sampling = NEUTRAL_GENERATION | {"do_sample": False} | ({} if sampler.greedy else {
             "logits_processor": LogitsProcessorList([sampler.logits_processor()])})
     was_training = model.training
     model.eval()

@@ -167,6 +167,24 @@ def test_a_sliding_window_model_decodes_compiled_through_generate_on_a_bucket_si
     assert (batch_bucket(len(CONTEXTS)), cache_bucket(7 + 9)) in LEDGER.shapes["generate"]
 
 
+def test_transformers_generate_ignores_the_checkpoints_own_generation_settings_under_the_sampler() -> None:
+    """A checkpoint's generation_config.json may ask for a repetition penalty, n-gram bans or a minimum length;
+    transformers' ``generate`` (the compiled path of a sliding-window model) would apply them where the eager loop
+    does not, so its tokens and logprobs would no longer be the sampler's."""
+    sliding = make_tiny_sliding_window_model()
+    with torch.no_grad():  # EOS likely enough that rows stop at different lengths
+        sliding.lm_head.weight[2] += 0.3 * sliding.lm_head.weight.norm(dim=1).mean()
+    kw = {"eos": EOS, "pad_id": 0, "temperature": 0.0, "with_logprobs": True}
+    eager = generate(sliding, CONTEXTS, [9, 5, 9], **kw)
+    assert any(len(set(r)) < len(r) for r in eager.response_ids), "a repeated token, which the penalty would ban"
+    g = sliding.generation_config
+    g.repetition_penalty, g.no_repeat_ngram_size, g.min_new_tokens = 3.0, 1, 4
+    compiled = generate(sliding, CONTEXTS, [9, 5, 9], compile=True, **kw)
+    assert compiled.response_ids == eager.response_ids and compiled.finished == eager.finished
+    for got, want in zip(compiled.logprobs, eager.logprobs, strict=True):
+        assert got == pytest.approx(want, abs=1e-4)
+
+
 def test_a_lora_student_decodes_compiled_to_the_eager_tokens_and_follows_its_adapters(model) -> None:
     """peft's ``generate`` runs transformers' compiled step of the wrapped model, adapters included; an in-place
     update of the adapters (an optimizer step) reaches the compiled step."""
