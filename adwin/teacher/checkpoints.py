@@ -47,7 +47,8 @@ def check_tokenizers(student_tok: object, teacher_toks: Mapping[str, object | No
     """Raise ``TokenizerMismatch`` naming the teacher whose vocabulary differs from the student's.
 
     Tokenizers must map the same strings to the same ids; model vocab sizes may differ only by padding
-    rows beyond the tokenizer (common for hub checkpoints), never below the tokenizer's size.
+    rows beyond the tokenizer (common for hub checkpoints), never below the tokenizer's size, and a teacher is
+    at least as wide as the student (the student samples from every one of its rows).
     """
     s_vocab = _vocab(student_tok)
     for key, tok in teacher_toks.items():
@@ -65,6 +66,13 @@ def check_tokenizers(student_tok: object, teacher_toks: Mapping[str, object | No
             raise TokenizerMismatch(
                 f"teacher {key!r} has vocab size {t_size} but the student's tokenizer needs {needed} "
                 f"(student model: {student_vocab_size}); on-policy distillation needs a shared tokenizer"
+            )
+        if t_size < student_vocab_size:  # a sampled padding row at or past t_size would be an id the teacher cannot read
+            raise TokenizerMismatch(
+                f"teacher {key!r} scores {t_size} token ids but the student's output layer has {student_vocab_size} "
+                f"rows: the student could sample a padding id (past the tokenizer's {needed}) the teacher cannot "
+                f"read; use a teacher at least as wide, or resize the student's embeddings to {t_size} "
+                "(model.resize_token_embeddings) before the run"
             )
 
 

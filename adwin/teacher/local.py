@@ -23,8 +23,12 @@ class Teachers(RoutedTeachers):
 
     dense = True  # full logits available (dense losses, the drift diagnostics)
 
-    def __init__(self, models: Mapping[str, torch.nn.Module]) -> None:
+    def __init__(self, models: Mapping[str, torch.nn.Module], vocab: int | None = None) -> None:
+        """``vocab``: the student's output width. A teacher padded wider (Qwen2.5-7B's 152,064 rows against
+        1.5B's 151,936) is read on those columns only: the rest are padding beyond the shared tokenizer
+        (``check_tokenizers``), so dense losses, top-k and realized-token logprobs share the student's support."""
         super().__init__(models)
+        self.vocab = vocab
         for m in self.models.values():
             m.eval()
             m.requires_grad_(False)
@@ -36,7 +40,7 @@ class Teachers(RoutedTeachers):
         models = one_per_checkpoint(paths, lambda p: load_model(p, dtype, device))
         sizes = {k: int(m.config.vocab_size) for k, m in models.items()}
         check_tokenizers(student_tok, teacher_tokenizers(paths), student_vocab_size, sizes)
-        return cls(models)
+        return cls(models, vocab=student_vocab_size)
 
     @torch.no_grad()
     def score(self, input_ids: torch.Tensor, attention_mask: torch.Tensor, routes: Sequence[str]) -> torch.Tensor:
@@ -59,7 +63,8 @@ class Teachers(RoutedTeachers):
         for model, rows in rows_per_model(self.models, routes):  # one forward pass per model, not per route
             dev = next(model.parameters()).device
             ids = input_ids[rows].to(dev)
-            part = fn(model(input_ids=ids, attention_mask=attention_mask[rows].to(dev)).logits, ids).cpu()
+            logits = model(input_ids=ids, attention_mask=attention_mask[rows].to(dev)).logits  # (b, L, V_teacher)
+            part = fn(logits[..., : self.vocab] if self.vocab else logits, ids).cpu()
             if out is None:
                 out = torch.zeros((input_ids.shape[0], *part.shape[1:]), dtype=part.dtype)
             out[rows] = part

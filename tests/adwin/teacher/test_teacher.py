@@ -89,3 +89,24 @@ def test_routes_sharing_a_checkpoint_share_one_model(tmp_path: Path) -> None:
     with torch.no_grad():
         ref = token_logprobs(teachers.models["muladd"](input_ids=ids, attention_mask=attn).logits, ids)
     assert torch.allclose(got * attn, ref * attn, atol=1e-5)
+
+
+def test_a_teacher_padded_wider_than_the_student_is_read_on_the_students_columns(tmp_path: Path) -> None:
+    """Checkpoints of one family pad their output layers differently (Qwen2.5-7B has 152,064 rows, 1.5B 151,936):
+    the teacher's extra rows lie past the shared tokenizer, so its dense logits (and the top-k taken from them) and
+    its realized-token logprobs are over the student's columns, the support the dense losses compare."""
+    teachers = Teachers.load({"default": save_tiny(tmp_path / "wide", seed=1, vocab_size=96)}, build_tokenizer(), 64)
+    ids, attn = _rows()
+    with torch.no_grad():
+        full = teachers.models["default"](input_ids=ids, attention_mask=attn).logits  # (B, L, 96)
+    logits = teachers.logits(ids, attn, ["default"] * 3)  # (B, L, 64)
+    assert logits.shape == (*ids.shape, 64) and torch.allclose(logits, full[..., :64], atol=1e-6)
+    got = teachers.score(ids, attn, ["default"] * 3)
+    assert torch.allclose(got * attn, token_logprobs(full[..., :64], ids) * attn, atol=1e-5)
+
+
+def test_a_student_wider_than_its_teacher_is_refused_at_load(tmp_path: Path) -> None:
+    """A student whose output layer has more rows than the teacher's could sample a padding id the teacher cannot
+    read: refused before any compute, naming the teacher and the fix."""
+    with pytest.raises(TokenizerMismatch, match="teacher 'default' scores 64 token ids.*96 rows"):
+        Teachers.load({"default": save_tiny(tmp_path / "t", seed=1)}, build_tokenizer(), 96)
