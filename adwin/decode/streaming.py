@@ -44,13 +44,19 @@ def _layers(cache: Any) -> list[Any]:
     return layers
 
 
-def _full_history_cache() -> Any:
-    """An empty ``DynamicCache`` that keeps every column of every layer. A model's own cache rolls the columns of
-    its sliding-window layers (Mistral, Gemma 2 and 3), and rolled rows cannot be left-padded and merged; with
-    every column kept, the model's attention mask (built from its config) still applies the window."""
-    from transformers.cache_utils import DynamicCache
+def _keeps_full_history(model: torch.nn.Module) -> bool:
+    """Whether prefills should get an empty ``DynamicCache`` that keeps every column of every layer: the model's own
+    cache has sliding-window layers (Mistral, Gemma 2 and 3), which roll their columns, and rolled rows cannot be
+    left-padded and merged; with every column kept, the model's attention mask (built from its config) still applies
+    the window. A cache with layers of other kinds (linear attention, ...) stays the model's own, and the merge
+    refuses it by type."""
+    from transformers.cache_utils import DynamicCache, DynamicLayer, DynamicSlidingWindowLayer
 
-    return DynamicCache()
+    config = getattr(model, "config", None)
+    if config is None:  # not a transformers model: nothing to build a cache from
+        return False
+    kinds = {type(layer) for layer in DynamicCache(config=config).layers}  # what the forward would build
+    return DynamicSlidingWindowLayer in kinds and kinds <= {DynamicLayer, DynamicSlidingWindowLayer}
 
 
 def _left_pad_kv(t: torch.Tensor, width: int) -> torch.Tensor:
@@ -65,6 +71,7 @@ class DynamicSlots:
     def __init__(self, model: torch.nn.Module, pad_id: int) -> None:
         self.model, self.pad_id = model, pad_id
         self._cache_kw = cache_keyword(model)  # the forward's KV-cache keyword, looked up once
+        self._full_history = _keeps_full_history(model)
         self.prefilled_tokens = 0  # context tokens encoded by prefills
         self.reset()
 
@@ -151,13 +158,20 @@ class DynamicSlots:
         self.fed = [n + 1 for n in self.fed]
         return out.logits[:, -1]
 
+    def _fresh_cache(self) -> dict[str, Any]:
+        """The prefill's cache keyword: an empty full-history cache (sliding-window models), else none (the
+        model builds its own)."""
+        from transformers.cache_utils import DynamicCache
+
+        return {self._cache_kw: DynamicCache()} if self._full_history else {}
+
     def _prefill(self, items: list[Request]) -> torch.Tensor:
         """Encode the whole context of each newcomer and merge it into the batch cache; logits (n, V)."""
         device = next(self.model.parameters()).device
         contexts = [it.prompt_ids + it.tokens for it in items]
         ids, mask = left_pad(contexts, self.pad_id, device)  # (n, L)
         out = self.model(input_ids=ids, attention_mask=mask, position_ids=(mask.cumsum(-1) - 1).clamp_min(0),
-                         **{self._cache_kw: _full_history_cache()}, use_cache=True, logits_to_keep=1)
+                         **self._fresh_cache(), use_cache=True, logits_to_keep=1)
         self.prefilled_tokens += sum(len(c) for c in contexts)
         self._merge([it.request_id for it in items], [len(c) for c in contexts], returned_cache(out), mask)
         return out.logits[:, -1]
