@@ -269,6 +269,7 @@ def _run(cfg: TrainConfig, profile: str, resume: Path | None, dist: Any) -> int:
         return 0
     summary = summarize(result.history, result.initial_eval, result.final_eval, result.totals)
     summary["run_id"] = result.run_id
+    summary["models"] = parts.models
     student_dir = getattr(result, "student_dir", None)  # the AsyncOPD result has none
     if student_dir is not None:
         summary["student_dir"] = str(student_dir)

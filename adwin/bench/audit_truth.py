@@ -246,7 +246,8 @@ def truth_markdown(report: Mapping[str, Any]) -> str:
 
     meta = report["meta"]
     lines = [f"# Audit truth: {meta.get('task')} (commit {meta.get('commit')}, {meta.get('date')})", "",
-             f"`{meta.get('command')}`", ""]
+             f"`{meta.get('command')}`", "", f"Models: {meta.get('models', 'not recorded')}; CPU capability "
+             f"{meta.get('cpu_capability', 'not recorded')}", ""]
     for ck in report["checkpoints"]:
         cands, tau = ck["candidates"], ck["threshold"]
         pool = ck["pool"]
@@ -304,6 +305,8 @@ def _steps(text: str) -> list[int]:
 
 
 def _sample_checkpoints(args: argparse.Namespace, at: list[int], out_dir: Path) -> tuple[list[dict], dict]:
+    import torch
+
     from adwin.bench.compare.command import command_line, git_commit, load_run_parts
     from adwin.bench.compare.curve import CurveStop, curve_config
     from adwin.controller import Controller
@@ -319,8 +322,10 @@ def _sample_checkpoints(args: argparse.Namespace, at: list[int], out_dir: Path) 
             "candidates": list(cfg.window.candidates), "threshold": float(cfg.window.threshold),
             "probe_batch": int(cfg.probes.batch_size), "initial": cfg.window.initial,
             "staleness_limit": int(cfg.probes.staleness_limit), "rollouts_per_step": cfg.rollout.prompts_per_step
-            * cfg.rollout.samples_per_prompt, "lr": cfg.optim.lr, "seed": args.seed, "cpus": os.cpu_count()}
+            * cfg.rollout.samples_per_prompt, "lr": cfg.optim.lr, "seed": args.seed, "cpus": os.cpu_count(),
+            "cpu_capability": torch.backends.cpu.get_cpu_capability()}
     parts = load_run_parts(cfg, args.profile, args.assets_seed)
+    meta["models"] = parts.models
     checkpoints: list[dict] = []
 
     def take(step: int) -> None:

@@ -131,8 +131,8 @@ def main(args: argparse.Namespace) -> int:
     from rich.console import Console
     from rich.table import Table
 
-    from adwin import tasks
     from adwin.controller.serve import spawn_service
+    from adwin.tasks.shipped import builtin_assets
     from adwin.teacher.checkpoints import load_tokenizer
 
     if args.steps < 2:
@@ -141,7 +141,7 @@ def main(args: argparse.Namespace) -> int:
     if not clients or min(clients) < 1:
         raise ValueError(f"--clients must list positive counts, got {args.clients!r}")
     torch.set_num_threads(args.threads)  # the in-process teacher gets what the server gets by default
-    assets = tasks.ensure_prepared(profile=args.profile)
+    assets = builtin_assets(args.profile)
     out = Path(args.out) if args.out else Path(tempfile.mkdtemp(prefix="adwin-bench-teacher-"))
     proc, base = spawn_service(["teacher", "serve", "--model", "builtin", "--profile", args.profile,
                                 "--threads", str(args.server_threads)], timeout_s=300, token_env="ADWIN_TEACHER_TOKEN")

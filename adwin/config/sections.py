@@ -55,8 +55,12 @@ class ModelConfig(_Strict):
                                                              "and teachers")
     device: str = Field("cpu", description="torch device of the learner (cpu, cuda, cuda:1, ...)")
     # independent of the run seed, so `--seed 1` trains the same student and teacher
-    builtin_seed: int = Field(0, ge=0, description="which prepared built-in models to use (a new value prepares "
-                              "a new set, which takes minutes)")
+    builtin_seed: int = Field(0, ge=0, description="which prepared built-in models to use (0 ships with adwin; "
+                              "another value prepares a new set on this machine, which takes minutes)")
+    builtin_source: Literal["shipped", "prepared"] = Field(
+        "shipped", description="built-in models: shipped = the ones that ship with adwin, the same on every "
+        "machine (where none ship for the task, profile and seed: this machine's own build); prepared = this "
+        "machine's own build from the recipe (adwin prepare), prepared on first use")
     teacher_backend: Literal["hf", "vllm", "server"] = Field(
         "hf", description="teacher scoring: transformers forwards, vLLM prompt logprobs (realized tokens only: "
         "loss.name reverse_kl_pg; docs/decisions.md 'Rollout engines'), or servers at the URLs of model.teachers "

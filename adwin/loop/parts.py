@@ -39,6 +39,8 @@ class Parts:
     checker: Callable[[str, str], bool]
     # a list: every evaluation appends its per-row scores (adwin.loop.evaluate.EvalRows); None: not kept
     eval_log: list[Any] | None = None
+    # which models these are, for reports: the built-in ones' source and weights, or the student's checkpoint
+    models: str = ""
 
 
 
@@ -71,14 +73,20 @@ def load_parts(cfg: TrainConfig, profile: str = "default") -> Parts:
     if cfg.model.gradient_checkpointing:  # a student HF cannot checkpoint is refused here, not at the first update
         enable_checkpointing(student)
     checker = builtin_checker() if cfg.data.task == "builtin" else match_answer
-    return Parts(student, tokenizer, teachers, train, eval_p, checker)
+    return Parts(student, tokenizer, teachers, train, eval_p, checker, models=models_label(assets, student_path))
+
+
+def models_label(assets: Any, student_path: str) -> str:
+    from adwin.tasks.shipped import describe
+
+    return describe(assets) if assets is not None else f"student {student_path}"
 
 
 def builtin_assets(cfg: TrainConfig, profile: str) -> Any:
-    """The built-in task's prepared models of ``profile`` (prepared on first use)."""
-    from adwin import tasks
+    """The built-in task's models of ``profile``: shipped, or this machine's own build (``model.builtin_source``)."""
+    from adwin.tasks.shipped import builtin_assets as resolve
 
-    return tasks.ensure_prepared(profile=profile, seed=cfg.model.builtin_seed, task=cfg.data.builtin_task)
+    return resolve(profile, cfg.model.builtin_seed, cfg.data.builtin_task, cfg.model.builtin_source)
 
 
 def student_paths(cfg: TrainConfig, assets: Any) -> tuple[str, str]:

@@ -75,7 +75,7 @@ def render(summary: Mapping[str, Any], console: Any = None) -> None:
 
     console = console or Console()
     s = summary
-    quality = Table(title="adwin run summary")
+    quality = Table(title="adwin run summary", caption=f"models: {s['models']}" if s.get("models") else None)
     quality.add_column("metric")
     quality.add_column("initial", justify="right")
     quality.add_column("final", justify="right")

@@ -48,18 +48,24 @@ def adwin_home(home: str | Path | None = None) -> Path:
     return Path(os.environ.get("ADWIN_HOME", "~/.cache/adwin")).expanduser()
 
 
-def assets_root(home: str | Path | None, profile: str, seed: int, task: str = DEFAULT_TASK) -> Path:
-    """``builtin/<profile>-seed<seed>`` for ``chain`` (the folder it always had), ``builtin/<task>-<profile>-
-    seed<seed>`` for the other tasks: each task is prepared and cached on its own."""
+def folder_name(profile: str, seed: int, task: str = DEFAULT_TASK) -> str:
+    """``<profile>-seed<seed>`` for ``chain`` (the folder it always had), ``<task>-<profile>-seed<seed>`` for the
+    other tasks: each task is prepared, cached and shipped on its own."""
     if profile not in PROFILES:
         raise ValueError(f"unknown profile {profile!r}; expected one of {PROFILES}")
     get_task(task)
     prefix = "" if task == DEFAULT_TASK else f"{task}-"
-    return adwin_home(home) / "builtin" / f"{prefix}{profile}-seed{seed}"
+    return f"{prefix}{profile}-seed{seed}"
+
+
+def assets_root(home: str | Path | None, profile: str, seed: int, task: str = DEFAULT_TASK) -> Path:
+    """This machine's prepared assets: ``builtin/<folder_name>`` under :func:`adwin_home`."""
+    return adwin_home(home) / "builtin" / folder_name(profile, seed, task)
 
 
 def load_assets(root: Path) -> BuiltinAssets:
     meta = json.loads((root / META_FILE).read_text())
+    meta["root"] = str(root)  # where they were read, whoever wrote them
     teacher_dirs = meta.get("teacher_dirs", {route: "teacher" for route in ROUTES})
     return BuiltinAssets(
         root=root,

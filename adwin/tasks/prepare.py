@@ -1,7 +1,10 @@
-"""Prepare the built-in task: build the character tokenizer, SFT the (shared) teacher on generated
+"""Prepare the built-in task on this machine: build the character tokenizer, SFT the (shared) teacher on generated
 step-by-step solutions, keep an early SFT snapshot as the weaker student initialisation, measure
 accuracy (greedy and T=1) and response lengths, and cache everything under $ADWIN_HOME
-(default ~/.cache/adwin) with a meta.json. Cached assets are reused unless --force."""
+(default ~/.cache/adwin) with a meta.json. Cached assets are reused unless --force.
+
+Runs use the models that ship with adwin by default (adwin.tasks.shipped); this command runs the recipe itself and
+reports how its build differs from the shipped one, so the recipe stays checked against what users run."""
 
 from __future__ import annotations
 
@@ -10,8 +13,10 @@ import json
 import logging
 import sys
 import time
+from typing import Any
 
 from adwin.tasks.profiles import PREPARE_THREADS
+from adwin.tasks.shipped import render_comparison
 
 logger = logging.getLogger(__name__)
 
@@ -76,8 +81,25 @@ def main(args: argparse.Namespace) -> int:
         logger.info("using cached assets at %s (--force rebuilds)", assets.root)
     else:
         logger.info("prepared in %.1f s", time.perf_counter() - start)
+    comparison = _against_shipped(assets, profile, args.seed, args.task)
     if args.json:
-        sys.stdout.write(json.dumps(assets.meta, indent=2, sort_keys=True) + "\n")
+        sys.stdout.write(json.dumps({**assets.meta, "against_shipped": comparison}, indent=2, sort_keys=True) + "\n")
     else:
         sys.stdout.write(_summary(assets.meta) + "\n")
+        if comparison is not None:
+            sys.stdout.write(render_comparison(comparison) + "\n")
     return 0
+
+
+def _against_shipped(assets: Any, profile: str, seed: int, task: str) -> dict[str, Any] | None:
+    """How this machine's build differs from the models that ship for the same task, profile and seed (None:
+    none ship). A shipped folder of another recipe is compared too, and marked."""
+    from adwin.tasks.assets import META_FILE, is_prepared, load_assets
+    from adwin.tasks.shipped import compare, shipped_root
+
+    root = shipped_root(profile, seed, task)
+    if not (root / META_FILE).is_file():
+        return None
+    out = compare(assets, load_assets(root))
+    out["shipped_is_current_recipe"] = is_prepared(root, profile, task)
+    return out

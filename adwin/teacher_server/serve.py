@@ -32,6 +32,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--route", default=None, help="builtin: which route's teacher (default: the first)")
     parser.add_argument("--task", default=None, help="builtin: which built-in task (default: the default task)")
     parser.add_argument("--profile", default="default", help="builtin: the prepared profile (tests use 'tiny')")
+    parser.add_argument("--builtin-source", choices=["shipped", "prepared"], default="shipped",
+                        help="builtin: the models that ship with adwin, or this machine's own build (as a run's "
+                             "model.builtin_source)")
     parser.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1)")
     parser.add_argument("--port", type=int, default=8480, help="port (default 8480; 0 picks a free one)")
     parser.add_argument("--token", default=None, help=f"bearer token every /v1 route requires (default: ${TOKEN_ENV})")
@@ -56,10 +59,10 @@ def _checkpoint(args: argparse.Namespace) -> tuple[str, str]:
     """(model folder, tokenizer folder) of ``--model``."""
     if args.model != "builtin":
         return args.model, args.tokenizer or args.model
-    from adwin import tasks
+    from adwin.tasks.shipped import builtin_assets
     from adwin.tasks.suite import DEFAULT_TASK
 
-    assets = tasks.ensure_prepared(profile=args.profile, task=args.task or DEFAULT_TASK)
+    assets = builtin_assets(args.profile, 0, args.task or DEFAULT_TASK, args.builtin_source)
     route = args.route or next(iter(assets.teacher_paths))
     if route not in assets.teacher_paths:
         raise ValueError(f"--route {route!r}: the built-in task's routes are {sorted(assets.teacher_paths)}")

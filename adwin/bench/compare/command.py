@@ -155,6 +155,7 @@ def main(args: argparse.Namespace) -> int:
                             "horizon": task_base.rollout.max_response_len,
                             "candidates": list(task_base.window.candidates),
                             "eval_problems": task_base.eval.n_problems, "machine": machine_info(),
+                            "models": task_models(task_base, task, args),
                             "total_s": time.perf_counter() - started}
         per_task[task] = finish(task_meta, chosen, runs, task_dir, plots=not args.no_plots)
     if len(tasks) > 1:
@@ -260,6 +261,13 @@ def run_config(base: Any, method: Method | None, seed: int, assets_seed: int, ou
         data |= {"name": f"{method.key}-seed{seed}", "out_dir": str(out_dir / "runs")}
     data["model"]["builtin_seed"] = assets_seed
     return TrainConfig.model_validate(data)
+
+
+def task_models(base: Any, task: str, args: argparse.Namespace) -> str:
+    """Which built-in models a task's runs read (their weights' id), for the report."""
+    from adwin.tasks.shipped import builtin_assets, describe
+
+    return describe(builtin_assets(args.profile, args.assets_seed, task, base.model.builtin_source))
 
 
 def load_run_parts(cfg: Any, profile: str, assets_seed: int) -> Any:
