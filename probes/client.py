@@ -59,7 +59,7 @@ from adwin.probes.auditors import (
     _merged,
     _Pending,
 )
-from adwin.probes.evidence import EvidencePool
+from adwin.probes.evidence import EvidencePool, evidence_pool
 from adwin.probes.expiry import drop_overstale, evict_expired
 from adwin.probes.offers import OFFER_FINISHED, is_complete, offer_indices
 from adwin.probes.pool import Probe, ProbePool, Score
@@ -420,12 +420,11 @@ class ProbeClient:
         """Send one finished audit to the controller; an audit refused for NaN/Inf leaves the window as it was."""
         try:
             outcome = p.future.result()
-            s = self.settings  # set after construction (and per call by the generic recipe)
-            if s is not None and s.evidence_audits > 1:  # the decision reads this audit's samples with earlier ones
-                if self._evidence is None:
-                    self._evidence = EvidencePool(s.evidence_audits, s.evidence_decay, self.staleness_limit,
-                                                  s.estimator, s.ci_level, s.ci_samples, s.seed)
-                outcome = dataclasses.replace(outcome, result=self._evidence.apply(outcome.result, outcome.version))
+            # the decision reads this audit's samples with earlier ones (probes/evidence.py); settings: what it ran with
+            self._evidence = evidence_pool(self._evidence, outcome.settings or self.settings, self.staleness_limit)
+            if self._evidence is not None:
+                outcome = dataclasses.replace(outcome, result=self._evidence.apply(outcome.result, outcome.version,
+                                                                                   version))
             res = outcome.result
             out = self.controller.submit_audit(
                 self.run_id, p.audit_id,

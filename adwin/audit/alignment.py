@@ -27,8 +27,8 @@ from adwin.audit.combine import Combiner, gather_concat, summed_counts
 from adwin.audit.errors import NonFiniteAuditError
 from adwin.audit.estimators import (
     ESTIMATORS,
-    bootstrap_ci,
     cosine_array,
+    cosine_interval,
     cross_gram,
     debiased_cosines,
 )
@@ -88,7 +88,7 @@ class AuditResult:
     estimator: str = "batch"  # which estimator gave ``cosines`` (adwin.audit.estimators)
     params: str = "all"  # which parameters were differentiated (adwin.audit.params)
     batch_cosines: dict[int, float] = field(default_factory=dict)  # batch cosines when estimator != batch
-    cosine_ci: dict[int, tuple[float, float]] = field(default_factory=dict)  # bootstrap interval per candidate
+    cosine_ci: dict[int, tuple[float, float]] = field(default_factory=dict)  # interval per candidate
     # what the estimator reads per candidate when the samples share no signal (adwin.audit.truth.noise_floor;
     # 0 for debiased); from per-sample Grams, so only when the audit computed them
     noise_floor: dict[int, float] = field(default_factory=dict)
@@ -275,9 +275,10 @@ def audit(
     and the head, so each segment's backward stops early. ``estimator`` (``batch`` | ``debiased``,
     ``adwin.audit.estimators``) picks the cosine: ``debiased`` drops the same-sample terms of the Gram and
     needs per-sample gradients (one sample at a time, as ``macro``); ``batch_cosines`` then keeps the
-    batch ones. ``ci_level`` (e.g. 0.9) adds ``cosine_ci``, a bootstrap interval per candidate over the
-    probe samples, from per-sample segment vectors (exact for ``reference``, CountSketches of
-    ``sketch_dim`` for ``fast``/``sketch``; also one sample at a time) resampled ``ci_samples`` times.
+    batch ones. ``ci_level`` (e.g. 0.9) adds ``cosine_ci``, an interval per candidate over the probe samples
+    (``adwin.audit.estimators.cosine_interval``: the U-statistic interval for ``debiased``, a bootstrap of
+    ``ci_samples`` resamples for ``batch``), from per-sample segment vectors (exact for ``reference``,
+    CountSketches of ``sketch_dim`` for ``fast``/``sketch``; also one sample at a time).
 
     ``macro`` adds per-sample cosines (mean over samples; samples whose prefix gradient is zero are
     left out, a candidate with no such sample is absent). It processes ``fast``/``sketch`` one sample
@@ -371,7 +372,7 @@ def audit(
     stacked = np.stack(vectors) if vectors else None  # (P, K+1, D)
     h = cross_gram(stacked) if ci_level is not None else None  # (P, K+1, P, K+1)
     ci = (
-        bootstrap_ci(h, cands, cos, estimator=estimator, level=ci_level, n_boot=ci_samples, seed=seed)
+        cosine_interval(h, cands, cos, estimator=estimator, level=ci_level, n_boot=ci_samples, seed=seed)
         if h is not None
         else {}
     )

@@ -18,7 +18,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from adwin.audit.estimators import bootstrap_ci, cross_gram, estimator_cosines
+from adwin.audit.estimators import cosine_interval, cross_gram, estimator_cosines
 from adwin.audit.truth import noise_floor, per_sample_grams, signal_z
 
 
@@ -58,7 +58,7 @@ def evidence_of_gram(h: np.ndarray, candidates: Sequence[int], *, estimator: str
     cos, bat, fell = estimator_cosines(gram, gram - own.sum(0), k, estimator)
     fallbacks = int(fell.sum())
     cosines = {c: float(x) for c, x in zip(cands, cos, strict=True)}
-    ci = bootstrap_ci(h, cands, cosines, estimator=estimator, level=level, n_boot=n_boot, seed=seed) \
+    ci = cosine_interval(h, cands, cosines, estimator=estimator, level=level, n_boot=n_boot, seed=seed) \
         if level is not None else {}
     floor = noise_floor(own, k) if estimator == "batch" else np.zeros(k)
     return PooledEvidence(cosines, {c: float(x) for c, x in zip(cands, bat, strict=True)}, ci,

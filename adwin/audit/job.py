@@ -70,6 +70,7 @@ class AuditOutcome:
     version: int
     result: AuditResult
     is_metrics: dict[str, float]
+    settings: AuditSettings | None = None  # what the audit ran with (the evidence pool keys its vectors on it)
 
 
 def run_audit_job(model: torch.nn.Module, job: AuditJob, optimizer: Any = None) -> AuditOutcome:
@@ -99,7 +100,7 @@ def _run(model: torch.nn.Module, job: AuditJob, optimizer: Any) -> AuditOutcome:
                    micro_batch=s.micro_batch, autocast=s.autocast, **s.extra)
     if s.evidence_audits <= 1:
         result.vectors = None  # only a pooled decision reads them; a Ray worker would ship megabytes for nothing
-    return AuditOutcome(job.audit_id, job.version, result, is_metrics)
+    return AuditOutcome(job.audit_id, job.version, result, is_metrics, job.settings)
 
 
 def adam_snapshot(optimizer: torch.optim.Optimizer, model: torch.nn.Module,

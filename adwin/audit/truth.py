@@ -29,7 +29,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from adwin.audit.estimators import bootstrap_ci, cosine_array, estimator_cosines, prefix_terms
+from adwin.audit.estimators import cosine_array, cosine_interval, estimator_cosines, prefix_terms
 
 
 @dataclass(frozen=True)
@@ -99,7 +99,7 @@ def population_interval(h: np.ndarray, candidates: Sequence[int], *, level: floa
     A candidate with no defined debiased cosine (no signal the pool can see) reads NaN."""
     cos, ok = debiased_population(h, candidates)
     point = {int(c): float(cos[k]) for k, c in enumerate(candidates)}
-    ci = bootstrap_ci(h, candidates, point, estimator="debiased", level=level, n_boot=n_boot, seed=seed)
+    ci = cosine_interval(h, candidates, point, estimator="debiased", level=level, n_boot=n_boot, seed=seed)
     return {int(c): (point[int(c)] if ok[k] else float("nan"), *ci[int(c)]) for k, c in enumerate(candidates)}
 
 

@@ -244,9 +244,10 @@ class AuditConfig(_Strict):
     estimator: Literal["batch", "debiased"] = Field(
         "batch", description="batch cosine, or without the same-sample Gram terms (needs per-sample gradients)")
     macro: bool = Field(False, description="also per-sample (macro) cosines: telemetry only, ~2.7x the audit's cost")
-    ci_level: float | None = Field(None, gt=0.0, lt=1.0, description="bootstrap interval per candidate cosine; "
-                                   "None = no interval (window.confidence needs one)")
-    ci_samples: int = Field(200, ge=10, le=100_000, description="bootstrap resamples of the probe batch")
+    ci_level: float | None = Field(None, gt=0.0, lt=1.0, description="interval per candidate cosine (a U-statistic "
+                                   "interval for audit.estimator: debiased, a bootstrap for batch); None = no "
+                                   "interval (window.confidence needs one)")
+    ci_samples: int = Field(200, ge=10, le=100_000, description="bootstrap resamples of the probe batch (audit.estimator: batch)")
     every: int = Field(1, ge=1, le=1_000_000, description="audit one ready probe batch in this many (the others "
                        "are consumed unaudited and the window stays)")
     skip_margin: float = Field(0.0, ge=0.0, lt=1.0, description="skip audits while the last skip_history audits "
