@@ -59,8 +59,16 @@ class GroupDist(Dist):
         return out
 
     def _device(self) -> torch.device:
-        backend = dist.get_backend(self.group)
-        return torch.device("cuda", torch.cuda.current_device()) if backend == "nccl" else torch.device("cpu")
+        return collective_device(str(dist.get_backend(self.group)))
+
+
+def collective_device(backend: str) -> torch.device:
+    """Where a group's collectives should run: on the GPU when the backend serves CUDA tensors with NCCL (``nccl``,
+    or a per-device backend such as verl's ``cpu:gloo,cuda:nccl``), else on the CPU. The audit's segment gradients
+    are (K + 1) x the parameter count: through gloo they would cross host memory."""
+    entries = {part.partition(":")[0]: part.partition(":")[2] for part in backend.split(",") if ":" in part}
+    cuda = backend == "nccl" or entries.get("cuda") == "nccl"
+    return torch.device("cuda", torch.cuda.current_device()) if cuda else torch.device("cpu")
 
 
 def dp_combiner(rank: int, world: int, group: Any = None) -> Combiner | None:
