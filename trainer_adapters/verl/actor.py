@@ -8,8 +8,9 @@ are summed over the actor's data-parallel group before the Gram, as in adwin's o
 
 The computation is adwin's (``adwin.audit.job.run_audit_job`` → ``adwin.audit.alignment.audit``): one
 implementation, with verl's loss as its per-token loss and the DP group as its combiner. An FSDP2 actor
-(``actor.strategy=fsdp2``) is audited on gathered weights (``adwin.student.fsdp.full_weights``); FSDP1 and
-Ulysses sequence parallelism are refused (``UnsupportedActorEngine``).
+(``actor.strategy=fsdp2``) is audited on gathered weights (``adwin.student.fsdp.full_weights``); settings it
+cannot differentiate (FSDP1, other engines, fused kernels, a tempered rollout, Ulysses sequence parallelism, no
+distillation) are refused by name when the worker builds its model (``adwin.trainer_adapters.verl.support``).
 """
 
 from __future__ import annotations
@@ -28,10 +29,11 @@ from adwin.audit.combine import Combiner
 from adwin.audit.job import AuditJob, AuditOutcome, run_audit_job
 from adwin.loop.distributed import Dist, LocalDist
 from adwin.trainer_adapters.verl.loss import verl_token_loss
+from adwin.trainer_adapters.verl.support import check_actor_rollout_ref, check_distillation
 
 
 class UnsupportedActorEngine(ValueError):
-    """An actor engine layout the audit cannot differentiate (FSDP1 flat parameters, sequence parallelism)."""
+    """An actor module the audit cannot differentiate (FSDP1 flat parameters), found on the module itself."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -57,8 +59,16 @@ class GroupDist(Dist):
         return out
 
     def _device(self) -> torch.device:
-        backend = dist.get_backend(self.group)
-        return torch.device("cuda", torch.cuda.current_device()) if backend == "nccl" else torch.device("cpu")
+        return collective_device(str(dist.get_backend(self.group)))
+
+
+def collective_device(backend: str) -> torch.device:
+    """Where a group's collectives should run: on the GPU when the backend serves CUDA tensors with NCCL (``nccl``,
+    or a per-device backend such as verl's ``cpu:gloo,cuda:nccl``), else on the CPU. The audit's segment gradients
+    are (K + 1) x the parameter count: through gloo they would cross host memory."""
+    entries = {part.partition(":")[0]: part.partition(":")[2] for part in backend.split(",") if ":" in part}
+    cuda = backend == "nccl" or entries.get("cuda") == "nccl"
+    return torch.device("cuda", torch.cuda.current_device()) if cuda else torch.device("cpu")
 
 
 def dp_combiner(rank: int, world: int, group: Any = None) -> Combiner | None:
@@ -83,12 +93,15 @@ class AdwinActorRolloutRefWorker(ActorRolloutRefWorker):
     """verl's hybrid actor worker with ``adwin_audit``; choose it as the actor's worker class (docs/adapters.md)."""
 
     @register(dispatch_mode=Dispatch.ONE_TO_ALL)
+    def init_model(self) -> None:
+        if self._is_actor:  # refused before verl builds anything, naming the field
+            check_distillation(self.distillation_config)
+            check_actor_rollout_ref(self.config)
+        super().init_model()
+
+    @register(dispatch_mode=Dispatch.ONE_TO_ALL)
     def adwin_audit(self, job: AuditJob) -> AuditOutcome:
-        if not self.distillation_enabled:
-            raise UnsupportedActorEngine("adwin audits verl's distillation loss: set distillation.enabled=True")
         engine = self.actor.engine
-        if getattr(engine, "ulysses_sequence_parallel_size", 1) > 1:
-            raise UnsupportedActorEngine("the audit needs whole sequences per rank: ulysses_sequence_parallel_size=1")
         combine = dp_combiner(engine.get_data_parallel_rank(), engine.get_data_parallel_size(),
                               engine.get_data_parallel_group())
         config = omega_conf_to_dataclass(self.distillation_config)

@@ -6,7 +6,9 @@ The row's ``adwin_max_tokens`` field (set by the driver: the window, or the hori
 request's ``max_tokens``; a probe copy (``adwin_probe``) always goes out at the full ``rollout.response_length``. The
 fields go back in the sample's ``extra_fields``, so the driver can tell probe copies from training rows in verl's
 output batch. A row without them is generated as ``SingleTurnAgentLoop`` does. A cap that is not an integer in
-``[1, response_length]`` is a ``BadWindow`` before any request is sent.
+``[1, response_length]`` is a ``BadWindow`` before any request is sent. A trainer config adwin cannot run under is
+refused by name when the loop is built (``support.check_verl_config``): under verl's v1 trainer, which builds no
+adwin driver, this loop is the one piece of adwin that runs, so ``trainer.use_v1=true`` is refused here.
 """
 
 from __future__ import annotations
@@ -17,6 +19,7 @@ from verl.experimental.agent_loop.agent_loop import AgentLoopOutput, register
 from verl.experimental.agent_loop.single_turn_agent_loop import SingleTurnAgentLoop
 
 from adwin.trainer_adapters.verl.fields import MAX_TOKENS, PROBE, REQUEST, WINDOW, check_window, scalar
+from adwin.trainer_adapters.verl.support import check_verl_config
 
 AGENT_NAME = "adwin"
 
@@ -24,6 +27,10 @@ AGENT_NAME = "adwin"
 @register(AGENT_NAME)
 class AdwinAgentLoop(SingleTurnAgentLoop):
     """See the module docstring."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        check_verl_config(self.config)
 
     async def run(self, sampling_params: dict[str, Any], **kwargs: Any) -> AgentLoopOutput:
         cap = scalar(kwargs.pop(MAX_TOKENS, None))

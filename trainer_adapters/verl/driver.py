@@ -6,7 +6,8 @@ One step of verl's trainer at learner version ``v`` (updates applied so far; ver
 1. ``plan(v, rows)`` reads the controller's window (``BadWindow`` if it cannot cap a request; nothing is offered
    then, so nothing is lost) and asks, row by row, which rows get a *probe copy*: the same prompt, generated to
    the horizon in the same generation call, marked ``adwin_probe``. The controller bounds them
-   (``offers_per_step``, ``max_active_probes``) and the decision budget gates the asking.
+   (``offers_per_step``, ``max_active_probes``) and the decision budget gates the asking. Rows are asked prompt by
+   prompt (``spread``), so the copies cover as many prompts as they can.
 2. ``collect(v, items)`` after generation: probe copies are reported complete with the teacher logprobs verl's
    teacher loop scored (they never join the training batch); training rows that ended inside their window are
    offered as already complete probes by the one offer rule.
@@ -56,6 +57,18 @@ def finish_reason(length: int, cap: int, max_len: int) -> str:
     if length < cap:
         return "eos"
     return "horizon" if cap >= max_len else "window"
+
+
+def spread(prompt_ids: Sequence[str]) -> list[int]:
+    """Row indices in the order rows are asked for a probe copy: every prompt's first row, then every prompt's
+    second, ... verl repeats each prompt ``rollout.n`` times in a row, so asking in row order would spend the
+    step's offers on the first few prompts, and the probe batch would cover as few prompts as offers allow."""
+    seen: dict[str, int] = {}
+    nth = []
+    for prompt in prompt_ids:
+        nth.append(seen.get(prompt, 0))
+        seen[prompt] = nth[-1] + 1
+    return sorted(range(len(prompt_ids)), key=nth.__getitem__)  # stable: prompts in batch order within a round
 
 
 @dataclass
@@ -121,7 +134,8 @@ class VerlWindowDriver:
         sync = self.hooks.on_sync(version)
         window = check_window(sync.window, self.max_len, what=f"the controller's window for version {version}")
         probes, ids = [], []
-        for i, (request_id, prompt_id) in enumerate(rows):
+        for i in spread([prompt for _, prompt in rows]):
+            request_id, prompt_id = rows[i]
             probe_id = f"{request_id}:probe"
             if self.hooks.plan_request(probe_id, str(prompt_id), version).is_probe:
                 probes.append(i)

@@ -1,6 +1,10 @@
 #!/usr/bin/env bash
 # adwin inside verl, end to end on GPUs: NOT YET RUN (written without a GPU; the CPU tests cover the agent loop,
-# the driver, verl's post-processing and the actor's audit, not verl's Ray workers, FSDP engine or vLLM).
+# the driver, verl's post-processing and the actor's audit, not verl's Ray workers, FSDP engine or vLLM). Its
+# overrides on verl 0.9.1's Hydra config pass verl's own validate_config and adwin's setting checks on CPU
+# (tests/trainer_adapters/verl/test_verl_recipe.py runs this file to read them).
+#
+# Distillation trains no critic: grpo as the estimator (verl's default, gae, would build one) and the critic off.
 #
 # One node, 8 GPUs: the student (actor + vLLM rollout, FSDP2) on 4, the teacher (vLLM, prompt logprobs) on 4.
 # Needs: verl==0.9.1 with vLLM, transformers<5.11, adwin installed in the same environment, and a gsm8k parquet
@@ -15,7 +19,7 @@ STEPS=${STEPS:-20}
 CONTROLLER=${CONTROLLER:-}  # e.g. http://127.0.0.1:8470 (adwin controller serve); empty: embedded in the driver
 
 python3 -m verl.trainer.main_ppo \
-    trainer.use_v1=false \
+    trainer.use_v1=false algorithm.adv_estimator=grpo critic.enable=false \
     +ray_kwargs.ray_init.runtime_env.worker_process_setup_hook=adwin.trainer_adapters.verl.trainer.install \
     data.train_files="$DATA/train.parquet" data.val_files="$DATA/test.parquet" \
     data.train_batch_size=64 data.max_prompt_length=512 data.max_response_length="$HORIZON" \

@@ -3,7 +3,8 @@
 verl 0.9.1's DataProto trainer (``verl.trainer.ppo.ray_trainer.RayPPOTrainer``, ``trainer.use_v1=false``) with three
 additions, each at a method verl's own recipes override:
 
-* ``init_workers``: after verl built its workers, the driver (``VerlWindowDriver``: the controller named by the
+* ``init_workers``: before verl builds its workers, the config is checked (``support.check_verl_config``: an
+  unsupported setting is refused by name); after verl built them, the driver (``VerlWindowDriver``: the controller named by the
   config's ``adwin`` section, embedded or remote) and the rollout wrapper (``AdwinRolloutManager``) around verl's
   agent-loop manager; the actor's audit call is the worker method ``adwin_audit`` (``actor.py``);
 * ``_update_actor``: after verl's update, a ready probe batch is audited in the actor and submitted, and the
@@ -28,6 +29,7 @@ from adwin.trainer_adapters.verl.actor import AdwinActorRolloutRefWorker
 from adwin.trainer_adapters.verl.driver import VerlWindowDriver, WorkerAuditor
 from adwin.trainer_adapters.verl.rollout import AdwinRolloutManager
 from adwin.trainer_adapters.verl.settings import adwin_config
+from adwin.trainer_adapters.verl.support import check_verl_config
 
 log = logging.getLogger(__name__)
 
@@ -36,9 +38,10 @@ class AdwinRayPPOTrainer(RayPPOTrainer):
     """See the module docstring."""
 
     def init_workers(self) -> None:
-        super().init_workers()
+        check_verl_config(self.config)
         section = OmegaConf.to_container(self.config.get("adwin"), resolve=True) if "adwin" in self.config else {}
         cfg = adwin_config(section)  # type: ignore[arg-type]
+        super().init_workers()
         horizon = int(self.config.actor_rollout_ref.rollout.response_length)
         per_step = int(self.config.data.train_batch_size) * int(self.config.actor_rollout_ref.rollout.n)
         self.adwin = VerlWindowDriver(cfg.build_controller(), cfg.run_spec(horizon), max_len=horizon,

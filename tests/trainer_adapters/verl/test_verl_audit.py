@@ -71,3 +71,14 @@ def test_the_audit_summed_over_two_gloo_ranks_is_the_one_process_audit(tmp_path)
         assert many["cos"][str(c)] == pytest.approx(one.cosines[c], abs=1e-6)
     assert np.abs(np.array(many["gram"]) - one.gram).max() <= 1e-6 * np.abs(one.gram).max()
     assert many["tokens"] == one.tokens_per_segment
+
+
+@pytest.mark.parametrize(("backend", "device"), [("cpu:gloo,cuda:nccl", "cuda"), ("nccl", "cuda"), ("gloo", "cpu"),
+                                                 ("cpu:gloo,cuda:gloo", "cpu")])
+def test_the_dp_sum_runs_on_the_gpu_under_verls_per_device_backend(monkeypatch, backend, device):
+    import adwin.trainer_adapters.verl.actor as actor
+
+    # verl's actor group reports "cpu:gloo,cuda:nccl"; no GPU here, so the group's backend string is given
+    monkeypatch.setattr(actor.dist, "get_backend", lambda group=None: backend)
+    monkeypatch.setattr(torch.cuda, "current_device", lambda: 0)
+    assert actor.GroupDist(rank=0, world=2, local_rank=0, group=object())._device().type == device

@@ -167,3 +167,14 @@ def test_the_horizon_must_be_verls_response_length():
     run = RunIn(run_id="verl-run", policy=PolicyIn(name="adwin", candidates=CANDIDATES, max_len=32), probe_batch_size=2)
     with pytest.raises(ValueError, match="response_length"):
         VerlWindowDriver(Controller(), run, max_len=MAX_LEN)
+
+
+def test_probe_copies_spread_over_prompts_verl_repeats():
+    run = RunIn(run_id="verl-run", policy=PolicyIn(name="adwin", candidates=CANDIDATES, max_len=MAX_LEN),
+                probe_batch_size=8, offers_per_step=8)
+    driver = VerlWindowDriver(Controller(), run, max_len=MAX_LEN, auditor=WorkerAuditor(ScriptedActor([])))
+    rows = [(f"r{i}", f"p{i // 4}") for i in range(32)]  # 8 prompts, each repeated n = 4 times in a row, as verl does
+    plan = driver.plan(0, rows)
+    assert len(plan.probes) == 8
+    assert len({rows[i][1] for i in plan.probes}) == 8  # one copy per prompt, not the first 2 prompts' 4 rows each
+    assert [rows[i][0] + ":probe" for i in plan.probes] == plan.probe_ids

@@ -43,14 +43,14 @@ def test_the_worker_method_is_dispatched_to_every_rank():
     assert attrs["dispatch_mode"] == Dispatch.ONE_TO_ALL
 
 
-def _worker(module, *, enabled=True, sp=1):
+def _worker(module):
     from adwin.trainer_adapters.verl.actor import AdwinActorRolloutRefWorker
 
     w = object.__new__(AdwinActorRolloutRefWorker)  # the attributes verl's init_model leaves, without Ray
-    engine = SimpleNamespace(module=module, optimizer=None, eval_mode=nullcontext, ulysses_sequence_parallel_size=sp,
+    engine = SimpleNamespace(module=module, optimizer=None, eval_mode=nullcontext,
                              get_data_parallel_rank=lambda: 0, get_data_parallel_size=lambda: 1,
                              get_data_parallel_group=lambda: None)
-    w.actor, w.distillation_enabled, w.distillation_config = SimpleNamespace(engine=engine), enabled, distillation_config()
+    w.actor, w.distillation_config = SimpleNamespace(engine=engine), distillation_config()
     return w
 
 
@@ -62,9 +62,9 @@ def test_adwin_audit_audits_the_engines_module_under_verls_loss():
         assert outcome.result.cosines[c] == pytest.approx(ours.cosines[c], abs=1e-6)
 
 
-@pytest.mark.parametrize("kw", [{"enabled": False}, {"sp": 2}])
-def test_adwin_audit_refuses_what_it_cannot_differentiate(kw):
-    from adwin.trainer_adapters.verl.actor import UnsupportedActorEngine
+def test_adwin_audit_refuses_an_fsdp1_module(monkeypatch):
+    import adwin.trainer_adapters.verl.actor as actor
 
-    with pytest.raises(UnsupportedActorEngine):
-        _worker(make_tiny_llama(seed=0), **kw).adwin_audit(job())
+    monkeypatch.setattr(actor, "fsdp_version", lambda module: 1)  # what verl reports for an FSDP1-wrapped module
+    with pytest.raises(actor.UnsupportedActorEngine):
+        _worker(make_tiny_llama(seed=0)).adwin_audit(job())

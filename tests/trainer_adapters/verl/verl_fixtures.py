@@ -29,12 +29,16 @@ def tokenizer() -> Any:
     return out
 
 
-def trainer_config(response_length: int = RESPONSE_LEN) -> Any:
-    """The parts of verl's trainer config an agent loop and ``LLMServerClient`` read."""
+def trainer_config(response_length: int = RESPONSE_LEN, trainer: dict[str, Any] | None = None) -> Any:
+    """The parts of verl's trainer config an agent loop and ``LLMServerClient`` read, at the settings adwin runs
+    under (``trainer``: other ``trainer.*`` values)."""
     return OmegaConf.create({
         "actor_rollout_ref": {"rollout": {"prompt_length": PROMPT_LEN, "response_length": response_length,
-                                          "name": "vllm", "full_determinism": False}},
+                                          "name": "vllm", "full_determinism": False, "temperature": 1.0},
+                              "actor": {"strategy": "fsdp2"}},
         "data": {"apply_chat_template_kwargs": {}},
+        "distillation": {"enabled": True},
+        "trainer": {"use_v1": False} | (trainer or {}),
     })
 
 
@@ -76,11 +80,12 @@ class LocalServerClient(LLMServerClient):
         return None
 
 
-def agent_loop(cls: type, replica: LocalReplica, response_length: int = RESPONSE_LEN) -> Any:
+def agent_loop(cls: type, replica: LocalReplica, response_length: int = RESPONSE_LEN,
+               trainer: dict[str, Any] | None = None) -> Any:
     """An agent loop of ``cls`` built with the arguments verl's ``AgentLoopWorker`` passes."""
     from verl.experimental.agent_loop.agent_loop import DictConfigWrap
     from verl.utils.dataset.rl_dataset import RLHFDataset
 
-    config = trainer_config(response_length)
+    config = trainer_config(response_length, trainer)
     return cls(trainer_config=DictConfigWrap(config), server_manager=LocalServerClient(config, replica),
                tokenizer=tokenizer(), processor=None, dataset_cls=RLHFDataset, data_config=DictConfigWrap(config.data))
