@@ -6,6 +6,7 @@ import math
 
 import pytest
 import torch
+from numerics import assert_same_params
 from tiny_models import make_tiny_llama
 
 from adwin.config import TrainConfig, load_config
@@ -131,3 +132,23 @@ def test_learner_refuses_a_group_sampled_by_two_inference_policies() -> None:
     with pytest.raises(ValueError, match="mixes inference policies"):
         learner(model).loss(straddling)
 
+
+def test_micro_batches_that_split_a_group_give_the_whole_batch_update() -> None:
+    """Eq. 2's values come from the whole batch, so micro-batches of 2 rows (group 4 split over two of them)
+    train exactly what one pass does."""
+    def run(micro: int | None) -> tuple[dict[str, float], torch.nn.Module, list[int]]:
+        model = make_tiny_llama(seed=3).double()
+        rows: list[int] = []
+        model.register_forward_pre_hook(lambda mod, args, kw: rows.append(kw["input_ids"].shape[0]), with_kwargs=True)
+        lrn = OAPLLearner(model, torch.optim.SGD(model.parameters(), lr=0.1), None,
+                          oapl_config({"optim.micro_batch_size": micro}, beta=0.7), pad_id=PAD, width=12)
+        return lrn.update(make_items(SPECS), 3), model, rows
+
+    whole_m, whole, whole_rows = run(None)
+    micro_m, micro, micro_rows = run(2)
+    assert whole_rows == [5] and micro_rows == [2, 2, 1]
+    assert_same_params(whole, micro)
+    for key in ("loss/total", "optim/grad_norm", "oapl/residual_rms", "oapl/value_mean", "loss/is_ratio_p50",
+                "loss/teacher_kl"):
+        assert micro_m[key] == pytest.approx(whole_m[key], rel=1e-9, abs=1e-12), key
+    assert whole_m["optim/skipped"] == micro_m["optim/skipped"] == 0.0
