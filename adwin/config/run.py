@@ -171,14 +171,12 @@ def _per_sample_scope(cfg: TrainConfig) -> None:
                          f"got {cfg.probes.backend!r}")
 
 
-# Fields only the synchronous trainer reads, with their defaults: the AsyncOPD learner trains on whole update
-# batches in full precision, its teacher stage scores with full logits, and its probes are full-length pipeline
-# requests audited on the learner (no probe workers), so it refuses any other value. The config reference
-# (adwin.config.reference) reads its "read by" column from here.
+# Fields only the synchronous trainer reads, with their defaults. Both schedulers train through one learner step
+# (adwin.loop.learner: micro-batches, activation checkpointing, autocast, the non-finite skip), so what stays here
+# is the synchronous schedule's own: AsyncOPD runs in one process (no ranks to shard the student over) and its
+# probes are pipeline requests audited on the learner (no probe workers, nothing to reissue). Any other value is
+# refused. The config reference (adwin.config.reference) reads its "read by" column from here.
 SYNC_ONLY: dict[str, object] = {
-    "optim.micro_batch_size": None,
-    "model.gradient_checkpointing": False,
-    "model.autocast": "off",
     "model.sharding": "ddp",
     "probes.backend": "auto",
     "probes.workers": 1,
@@ -190,16 +188,16 @@ SYNC_ONLY: dict[str, object] = {
 
 
 def _sync_only_fields(cfg: TrainConfig) -> None:
-    """The AsyncOPD learner and teacher stage: refuse what they would ignore (``SYNC_ONLY``)."""
+    """What only the synchronous schedule reads (``SYNC_ONLY``) is refused under AsyncOPD, which would ignore it."""
     if cfg.scheduler != "asyncopd":
         return
     for field, default in SYNC_ONLY.items():
         section, name = field.split(".")
         value = getattr(getattr(cfg, section), name)
         if value != default:
-            raise ValueError(f"{field}: scheduler 'asyncopd' does not apply it (got {value!r}; it trains whole "
-                             "update batches in full precision and generates probes in its own pipeline, audited on "
-                             "the learner); drop it, or train with scheduler: sync")
+            raise ValueError(f"{field}: scheduler 'asyncopd' does not apply it (got {value!r}; it trains in one "
+                             "process and generates probes in its own pipeline, audited on the learner); drop it, or "
+                             "train with scheduler: sync")
 
 
 def check_oapl(cfg: TrainConfig) -> None:

@@ -312,7 +312,9 @@ class OptimConfig(_Strict):
                                description="consecutive non-finite (skipped) steps before the run stops")
     micro_batch_size: int | None = Field(None, ge=1, le=1_000_000, description="rows per forward/backward inside "
                                          "a step (gradient accumulation, the same update as the whole batch; the "
-                                         "audit's too); None = the whole step batch at once")
+                                         "audit's too, and the sync trainer's teacher scoring: the asyncopd teacher "
+                                         "stage batches by asyncopd.teacher_batch); None = the whole step batch at "
+                                         "once")
 
 
 class EvalConfig(_Strict):

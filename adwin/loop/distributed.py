@@ -5,7 +5,7 @@ A run started by ``torchrun`` (``adwin train --nproc N`` launches one) finds ``W
 NCCL on CUDA (each rank on ``cuda:LOCAL_RANK``). Anything else runs as one process with ``LocalDist``,
 whose collectives are identities, so the single-process path does exactly what it did before.
 
-``Dist`` implements the gradient ``Reducer`` of ``adwin.loop.step.optimize`` (``all_sum``) and what the
+``Dist`` implements the gradient ``Reducer`` of ``adwin.loop.learner.learner_step`` (``all_sum``) and what the
 audit's cross-rank combine needs (``adwin.audit.combine.Combiner``: ``shard``, ``all_sum``,
 ``all_gather_object``). Every collective must be called by every rank in the same order: the trainer's
 bookkeeping is replicated (docs/decisions.md, "Data-parallel training").

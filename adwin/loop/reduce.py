@@ -1,4 +1,4 @@
-"""The reduction hook of the optimizer step: how ``adwin.loop.step.optimize`` sums across data-parallel ranks.
+"""The reduction hook of the optimizer step: how ``adwin.loop.learner.learner_step`` sums across data-parallel ranks.
 
 ``optimize`` calls ``reducer.all_sum`` on (1) the loss normaliser, before any micro-batch loss, (2) the
 accumulated gradients, after the last backward and before clipping, and (3) the sums behind the logged

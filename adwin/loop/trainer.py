@@ -21,16 +21,16 @@ from adwin.decode.static_cache import LEDGER as COMPILES
 from adwin.loop.accounting import Clock
 from adwin.loop.distributed import LocalDist
 from adwin.loop.evaluate import evaluate
+from adwin.loop.learner import FaultCounter
 from adwin.loop.outage import score_or_outage, step_start, stop_after_outage
 from adwin.loop.parts import Parts, load_parts, run_spec
 from adwin.loop.probing import open_probe_side
 from adwin.loop.rank_zero import RankZeroController, SilentSinks
 from adwin.loop.sampler import Sampler
 from adwin.loop.sharding import check_data_parallel, gather_rollouts
-from adwin.loop.step import FaultCounter, optimize, window_metrics
+from adwin.loop.step import optimize, window_metrics
 from adwin.policies.surprise import surprise_metrics
 from adwin.runtime.checkpoint import rng_state, save_checkpoint, seed_everything
-from adwin.runtime.guards import NumericalFault
 from adwin.runtime.metrics_log import open_loggers
 from adwin.runtime.rank_state import check_resumable, restore_rank_rng, write_rank_rngs
 from adwin.runtime.resilient_controller import controller_metrics, drain_controller
@@ -149,7 +149,7 @@ def train(cfg: TrainConfig, controller: ControllerAPI | None, parts: Parts | Non
         m |= faults.record(bool(m["optim/skipped"]))
         if faults.exhausted:  # skipped steps never touched the weights: this checkpoint is the last good state
             sinks.log(t, m | controller_metrics(controller))
-            stop_after_faults(faults, t, cfg, checkpoint(t + 1), probes, sinks)
+            stop_after_faults(faults, t, checkpoint(t + 1), probes, sinks)
         version = t + 1  # optimizer steps applied: the weights every probe token from now on comes from
         gen.sync_weights(version)  # the rollout engine samples probes, evaluations and the next rollouts from it
         save = (cfg.checkpoint_every and (t + 1) % cfg.checkpoint_every == 0) or t == cfg.steps - 1
@@ -194,13 +194,8 @@ def train(cfg: TrainConfig, controller: ControllerAPI | None, parts: Parts | Non
     return TrainResult(run_id, run_dir, initial, final, sinks.history, probes.totals(), student)
 
 
-def stop_after_faults(faults: FaultCounter, step: int, cfg: TrainConfig, saved: Path, probes: Any,
-                      sinks: Any) -> None:
+def stop_after_faults(faults: FaultCounter, step: int, saved: Path, probes: Any, sinks: Any) -> None:
     """Close workers and loggers, then stop the run: too many consecutive non-finite steps."""
     probes.close()
     sinks.close()
-    raise NumericalFault(f"{faults.consecutive} consecutive non-finite steps at step {step} "
-                         f"(optim.max_bad_steps={cfg.optim.max_bad_steps}): run stopped; last good "
-                         f"state saved in {saved}")
-
-
+    raise faults.fault(step, saved)

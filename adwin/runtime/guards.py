@@ -1,7 +1,7 @@
 """Runtime guards of the training loop: non-finite steps and audits.
 
-* A step whose loss or gradient norm is NaN/Inf is skipped (``adwin.loop.step.optimize`` does not apply it) and
-  counted (``adwin.loop.step.FaultCounter``, ``optim/skipped_steps``). ``optim.max_bad_steps`` consecutive skipped
+* A step whose loss or gradient norm is NaN/Inf is skipped (``adwin.loop.learner.learner_step`` does not apply it) and
+  counted (``adwin.loop.learner.FaultCounter``, ``optim/skipped_steps``). ``optim.max_bad_steps`` consecutive skipped
   steps stop the run with ``NumericalFault`` after a checkpoint of the last good state (skipped steps never touch the weights).
 * An audit with NaN/Inf cosines (or Gram) is refused, by the controller (``NonFiniteAudit``, 422, logged as a
   ``fallback`` decision) or already by the audit math (``NonFiniteAuditError``); the probe client decides by type

@@ -13,9 +13,6 @@ from adwin.config.run import SYNC_ONLY
 ROOT = Path(__file__).resolve().parents[2]
 # another value of each sync-only field, with what it needs to load under sync
 OTHER: dict[str, dict[str, object]] = {
-    "optim.micro_batch_size": {"optim.micro_batch_size": 4},
-    "model.gradient_checkpointing": {"model.gradient_checkpointing": True},
-    "model.autocast": {"model.autocast": "bf16"},
     "model.sharding": {"model.sharding": "fsdp"},
     "probes.backend": {"probes.backend": "inline"},
     "probes.workers": {"probes.workers": 2},

@@ -15,7 +15,7 @@ from adwin.config import load_config
 
 def test_the_budget_state_round_trips_through_a_checkpoints_run_state() -> None:
     from adwin.loop.accounting import TokenLedger
-    from adwin.loop.step import FaultCounter
+    from adwin.loop.learner import FaultCounter
     from adwin.probes.pool import ProbePool
     from adwin.runtime.resume import restore_run_state, run_state
     from adwin.tasks.prompts import BuiltinPrompts

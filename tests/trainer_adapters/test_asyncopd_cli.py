@@ -6,11 +6,15 @@ import json
 from pathlib import Path
 
 import pytest
+import torch
 import yaml
 from tiny_models import make_tiny_llama
 
 from adwin.cli import main
+from adwin.runtime.checkpoint import latest_checkpoint, load_weights
 from adwin.tasks.tokenizer import build_tokenizer
+from adwin.teacher.checkpoints import load_model
+from adwin.teacher.local import Teachers
 
 pytestmark = pytest.mark.timeout(180)
 
@@ -106,3 +110,28 @@ def test_oapl_trains_whole_groups_of_one_inference_policy_through_the_cli(tmp_pa
                 "rollout/logprob_gap_p99", "async/discarded_items"):
         assert all(key in r and r[key] == r[key] for r in rows), key  # present and not NaN
     assert all(r["oapl/groups"] == 2 and r["oapl/group_size_mean"] == 2 for r in rows)
+
+
+def test_repeated_non_finite_updates_stop_the_run_at_max_bad_steps_with_a_checkpoint(tmp_path: Path, monkeypatch,
+                                                                                      capsys) -> None:
+    """As in the synchronous trainer: every update is skipped, and the run stops with exit code 3 after
+    ``optim.max_bad_steps`` of them, leaving a checkpoint of the last good state (the initial student)."""
+    real_logits, real_score = Teachers.logits, Teachers.score
+    monkeypatch.setattr(Teachers, "logits", lambda self, *a: real_logits(self, *a) * float("inf"))
+    monkeypatch.setattr(Teachers, "score", lambda self, *a: real_score(self, *a) * float("inf"))
+    cfg = _config(tmp_path)
+    capsys.readouterr()
+    rc = main(["train", "--config", str(cfg), "--scheduler", "asyncopd", "--steps", "6", "--name", "doomed",
+               "--set", "optim.max_bad_steps=2"])
+    assert rc == 3
+    err = [x for x in capsys.readouterr().err.splitlines() if x.startswith("adwin")]
+    assert len(err) == 1 and "optim.max_bad_steps=2" in err[0] and "checkpoint-2" in err[0], err
+    run_dir = tmp_path / "runs" / "doomed"
+    rows = [json.loads(x) for x in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    assert [r["optim/skipped"] for r in rows] == [1.0, 1.0] and rows[-1]["optim/consecutive_skipped"] == 2.0
+    assert latest_checkpoint(run_dir) == run_dir / "checkpoint-2"
+    initial = load_model(str(tmp_path / "student"), "float32", "cpu")
+    saved = load_model(str(tmp_path / "student"), "float32", "cpu")
+    load_weights(run_dir / "checkpoint-2", saved, lora=False)
+    assert all(torch.equal(a, b) for a, b in zip(initial.parameters(), saved.parameters(), strict=True)), \
+        "both updates were skipped: the checkpoint is the start"

@@ -6,9 +6,10 @@ import math
 
 import pytest
 import torch
+from numerics import assert_same_params
 from tiny_models import make_tiny_llama
 
-from adwin.config import OAPLSection
+from adwin.config import TrainConfig, load_config
 from adwin.trainer_adapters.asyncopd.items import StreamItem, TokenOut
 from adwin.trainer_adapters.asyncopd.oapl import OAPLLearner
 
@@ -36,12 +37,19 @@ SPECS = [(0, [1, 5, 6], [7, 8, 9]), (0, [1, 5, 6], [10, 2]), (4, [1, 11], [12, 1
          (4, [1, 11], [16]), (4, [1, 11], [17, 18])]
 
 
+def oapl_config(extra: dict[str, object] | None = None, **options: object) -> TrainConfig:
+    """A config whose ``loss.oapl`` holds ``options`` (a task reward reads whole responses: window policy full),
+    with the overrides ``extra``."""
+    return load_config(None, {"scheduler": "asyncopd", "loss.name": "oapl", "rollout.samples_per_prompt": 2,
+                              "window.policy": "full"} | {f"loss.oapl.{k}": v for k, v in options.items()}
+                       | (extra or {}))
+
+
 def learner(model: torch.nn.Module, **options: object) -> OAPLLearner:
     opt = torch.optim.SGD(model.parameters(), lr=0.0)
     checker = options.pop("checker", None)
     decode = (lambda ids: " ".join(map(str, ids))) if checker else None
-    return OAPLLearner(model, opt, None, pad_id=PAD, width=12, options=OAPLSection(**options), checker=checker,
-                       decode=decode)
+    return OAPLLearner(model, opt, None, oapl_config(**options), pad_id=PAD, width=12, checker=checker, decode=decode)
 
 
 def response_logprob(model: torch.nn.Module, prompt: list[int], response: list[int]) -> torch.Tensor:
@@ -103,8 +111,8 @@ def test_task_and_weighted_rewards_enter_the_advantage() -> None:
 def test_task_reward_needs_answers_and_a_checker() -> None:
     model = make_tiny_llama()
     with pytest.raises(ValueError, match="checker"):
-        OAPLLearner(model, torch.optim.SGD(model.parameters(), lr=0.0), None, pad_id=PAD, width=None,
-                    options=OAPLSection(reward="task"))
+        OAPLLearner(model, torch.optim.SGD(model.parameters(), lr=0.0), None, oapl_config(reward="task"), pad_id=PAD,
+                    width=None)
     items = make_items(SPECS)
     items[2].answer = None
     with pytest.raises(ValueError, match="has no answer"):
@@ -123,3 +131,24 @@ def test_learner_refuses_a_group_sampled_by_two_inference_policies() -> None:
     straddling[0].teacher_logprobs.append(-1.0)
     with pytest.raises(ValueError, match="mixes inference policies"):
         learner(model).loss(straddling)
+
+
+def test_micro_batches_that_split_a_group_give_the_whole_batch_update() -> None:
+    """Eq. 2's values come from the whole batch, so micro-batches of 2 rows (group 4 split over two of them)
+    train exactly what one pass does."""
+    def run(micro: int | None) -> tuple[dict[str, float], torch.nn.Module, list[int]]:
+        model = make_tiny_llama(seed=3).double()
+        rows: list[int] = []
+        model.register_forward_pre_hook(lambda mod, args, kw: rows.append(kw["input_ids"].shape[0]), with_kwargs=True)
+        lrn = OAPLLearner(model, torch.optim.SGD(model.parameters(), lr=0.1), None,
+                          oapl_config({"optim.micro_batch_size": micro}, beta=0.7), pad_id=PAD, width=12)
+        return lrn.update(make_items(SPECS), 3), model, rows
+
+    whole_m, whole, whole_rows = run(None)
+    micro_m, micro, micro_rows = run(2)
+    assert whole_rows == [5] and micro_rows == [2, 2, 1]
+    assert_same_params(whole, micro)
+    for key in ("loss/total", "optim/grad_norm", "oapl/residual_rms", "oapl/value_mean", "loss/is_ratio_p50",
+                "loss/teacher_kl"):
+        assert micro_m[key] == pytest.approx(whole_m[key], rel=1e-9, abs=1e-12), key
+    assert whole_m["optim/skipped"] == micro_m["optim/skipped"] == 0.0

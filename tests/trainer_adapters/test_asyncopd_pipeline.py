@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -117,7 +118,7 @@ def test_asyncopd_run_bounds_permits_keeps_prefixes_and_audits_probes(tmp_path: 
     assert (tmp_path / "runs" / "aopd" / "summary.json").is_file()
 
 
-def test_learner_loss_is_reverse_kl_mc_with_unclipped_is_and_fixed_width() -> None:
+def test_learner_loss_is_reverse_kl_mc_with_unclipped_is_and_fixed_width(tmp_path: Path) -> None:
     """The learner's loss equals opd_loss('reverse_kl_mc') on the cached actions, padded to the horizon."""
     parts = tiny_parts()
     eng = HFRolloutEngine(make_tiny_llama(seed=3), eos={2}, pad_id=0, mc_samples=4, seed=0)
@@ -129,7 +130,7 @@ def test_learner_loss_is_reverse_kl_mc_with_unclipped_is_and_fixed_width() -> No
     assert all(len(it.mc_actions[0]) == 4 and len(it.teacher_mc_logprobs[0]) == 4 for it in items)
     student = parts.student
     opt = torch.optim.SGD(student.parameters(), lr=0.0)
-    learner = HFLearner(student, opt, None, pad_id=0, width=16)
+    learner = HFLearner(student, opt, None, tiny_cfg(tmp_path), pad_id=0, width=16)
     m = learner.update(items, 0)
     assert learner.shapes == [(2, 16)]
     # reference: the behavior policy (seed 3) differs from the student, so rho != 1 matters
@@ -151,7 +152,7 @@ def test_learner_loss_is_reverse_kl_mc_with_unclipped_is_and_fixed_width() -> No
     assert m["loss/is_ratio_p50"] != pytest.approx(1.0, abs=1e-3)
 
 
-def test_learner_pg_variant_uses_realized_tokens_without_mc_cache() -> None:
+def test_learner_pg_variant_uses_realized_tokens_without_mc_cache(tmp_path: Path) -> None:
     parts = tiny_parts()
     eng = HFRolloutEngine(make_tiny_llama(seed=3), eos={2}, pad_id=0, mc_samples=0, seed=1)
     items = [StreamItem(f"r{i}", i, "p", [1, 9 + i], "default", 3, 3, False, 0) for i in range(2)]
@@ -160,8 +161,8 @@ def test_learner_pg_variant_uses_realized_tokens_without_mc_cache() -> None:
             it.append(o, 0)
     assert all(not it.mc_actions for it in items)
     HFTeacherScorer(parts.teachers, 0).score(items)
-    learner = HFLearner(parts.student, torch.optim.SGD(parts.student.parameters(), lr=0.0), None, pad_id=0,
-                        width=None, loss="reverse_kl_pg")
+    learner = HFLearner(parts.student, torch.optim.SGD(parts.student.parameters(), lr=0.0), None,
+                        tiny_cfg(tmp_path, **{"loss.name": "reverse_kl_pg"}), pad_id=0, width=None)
     m = learner.update(items, 0)
     ids = torch.tensor([it.prompt_ids + it.tokens for it in items])  # (2, 5)
     resp = torch.tensor([[0, 0, 1, 1, 1]] * 2)
@@ -179,3 +180,31 @@ def test_run_refuses_losses_without_an_importance_corrected_estimator(tmp_path: 
     cfg = tiny_cfg(tmp_path, **{"loss.name": "forward_kl", "scheduler": "sync"})  # the config alone would refuse it
     with pytest.raises(ValueError, match="asyncopd"):
         build_asyncopd(cfg, Controller(), parts=tiny_parts())
+
+
+def test_a_non_finite_update_is_skipped_and_training_continues(tmp_path: Path) -> None:
+    """The learner shares the synchronous trainer's guard: an update whose loss is NaN leaves the weights alone."""
+    cfg = tiny_cfg(tmp_path, steps=4, **{"optim.max_bad_steps": 2})
+    parts = tiny_parts()
+    opts = AsyncOPDSection(queue_depth=1, worker_batch=8, teacher_batch=8, wait_timeout_s=60, throughput_warmup=1)
+    built = build_asyncopd(cfg, Controller(), parts=parts, options=opts)
+    real_update, calls = built.learner.update, []
+
+    def update(items: list[StreamItem], version: int) -> dict[str, float]:
+        calls.append(version)
+        if len(calls) == 2:  # poisons the second update's teacher signal only
+            for it in items:
+                it.teacher_mc_logprobs = [[float("nan")] * len(a) for a in it.teacher_mc_logprobs]
+        return real_update(items, version)
+
+    built.learner.update = update  # type: ignore[method-assign]
+    snaps: list[list[torch.Tensor]] = []
+    out = run_asyncopd(cfg, Controller(), built=built,
+                       on_step=lambda t, m: snaps.append([p.detach().clone() for p in parts.student.parameters()]))
+    rows = out["logged"]
+    assert [r["optim/skipped"] for r in rows] == [0.0, 1.0, 0.0, 0.0]
+    assert not math.isfinite(rows[1]["loss/total"])
+    assert all(torch.equal(a, b) for a, b in zip(snaps[0], snaps[1], strict=True)), "the NaN update left the weights"
+    assert not all(torch.equal(a, b) for a, b in zip(snaps[1], snaps[2], strict=True)), "training resumes after it"
+    assert all(torch.isfinite(p).all() for p in parts.student.parameters())
+    assert rows[-1]["optim/skipped_steps"] == 1.0 and rows[-1]["optim/consecutive_skipped"] == 0.0

@@ -6,7 +6,9 @@
 - ``HFLearner``: recomputes ``log p_theta`` of the cached actions under the current student and applies
   ``adwin.objectives.losses.reverse_kl_mc`` via ``opd_loss``: ``-(1/m) sum_i rho_i sg(A_theta(a_i))`` with
   ``A_theta = log q - log p_theta`` recomputed at learner time and unclipped old-to-current IS
-  ``rho = p_theta / p_behavior`` (the config's ``is_method``/clip can override, off by default).
+  ``rho = p_theta / p_behavior`` (the config's ``is_method``/clip can override, off by default). The update is
+  the one both schedulers share (``adwin.loop.learner``: micro-batches, memory options, clipping, the
+  non-finite skip).
 
 Probes are audited by the one probe client (``adwin.probes.client``): ``build_asyncopd`` gives the hooks' client
 an ``InlineAuditor`` on the learner's student and the run's audit settings.
@@ -17,34 +19,24 @@ Learner batches are padded to the global maximum width (``max prompt + max_respo
 
 from __future__ import annotations
 
-import math
 from collections.abc import Sequence
 from typing import Any
 
 import torch
 
 from adwin.backends.logprob_gap import logprob_gap
+from adwin.config import TrainConfig
+from adwin.loop.learner import learner_step
 from adwin.objectives.loss_table import ASYNCOPD_TOKEN_LOSSES as LEARNER_LOSSES
 from adwin.objectives.losses import action_logprobs, opd_loss, token_logprobs
 from adwin.sampling.rollout import Rows, layout, response_values
-from adwin.student.lora import trainable_parameters, trained_state
+from adwin.student.lora import trained_state
 from adwin.teacher.local import Teachers
 from adwin.teacher.served import ServedTeachers
 from adwin.trainer_adapters.asyncopd.engine import (
     HFRolloutEngine as HFRolloutEngine,  # run.py imports it here
 )
 from adwin.trainer_adapters.asyncopd.items import StreamItem
-
-
-def clip_and_step(model: torch.nn.Module, optimizer: Any, lr_scheduler: Any, grad_clip: float) -> float:
-    """Clip the gradient norm (``grad_clip <= 0``: no clipping, the norm is still measured), step the
-    optimizer and the LR schedule; the pre-clip norm. Shared by the IS and the OAPL learners."""
-    clip = grad_clip if grad_clip > 0 else math.inf
-    grad_norm = torch.nn.utils.clip_grad_norm_(trainable_parameters(model), clip)
-    optimizer.step()
-    if lr_scheduler is not None:
-        lr_scheduler.step()
-    return float(grad_norm)
 
 
 def item_rows(items: Sequence[StreamItem], pad_id: int, width: int | None) -> Rows:
@@ -96,56 +88,52 @@ class HFTeacherScorer:
 
 
 class HFLearner:
-    """One optimizer step of the OPD loss per call; see the module docstring.
+    """One optimizer step of the OPD loss per call; see the module docstring. The step itself (micro-batches,
+    memory options, clipping, the non-finite skip) is the synchronous trainer's (``adwin.loop.learner``).
 
-    ``loss="reverse_kl_mc"`` (default) uses the cached MC actions; ``"reverse_kl_pg"`` is the same
-    old-to-current IS estimator on the realized tokens only (one action per position, no MC cache).
+    ``loss.name: reverse_kl_mc`` uses the cached MC actions; ``reverse_kl_pg`` is the same old-to-current IS
+    estimator on the realized tokens only (one action per position, no MC cache).
     """
 
-    def __init__(self, student: torch.nn.Module, optimizer: torch.optim.Optimizer, lr_scheduler: Any, *,
-                 pad_id: int, width: int | None, loss: str = "reverse_kl_mc", aggregation: str = "token-mean",
-                 grad_clip: float = 1.0,
-                 is_method: str = "none", is_low: float = 0.5, is_high: float = 2.0,
-                 clip_low: float | None = None, clip_high: float | None = None) -> None:
-        if loss not in LEARNER_LOSSES:
-            raise ValueError(f"the AsyncOPD learner supports {LEARNER_LOSSES}, got {loss!r}")
-        self.student, self.optimizer, self.lr_scheduler, self.loss = student, optimizer, lr_scheduler, loss
-        self.pad_id, self.width, self.aggregation, self.grad_clip = pad_id, width, aggregation, grad_clip
-        self.is_kw = {"is_method": is_method, "is_low": is_low, "is_high": is_high,
-                      "clip_low": clip_low, "clip_high": clip_high}
+    def __init__(self, student: torch.nn.Module, optimizer: torch.optim.Optimizer, lr_scheduler: Any,
+                 cfg: TrainConfig, *, pad_id: int, width: int | None) -> None:
+        if cfg.loss.name not in LEARNER_LOSSES:
+            raise ValueError(f"the AsyncOPD learner supports {LEARNER_LOSSES}, got {cfg.loss.name!r}")
+        self.student, self.optimizer, self.lr_scheduler, self.cfg = student, optimizer, lr_scheduler, cfg
+        self.pad_id, self.width = pad_id, width
         self.shapes: list[tuple[int, int]] = []  # (B, L) of every update: fixed when width is given
 
     def update(self, items: list[StreamItem], version: int) -> dict[str, float]:
-        mc = self.loss == "reverse_kl_mc"
+        lc = self.cfg.loss
+        mc = lc.name == "reverse_kl_mc"
         if mc and any(not it.mc_actions or it.teacher_mc_logprobs is None for it in items):
             raise ValueError("every training item needs cached MC actions and their teacher logprobs")
         rows = item_rows(items, self.pad_id, self.width)
-        L = rows.input_ids.shape[1]
-        self.shapes.append((len(items), L))
+        self.shapes.append((len(items), rows.input_ids.shape[1]))
+        realized = item_values(items, rows, "logprobs")  # (B, L) behavior logprobs of the realized tokens
         if mc:
             actions = _per_action(items, rows, "mc_actions", -1)  # (B, L, m)
             behavior = _per_action(items, rows, "mc_logprobs", 0.0)  # (B, L, m)
             teacher = _per_action(items, rows, "teacher_mc_logprobs", 0.0)  # (B, L, m)
         else:
-            actions = None
-            behavior, teacher = item_values(items, rows, "logprobs"), item_values(items, rows, "teacher_logprobs")  # (B, L)
+            actions, behavior, teacher = None, realized, item_values(items, rows, "teacher_logprobs")  # (B, L) x2
         device = next(self.student.parameters()).device
-        self.student.train()
-        self.optimizer.zero_grad(set_to_none=True)
-        ids = rows.input_ids.to(device)
-        logits = self.student(input_ids=ids, attention_mask=rows.attention_mask.to(device)).logits  # (B, L, V)
-        loss, lm = opd_loss(self.loss, input_ids=ids, response_mask=rows.response_mask.to(device),
-                            student_logits=logits, teacher_logprobs=teacher.to(device),
-                            behavior_logprobs=behavior.to(device),
-                            action_ids=None if actions is None else actions.to(device),
-                            aggregation=self.aggregation, **self.is_kw)
-        loss.backward()
-        grad_norm = clip_and_step(self.student, self.optimizer, self.lr_scheduler, self.grad_clip)
-        out = {"loss/total": float(loss.detach()), "optim/grad_norm": grad_norm}
-        out |= {k: float(v) for k, v in lm.items() if k != "loss/value"}
+
+        def loss_fn(sl: slice, ids: torch.Tensor, logits: torch.Tensor,
+                    normalizer: torch.Tensor | None) -> tuple[torch.Tensor, dict[str, float]]:
+            return opd_loss(lc.name, input_ids=ids, response_mask=rows.response_mask[sl].to(device),
+                            student_logits=logits, teacher_logprobs=teacher[sl].to(device),
+                            behavior_logprobs=behavior[sl].to(device),
+                            action_ids=None if actions is None else actions[sl].to(device),
+                            aggregation=lc.aggregation, is_method=lc.is_method, is_low=lc.is_low, is_high=lc.is_high,
+                            clip_low=lc.clip_low, clip_high=lc.clip_high, normalizer=normalizer)
+
+        up = learner_step(self.student, self.optimizer, self.lr_scheduler, rows, self.cfg, loss_fn, window=None,
+                          behavior=behavior, actions=actions)
+        out = {"loss/total": up.loss} | up.optim_metrics()
+        out |= {k: float(v) for k, v in up.metrics.items() if k != "loss/value"}
         # |log p_theta - log p_behavior| of the realized tokens: staleness plus any rollout-engine mismatch
-        train_lp = token_logprobs(logits.detach(), ids).cpu()  # (B, L)
-        out |= logprob_gap(train_lp, item_values(items, rows, "logprobs"), rows.response_mask)
+        out |= logprob_gap(up.logprobs, realized, rows.response_mask)
         return out
 
     def weights(self) -> dict[str, torch.Tensor]:

@@ -19,17 +19,21 @@ ratio ``pi / pi_inf`` per token is still reported (``loss/is_ratio_*``) so runs 
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 import torch
 
 from adwin.backends.logprob_gap import logprob_gap
-from adwin.config import OAPLSection
+from adwin.config import TrainConfig
+from adwin.loop.learner import learner_step
+from adwin.loop.memory import training_forward
 from adwin.objectives.losses import k1, keep_mask, ratio_percentiles, token_logprobs
-from adwin.objectives.oapl import OAPLTerms, oapl_loss, sequence_logprob, teacher_return
+from adwin.objectives.oapl import OAPLTerms, oapl_loss, sequence_logprob, soft_value, teacher_return
+from adwin.sampling.rollout import Rows
 from adwin.student.lora import trained_state
 from adwin.trainer_adapters.asyncopd.groups import group_version
-from adwin.trainer_adapters.asyncopd.hf import clip_and_step, item_rows, item_values
+from adwin.trainer_adapters.asyncopd.hf import item_rows, item_values
 from adwin.trainer_adapters.asyncopd.items import StreamItem
 
 
@@ -50,19 +54,38 @@ def check_groups(items: Sequence[StreamItem]) -> dict[int, list[StreamItem]]:
     return groups
 
 
-class OAPLLearner:
-    """One optimizer step of eq. 3 per call; see the module docstring. ``checker(text, answer)`` and
-    ``decode(token_ids)`` are needed only when the reward uses the task."""
+@dataclass
+class _Prepared:
+    """One update's items as tensors, before the student's forward; (B, L) or (B,) on the student's device."""
 
-    def __init__(self, student: torch.nn.Module, optimizer: torch.optim.Optimizer, lr_scheduler: Any, *,
-                 pad_id: int, width: int | None, options: OAPLSection, grad_clip: float = 1.0,
+    rows: Rows
+    mask: torch.Tensor  # (B, L) the trained window: the whole response
+    behavior: torch.Tensor  # (B, L) ln pi_inf per token
+    teacher: torch.Tensor  # (B, L)
+    inf_lp: torch.Tensor  # (B,) ln pi_inf(y|x)
+    reward: torch.Tensor  # (B,)
+    values: torch.Tensor  # (B,) eq. 2's V over the whole batch's groups
+    gid: torch.Tensor  # (B,) prompt group
+    metrics: dict[str, float]
+
+
+class OAPLLearner:
+    """One optimizer step of eq. 3 per call; see the module docstring. The options are ``cfg.loss.oapl``; the
+    step itself (micro-batches of whole sequences, memory options, clipping, the non-finite skip) is the
+    synchronous trainer's (``adwin.loop.learner``): eq. 2's values come from the whole batch first, so a
+    micro-batch's share of eq. 3 needs no other rows. ``checker(text, answer)`` and ``decode(token_ids)`` are
+    needed only when the reward uses the task."""
+
+    def __init__(self, student: torch.nn.Module, optimizer: torch.optim.Optimizer, lr_scheduler: Any,
+                 cfg: TrainConfig, *, pad_id: int, width: int | None,
                  checker: Callable[[str, str], bool] | None = None,
                  decode: Callable[[list[int]], str] | None = None) -> None:
+        options = cfg.loss.oapl
         self.uses_task = options.reward == "task" or (options.reward == "weighted" and options.task_weight > 0)
         if self.uses_task and (checker is None or decode is None):
             raise ValueError("loss.oapl.reward uses the task: the learner needs the task's checker and a decoder")
-        self.student, self.optimizer, self.lr_scheduler = student, optimizer, lr_scheduler
-        self.pad_id, self.width, self.options, self.grad_clip = pad_id, width, options, grad_clip
+        self.student, self.optimizer, self.lr_scheduler, self.cfg = student, optimizer, lr_scheduler, cfg
+        self.pad_id, self.width, self.options = pad_id, width, options
         self.checker, self.decode = checker, decode
         self.shapes: list[tuple[int, int]] = []  # (B, L) of every update: fixed when width is given
 
@@ -87,37 +110,64 @@ class OAPLLearner:
             r = o.task_weight * task + o.teacher_weight * teacher
         return r, out
 
-    def loss(self, items: Sequence[StreamItem]) -> tuple[torch.Tensor, OAPLTerms, dict[str, float]]:
-        """Eq. 3 on ``items`` under the live student, with gradients; no optimizer step."""
+    def _prepare(self, items: Sequence[StreamItem]) -> _Prepared:
         groups = check_groups(items)
         rows = item_rows(items, self.pad_id, self.width)
         self.shapes.append(tuple(rows.input_ids.shape))  # type: ignore[arg-type]
         device = next(self.student.parameters()).device
-        ids = rows.input_ids.to(device)
-        mask = rows.response_mask.float().to(device)  # (B, L): the trained window is the whole response
-        behavior = item_values(items, rows, "logprobs").to(device)  # (B, L) ln pi_inf per token
+        mask = rows.response_mask.float().to(device)  # (B, L)
+        behavior = item_values(items, rows, "logprobs").to(device)  # (B, L)
         teacher = item_values(items, rows, "teacher_logprobs").to(device)  # (B, L)
-        logits = self.student(input_ids=ids, attention_mask=rows.attention_mask.to(device)).logits  # (B, L, V)
-        tok_lp = token_logprobs(logits, ids)  # (B, L)
-        seq_lp = sequence_logprob(tok_lp, mask)  # (B,)
-        inf_lp = sequence_logprob(behavior, mask)  # (B,)
         reward, metrics = self.rewards(items, teacher_return(teacher, behavior, mask).detach())
-        gid = torch.tensor([it.group for it in items], device=device)
+        gid = torch.tensor([it.group for it in items], device=device)  # (B,)
         o = self.options
-        loss, terms = oapl_loss(seq_lp, inf_lp, reward, gid, beta=o.beta, value_beta=o.value_beta)
-        metrics |= _diagnostics(tok_lp.detach(), behavior, teacher, mask, terms, reward)
+        values = soft_value(reward, gid, o.beta if o.value_beta is None else o.value_beta)  # (B,)
         metrics |= {"oapl/groups": float(len(groups)), "oapl/group_size_mean": len(items) / len(groups)}
+        return _Prepared(rows, mask, behavior, teacher, sequence_logprob(behavior, mask), reward, values, gid, metrics)
+
+    def _share(self, p: _Prepared, sl: slice, ids: torch.Tensor, logits: torch.Tensor,
+               normalizer: torch.Tensor | None, terms: list[OAPLTerms]) -> tuple[torch.Tensor, torch.Tensor]:
+        """Eq. 3 over the rows ``sl`` as a share of the batch's mean (``normalizer``: its sequences; None: the
+        rows are the batch), and their (b, L) token logprobs, with gradients."""
+        tok_lp = token_logprobs(logits, ids)  # (b, L)
+        seq_lp = sequence_logprob(tok_lp, p.mask[sl])  # (b,)
+        loss, t = oapl_loss(seq_lp, p.inf_lp[sl], p.reward[sl], p.gid[sl], beta=self.options.beta, values=p.values[sl])
+        terms.append(t)
+        if normalizer is not None:  # the slice's mean -> its share of the whole batch's mean over sequences
+            loss = loss * (seq_lp.shape[0] / normalizer)
+        return loss, tok_lp
+
+    def _metrics(self, p: _Prepared, tok_lp: torch.Tensor, terms: list[OAPLTerms]) -> dict[str, float]:
+        whole = OAPLTerms(*(torch.cat([getattr(t, f) for t in terms]) for f in OAPLTerms.__dataclass_fields__))
+        tok_lp, behavior = tok_lp.detach().cpu(), p.behavior.cpu()  # (B, L) x2
+        out = p.metrics | _diagnostics(tok_lp, behavior, p.teacher.cpu(), p.mask.cpu(), whole, p.reward.cpu())
         # |log p_theta - log p_behavior| of the realized tokens: the lag plus any rollout-engine mismatch
-        metrics |= logprob_gap(tok_lp.detach().cpu(), behavior.cpu(), rows.response_mask)
-        return loss, terms, metrics
+        return out | logprob_gap(tok_lp, behavior, p.rows.response_mask)
+
+    def loss(self, items: Sequence[StreamItem]) -> tuple[torch.Tensor, OAPLTerms, dict[str, float]]:
+        """Eq. 3 on ``items`` under the live student, whole batch, with gradients; no optimizer step."""
+        p = self._prepare(items)
+        ids = p.rows.input_ids.to(p.mask.device)
+        with training_forward(self.student, self.cfg):
+            logits = self.student(input_ids=ids, attention_mask=p.rows.attention_mask.to(ids.device),
+                                  use_cache=False).logits  # (B, L, V)
+        terms: list[OAPLTerms] = []
+        loss, tok_lp = self._share(p, slice(None), ids, logits, None, terms)
+        return loss, terms[0], self._metrics(p, tok_lp, terms)
 
     def update(self, items: list[StreamItem], version: int) -> dict[str, float]:
-        self.student.train()
-        self.optimizer.zero_grad(set_to_none=True)
-        loss, _, metrics = self.loss(items)
-        loss.backward()
-        grad_norm = clip_and_step(self.student, self.optimizer, self.lr_scheduler, self.grad_clip)
-        return {"loss/total": float(loss.detach()), "optim/grad_norm": grad_norm} | metrics
+        p = self._prepare(items)
+        terms: list[OAPLTerms] = []
+
+        def loss_fn(sl: slice, ids: torch.Tensor, logits: torch.Tensor,
+                    normalizer: torch.Tensor | None) -> tuple[torch.Tensor, dict[str, float]]:
+            loss, _ = self._share(p, sl, ids, logits, normalizer, terms)
+            return loss, {"loss/value": float(loss.detach()), "loss/tokens": float(p.mask[sl].sum())}
+
+        n = torch.tensor(float(len(items)), dtype=torch.float64)  # eq. 3 is a mean over sequences
+        up = learner_step(self.student, self.optimizer, self.lr_scheduler, p.rows, self.cfg, loss_fn, window=None,
+                          normalizer=n)
+        return {"loss/total": up.loss} | up.optim_metrics() | self._metrics(p, up.logprobs, terms)
 
     def weights(self) -> dict[str, torch.Tensor]:
         """A detached copy: the learner keeps training while workers load it."""

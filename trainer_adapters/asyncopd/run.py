@@ -30,10 +30,11 @@ from adwin.config import ASYNCOPD_LOSSES, AsyncOPDSection, TrainConfig, lag_of
 from adwin.controller.api import ControllerAPI
 from adwin.decode.static_cache import LEDGER as COMPILES
 from adwin.decode.static_cache import without_compiled
+from adwin.loop.learner import FaultCounter
 from adwin.loop.parts import Parts, load_parts, run_spec
 from adwin.probes.client import InlineAuditor
 from adwin.probes.settings import configure_audits
-from adwin.runtime.checkpoint import seed_everything
+from adwin.runtime.checkpoint import save_checkpoint, seed_everything
 from adwin.runtime.metrics_log import open_loggers
 from adwin.runtime.resilient_controller import controller_metrics, drain_controller
 from adwin.sampling.rollout import encode_prompts, eos_ids, pad_id_of
@@ -77,6 +78,14 @@ class AsyncOPDRun:
     lr_scheduler: Any
     optimizer: Any = None
     close: Callable[[], None] | None = None  # releases worker resources (Ray actors)
+    tokenizer: Any = None
+
+    def checkpoint(self, step: int) -> Path:
+        """The learner's student, optimizer and LR schedule with the controller's policy state, as
+        ``<run_dir>/checkpoint-<step>`` (the synchronous trainer's layout)."""
+        policy = self.hooks.controller.get_run(self.run_id).policy_state  # cached in an outage
+        return save_checkpoint(self.run_dir, step, self.learner.student, self.tokenizer, self.optimizer,
+                               self.lr_scheduler, policy)
 
 
 def build_asyncopd(cfg: TrainConfig, controller: ControllerAPI, *, parts: Parts | None = None,
@@ -113,18 +122,14 @@ def build_asyncopd(cfg: TrainConfig, controller: ControllerAPI, *, parts: Parts 
     else:  # "thread" (AsyncOPDSection.workers admits nothing else)
         engines = [engine_cls(without_compiled(copy.deepcopy(parts.student)), **engine_kw, seed=cfg.seed + 1000 * i)
                    for i in range(opts.rollout_workers)]
-    lc = cfg.loss
-    oapl = lc.name == "oapl"
+    oapl = cfg.loss.name == "oapl"
     learner: HFLearner | OAPLLearner
     if oapl:
         tok = parts.tokenizer
-        learner = OAPLLearner(parts.student, optimizer, lr_scheduler, pad_id=pad, width=width, options=lc.oapl,
-                              grad_clip=cfg.optim.grad_clip, checker=parts.checker,
-                              decode=lambda ids: tok.decode(ids, skip_special_tokens=True))
+        learner = OAPLLearner(parts.student, optimizer, lr_scheduler, cfg, pad_id=pad, width=width,
+                              checker=parts.checker, decode=lambda ids: tok.decode(ids, skip_special_tokens=True))
     else:
-        learner = HFLearner(parts.student, optimizer, lr_scheduler, pad_id=pad, width=width, loss=lc.name,
-                            aggregation=lc.aggregation, grad_clip=cfg.optim.grad_clip, is_method=lc.is_method,
-                            is_low=lc.is_low, is_high=lc.is_high, clip_low=lc.clip_low, clip_high=lc.clip_high)
+        learner = HFLearner(parts.student, optimizer, lr_scheduler, cfg, pad_id=pad, width=width)
     probing = cfg.probing
     hooks = ControllerWindowHooks(controller, run_id, max_len=r.max_response_len, probing=probing,
                                   report_steps=False, offer_finished=cfg.probes.offer_finished)
@@ -139,7 +144,7 @@ def build_asyncopd(cfg: TrainConfig, controller: ControllerAPI, *, parts: Parts 
     sched = AsyncOPDScheduler(scfg, prompt_source(parts, cfg.data.max_prompt_len), engines,
                               HFTeacherScorer(parts.teachers, pad), learner, hooks)
     return AsyncOPDRun(sched, hooks, learner, engines, opts, run_id, Path(cfg.out_dir) / cfg.name, lr_scheduler,
-                       optimizer, close)
+                       optimizer, close, parts.tokenizer)
 
 
 def run_asyncopd(cfg: TrainConfig, controller: ControllerAPI, *, parts: Parts | None = None,
@@ -154,15 +159,21 @@ def run_asyncopd(cfg: TrainConfig, controller: ControllerAPI, *, parts: Parts | 
     distribution, the permit bound as observed, probe/audit counts and the per-update history.
     ``built``: run what ``build_asyncopd`` returned (tests inspect the stages afterwards). ``enrich(step, m)``
     returns extra metrics merged into the step's row before it is logged (evaluation, token ledger).
-    ``"logged"`` holds the per-update rows as logged.
+    ``"logged"`` holds the per-update rows as logged. ``optim.max_bad_steps`` skipped (non-finite) updates in a
+    row stop the run with ``NumericalFault`` after a checkpoint of the last good state, as in the synchronous
+    trainer.
     """
     b = built or build_asyncopd(cfg, controller, parts=parts, options=options, profile=profile)
     ctl = b.hooks.controller  # the hooks' degraded-mode wrapper: telemetry survives an outage too
     sinks = open_loggers(cfg, b.run_dir, ctl, b.run_id)  # JSONL + the controller's step telemetry
+    faults = FaultCounter(cfg.optim.max_bad_steps)
     started = time.perf_counter()
 
     def log_step(step: int, m: dict[str, float]) -> None:
-        m = {**m, "optim/lr": b.lr_scheduler.get_last_lr()[0]}
+        m = {**m, "optim/lr": b.lr_scheduler.get_last_lr()[0]} | faults.record(bool(m["optim/skipped"]))
+        if faults.exhausted:  # skipped updates never touched the weights: this checkpoint is the last good state
+            sinks.log(step, m | controller_metrics(ctl))
+            raise faults.fault(step, b.checkpoint(step + 1))
         if enrich is not None:
             m |= enrich(step, m)
         m["time/wall"] = time.perf_counter() - started

@@ -26,7 +26,6 @@ from adwin.loop.evaluate import evaluate
 from adwin.loop.parts import Parts
 from adwin.loop.sampler import Sampler
 from adwin.loop.trainer import TrainResult
-from adwin.runtime.checkpoint import save_checkpoint
 from adwin.student.lora import LORA_EXPORT, export_lora
 from adwin.student.structure import is_lora
 from adwin.trainer_adapters.asyncopd.run import AsyncOPDRun, build_asyncopd, run_asyncopd
@@ -87,8 +86,7 @@ class _StepExtras:
             out |= self.final
         if last:
             b = self.built
-            save_checkpoint(b.run_dir, sched.version, self.parts.student, self.parts.tokenizer, b.optimizer,
-                            b.lr_scheduler, b.hooks.controller.get_run(b.run_id).policy_state)  # cached in an outage
+            b.checkpoint(sched.version)
             if is_lora(self.parts.student):  # as the sync trainer: the adapter and the merged student
                 export_lora(self.parts.student, self.parts.tokenizer, b.run_dir / LORA_EXPORT)
         out["time/eval"] = time.perf_counter() - t0

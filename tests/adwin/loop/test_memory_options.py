@@ -75,13 +75,6 @@ def test_bf16_autocast_trains_in_bf16_close_to_float32(monkeypatch: pytest.Monke
     assert_same_params(fp32, bf16, 1e-2)  # one step of lr 1e-3: the update's direction survives bf16
 
 
-@pytest.mark.parametrize("field, value", [("optim.micro_batch_size", 2), ("model.gradient_checkpointing", True),
-                                          ("model.autocast", "bf16")])
-def test_the_asyncopd_learner_refuses_the_memory_options_naming_the_field(field: str, value: object) -> None:
-    with pytest.raises(ValidationError, match=field.replace(".", r"\.")):
-        load_config(None, {"scheduler": "asyncopd", "loss.name": "reverse_kl_mc", field: value})
-
-
 def test_autocast_refuses_half_precision_weights_and_other_devices() -> None:
     with pytest.raises(ValidationError, match=r"model\.autocast"):
         load_config(None, {"model.autocast": "bf16", "model.dtype": "bfloat16"})

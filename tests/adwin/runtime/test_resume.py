@@ -139,7 +139,7 @@ def test_the_audit_schedule_survives_a_checkpoint() -> None:
     # audit.every / skip_margin: a resumed run skips the same batches the straight run would
     from adwin.audit.schedule import AuditSchedule
     from adwin.loop.accounting import TokenLedger
-    from adwin.loop.step import FaultCounter
+    from adwin.loop.learner import FaultCounter
     from adwin.probes.pool import ProbePool
     from adwin.runtime.resume import restore_run_state, run_state
     from adwin.tasks.prompts import BuiltinPrompts
