@@ -58,9 +58,11 @@ def test_the_direction_is_where_the_truth_lies_from_the_noise_reading(truth_wind
     assert sc.direction(truth_window, noise_window) == want
 
 
-def _case(where: str, truth: sc.Truth, noise: int, rule: np.ndarray) -> dict:
+def _case(where: str, truth: sc.Truth, noise: int, rule: np.ndarray, noise_rule: np.ndarray | None = None) -> dict:
+    """``noise``: the truth half's noise-reading window; ``noise_rule``: the replayed noise rule's (default it)."""
     shape = (10, 6)
-    noise_w, rule_w = np.full(shape, noise), np.broadcast_to(rule, shape)
+    rule_w = np.broadcast_to(rule, shape)
+    noise_w = np.broadcast_to(np.full(6, noise) if noise_rule is None else noise_rule, shape)
     return {"where": where, "direction": sc.direction(truth.window, noise),
             "replay": {"8": {"adwin": sc.score(rule_w, truth, HORIZON)}},
             "versus_noise": {"8": {"adwin": sc.difference(rule_w, noise_w, truth, HORIZON)}}}
@@ -81,8 +83,27 @@ def test_the_goals_are_met_not_met_or_without_a_checkpoint_to_judge() -> None:
     # the noise rule's own window where the truth is longer: never admissible, always unsafe
     like_noise = _case("d", longer, 512, np.full(6, 512))
     assert _status([at["longer"], like_noise])[sc.LONGER] == "not met"
+    # admissible on 5 decisions of 6, far above the noise rule, but below the truth's window on the sixth (17 %)
+    truth = sc.Truth(1024, {64: 0.2, 128: 0.3, 256: 0.4, 512: 0.5, 1024: 0.9}, HORIZON, 0.7, CANDS)
+    short_once = _case("f", truth, 512, np.array([512, 1024, 1024, 1024, 1024, 1024]))
+    assert short_once["replay"]["8"]["adwin"]["admissible"]["share"] == pytest.approx(5 / 6)
+    assert _status([short_once])[sc.LONGER] == "not met"
+    # admissible throughout, but so is the noise rule, whose audits read past the truth's window
+    as_noise = _case("g", truth, 512, np.full(6, 1024), noise_rule=np.full(6, 2048))
+    assert as_noise["versus_noise"]["8"]["adwin"]["admissible"]["ci"] == [0.0, 0.0]
+    assert _status([as_noise])[sc.LONGER] == "not met"
     # the truth's window on half the decisions, the horizon on the rest: more exact than the noise rule, but dearer
     dear = _case("e", shorter, 512, np.array([64, 2048] * 3))
     assert _status([dear])[sc.SHORTER] == "not met"
+    # on the truth's window more often than the noise rule, and cheaper, but on 128 (not admissible) the rest
+    dips = sc.Truth(64, {64: 0.9, 128: 0.5, 256: 0.5, 512: 0.8, 1024: 0.9}, HORIZON, 0.7, CANDS)
+    cheap = _case("h", dips, 512, np.array([64, 128] * 3))
+    assert cheap["versus_noise"]["8"]["adwin"]["exact"]["ci"][0] > 0 and _status([cheap])[sc.SHORTER] == "not met"
+    # cheaper than the noise rule and admissible, but never on the truth's window
+    assert _status([_case("i", shorter, 512, np.full(6, 128))])[sc.SHORTER] == "not met"
+    # never below the truth's window and more often admissible than the noise rule, but on 1,024 (not admissible)
+    # a third of the time
+    peak = sc.Truth(512, {64: 0.2, 128: 0.3, 256: 0.4, 512: 0.8, 1024: 0.5}, HORIZON, 0.7, CANDS)
+    assert _status([_case("j", peak, 256, np.array([512, 512, 1024] * 2))])[sc.LONGER] == "not met"
     (g,) = [g for g in sc.goals([at["longer"], like_noise], "adwin") if g["case"] == sc.LONGER]
     assert [c["met"] for c in g["checkpoints"]] == [True, False] and "admissible 0 %" in g["checkpoints"][1]["figures"]
