@@ -5,8 +5,8 @@
 Each ``gram-<step>.npz`` (``adwin bench audit-truth`` writes one per checkpoint) is split in halves
 (``adwin.audit.truth.split_pool``, ``--split``): the truth is read from one, and every rule below is replayed on the
 other through the product's ``adwin.bench.audit_replay.held_out``, beside the noise-reading rule, at the run's P and
-at 8, from the run's initial window (128 on a 320-token horizon, else 512: the suite's ``window.initial``),
-``--runs`` runs of 12 audits, ``--cadence`` steps between audits and no pooled audit older than ``--max-age`` (the
+at 8, from the run's initial window (saved with the pool; else 128 on a 320-token horizon and 512 otherwise: the
+suite's ``window.initial``), ``--runs`` runs of ``--audits`` audits, ``--cadence`` steps between audits and no pooled audit older than ``--max-age`` (the
 staleness limit). Prints per checkpoint the verdict (truth's window against the noise-reading window) and, per rule
 and cadence, the exact, admissible and unsafe shares and the cost.
 """
@@ -40,6 +40,7 @@ def main() -> None:
     p.add_argument("--cadence", default="1")
     p.add_argument("--max-age", type=int, default=5)
     p.add_argument("--runs", type=int, default=30)
+    p.add_argument("--audits", type=int, default=12)
     p.add_argument("--seed", type=int, default=1)
     p.add_argument("--split", choices=SPLITS, default="half")
     args = p.parse_args()
@@ -48,11 +49,12 @@ def main() -> None:
         ck = _load_npz(Path(path))
         cands, horizon = ck["candidates"], ck["horizon"]
         halves = truth.split_pool(ck["h"].shape[0], seed=args.seed)
-        initial = 128 if horizon == 320 else 512
+        # None: the largest candidate; pools saved before window.initial was recorded: the suite's
+        initial = ck["meta"]["initial"] if "initial" in ck["meta"] else (128 if horizon == 320 else 512)
         for i, (t, r) in enumerate([halves] if args.split == "half" else [halves, halves[::-1]]):
             for cadence in (int(c) for c in args.cadence.split(",")):
                 fold = held_out(ck["h"], cands, horizon, 0.7, truth_idx=t, replay_idx=r,
-                                p_run=sorted({int(ck["meta"]["probe_batch"]), 8}), audits=12, runs=args.runs,
+                                p_run=sorted({int(ck["meta"]["probe_batch"]), 8}), audits=args.audits, runs=args.runs,
                                 rng=rng, lengths=ck["lengths"], rules=RULES, initial=initial, cadence=cadence,
                                 max_age=args.max_age)
                 where = f"{ck['meta']['task']}@{ck['step']} fold {i + 1} cadence {cadence}"
