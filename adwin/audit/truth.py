@@ -8,7 +8,8 @@ per-sample pass of the model answers every question below:
 - the *population cosine* of each candidate: the debiased estimator (only cross-sample pairs, ``E = N(N-1)
   <mu_w, mu_F>``) on the whole pool, with its percentile-bootstrap interval;
 - the *pure-noise reading* ``sqrt(N_w / N_F)``: what the batch cosine reads when the samples share no signal
-  (``N_w``, ``N_F`` the same-sample energies of the prefix and the full response; ``noise_floor``);
+  (``N_w``, ``N_F`` the same-sample energies of the prefix and the full response; ``noise_floor``), or its
+  token-count form from the samples' response lengths alone (``token_floor``);
 - the *noise scale* ``tr(Sigma) / |mu|^2`` of the full gradient and its effective dimension;
 - what the batch and debiased estimators read at ``P`` samples (random subsets: mean, 10-90 %, the share at or
   above the threshold, debiased fallbacks);
@@ -18,7 +19,8 @@ per-sample pass of the model answers every question below:
 ``truth_window`` is the shortest candidate whose population cosine reaches the threshold (the horizon if none);
 ``identifiable`` says whether the pool sees the full gradient's mean at all (its signal z over the whole pool): where
 it does not, the population cosines are undefined or noise and no window is the truth's;
-``rung`` places a window on the ladder (candidates, then the horizon) so decisions are compared in rungs.
+``rung`` places a window on the ladder (candidates, then the horizon) so decisions are compared in rungs;
+``split_pool`` halves a pool so the truth and the replay that is scored against it read disjoint samples.
 docs/benchmarks.md, "Audit truth", has the tables these produce.
 """
 
@@ -50,7 +52,7 @@ def per_sample_grams(h: np.ndarray) -> np.ndarray:
 
 def subset_gram(h: np.ndarray, idx: np.ndarray, weights: np.ndarray | None = None) -> np.ndarray:
     """(S, S) batch Gram of the samples ``idx`` (optionally weighted: ``sum_ij w_i w_j H_ij``)."""
-    sub = h[np.ix_(idx, np.arange(h.shape[1]), idx, np.arange(h.shape[3]))]  # (p, S, p, S)
+    sub = sub_pool(h, idx)  # (p, S, p, S)
     if weights is None:
         return sub.sum(axis=(0, 2))
     return np.einsum("i,j,isjt->st", weights, weights, sub)
@@ -72,6 +74,33 @@ def noise_floor(sample_grams: np.ndarray | Sequence[np.ndarray], n_cands: int) -
     own = np.sum(np.asarray(sample_grams, dtype=np.float64), axis=0)  # (S, S)
     cos, _ = cosine_array(own, n_cands)
     return cos
+
+
+def token_floor(lengths: np.ndarray | Sequence[int], candidates: Sequence[int]) -> np.ndarray:
+    """(K,) the pure-noise reading from token counts alone: ``sqrt(sum_i min(L_i, c) / sum_i L_i)`` per candidate
+    ``c`` over the samples' response lengths ``L_i`` (a token's noise one unit: ``N_w`` and ``N_F`` as counts). It
+    reads no gradient, so a rule deciding on it decides on the response lengths only."""
+    lens = np.asarray(lengths, dtype=np.float64)  # (P,)
+    full = float(lens.sum())
+    if full <= 0:
+        raise ValueError("token_floor needs at least one response token")
+    return np.sqrt(np.array([np.minimum(lens, int(c)).sum() for c in candidates]) / full)
+
+
+def split_pool(n: int, *, seed: int) -> tuple[np.ndarray, np.ndarray]:
+    """Two disjoint halves of a pool of ``n`` samples, (truth's, replay's): a seeded permutation, the truth's half
+    taking the odd sample. Scoring a replay against the truth of the samples it read would reward the same-sample
+    noise both share."""
+    if n < 4:
+        raise ValueError(f"splitting a pool needs at least 4 samples, got {n}")
+    order = np.random.default_rng(seed).permutation(n)
+    cut = (n + 1) // 2
+    return np.sort(order[:cut]), np.sort(order[cut:])
+
+
+def sub_pool(h: np.ndarray, idx: np.ndarray) -> np.ndarray:
+    """(m, S, m, S) the cross Gram of the samples ``idx`` only."""
+    return h[np.ix_(idx, np.arange(h.shape[1]), idx, np.arange(h.shape[3]))]
 
 
 def signal_z(h: np.ndarray) -> float:

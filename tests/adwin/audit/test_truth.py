@@ -69,3 +69,24 @@ def test_a_pool_of_pure_noise_identifies_no_truth_and_a_shared_direction_does(se
     # noise scale 6 over 128 samples lies far above it
     assert not truth.identifiable(_h(128, 0.0, seed=seed))
     assert truth.identifiable(_h(128, np.sqrt(2048 / 6), seed=seed))
+
+
+@pytest.mark.parametrize("n", [4, 7, 128])
+def test_the_split_halves_are_disjoint_cover_the_pool_and_follow_the_seed(n: int) -> None:
+    t, r = truth.split_pool(n, seed=3)
+    assert np.intersect1d(t, r).size == 0 and sorted([*t, *r]) == list(range(n))
+    assert len(t) - len(r) in (0, 1)
+    again = truth.split_pool(n, seed=3)
+    assert np.array_equal(again[0], t) and np.array_equal(again[1], r)
+    if n > 7:
+        assert not np.array_equal(truth.split_pool(n, seed=4)[0], t)  # a random half, not the first one
+        assert not np.array_equal(t, np.arange(len(t)))
+    with pytest.raises(ValueError):
+        truth.split_pool(3, seed=0)
+
+
+def test_the_token_reading_is_the_square_root_of_the_prefix_token_share() -> None:
+    lengths = np.array([100, 300, 2048])
+    want = [np.sqrt(sum(min(x, c) for x in lengths) / lengths.sum()) for c in CANDS]
+    np.testing.assert_allclose(truth.token_floor(lengths, CANDS), want)
+    assert truth.token_floor([50, 60], CANDS)[0] == 1.0  # every response inside the shortest window
