@@ -130,3 +130,25 @@ def test_resume_cli_continues_an_asyncopd_run_from_its_latest_checkpoint(tmp_pat
     assert summary["steps"] == N // 2 and summary["asyncopd"]["batch_size"] == 4  # the two resumed updates
     assert latest_checkpoint(run_dir) == run_dir / f"checkpoint-{N}"
     assert [r["step"] for r in _rows(run_dir)] == list(range(N))
+
+
+def test_probes_in_flight_at_the_checkpoint_are_reported_dropped_when_the_run_resumes(tmp_path: Path) -> None:
+    """The thread pipeline with probes: they are never trained on, so resume drops the ones a checkpoint caught
+    mid-generation (the controller holds none of them as active afterwards) and the run goes on."""
+    cfg = _cfg(tmp_path, "probes", **{"window.policy": "adwin", "asyncopd.queue_depth": 1,
+                                      "asyncopd.rollout_workers": 2, "rollout.max_response_len": 24,
+                                      "window.candidates": [4, 24], "audit.budget": None,
+                                      "probes.staleness_limit": 3})
+    with pytest.raises(Crash):
+        train_asyncopd(cfg, Controller(), load_parts(cfg), on_step=_crash_after(N // 2))
+    run_dir = tmp_path / "probes" / "run"
+    ck = latest_checkpoint(run_dir)
+    assert ck is not None and ck.name == f"checkpoint-{N // 2}"
+    saved = torch.load(ck / "trainer_state.pt", weights_only=False)["extra"]["asyncopd"]
+    assert saved["dropped_probes"], "full-length probes beside 4-token windows: some are mid-generation"
+    ctl = open_resumed_controller(ck)
+    res = train_asyncopd(cfg, ctl, load_parts(cfg), resume=ck)
+    assert [h["step"] for h in res.history] == list(range(N // 2, N))
+    active = set(ctl.probe_plan(res.run_id, N).active)
+    assert not active & set(saved["dropped_probes"])
+    assert [r["step"] for r in _rows(run_dir)] == list(range(N))

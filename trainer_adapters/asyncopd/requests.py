@@ -67,9 +67,10 @@ class RequestStream:
         with self._lock:
             self._outstanding[req.seq] = (req, is_probe)
 
-    def done(self, seq: int) -> None:
+    def done(self, *seqs: int) -> None:
         with self._lock:
-            self._outstanding.pop(seq, None)
+            for seq in seqs:
+                self._outstanding.pop(seq, None)
 
     def state_dict(self) -> dict[str, Any]:
         """What to replay and which probes to drop; call it while the feeder is paused (a consistent cut)."""

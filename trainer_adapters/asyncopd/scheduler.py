@@ -6,7 +6,7 @@ Stages run concurrently on threads and talk through FIFO queues::
 
 - **Feeder**: for every request takes one permit from a ``PermitPool`` of ``(tau + 1) * B``, asks the
   window hooks for its plan (cap ``max_tokens``, probe or not; a probe gives its permit back) and
-  submits it to the shared rollout inbox.
+  submits it to the shared rollout inbox. A checkpoint pauses it between two submissions (``paused``).
 - **Rollout workers** (``worker.py``): continuous batching over up to ``worker_batch`` active requests, one
   token per request per ``engine.step``. Between steps a worker installs pending weights (keep-mode: active
   requests keep their prefix; the next token records a version breakpoint) and acknowledges.
@@ -216,8 +216,7 @@ class AsyncOPDScheduler:
                 self._submit(self.requests.next(), ticket, training)
 
     def _submit(self, req: Request, ticket: int, training: Counter[int]) -> None:
-        version, spec = self.version, req.spec
-        rid = req.request_id
+        version, spec, rid = self.version, req.spec, req.request_id
         plan = self.hooks.plan_request(rid, spec.prompt_id, version)
         if plan.is_probe:
             self.permits.release(1, unused=True)  # probes hold no learner permit
@@ -300,9 +299,8 @@ class AsyncOPDScheduler:
 
     def run(self, steps: int, on_step: Callable[[int, dict[str, float]], None] | None = None, *,
             start: int = 0) -> dict[str, Any]:
-        """Run learner updates ``start .. steps - 1``, then stop every stage; returns the scheduler summary.
-        ``start > 0`` resumes a checkpoint of ``start`` updates: the learner holds its weights (version
-        ``start``), the workers get them before any request."""
+        """Run learner updates ``start .. steps - 1``, then stop every stage; returns the scheduler summary. From a
+        checkpoint of ``start > 0`` updates the workers get the learner's weights (version ``start``) first."""
         if start:
             weights = self.learner.weights()
             for w in self.workers:  # their threads have not started: no request sees older weights
@@ -358,12 +356,11 @@ class AsyncOPDScheduler:
             if dropped:
                 self._log("discard", self.version, n=len(dropped), seqs=[it.seq for it in dropped])
                 self.permits.release(len(dropped))
-                for it in dropped:
-                    self.requests.done(it.seq)
+                self.requests.done(*(it.seq for it in dropped))
             if ready is not None:
                 batch = [it for g in ready for it in g]
+                self.requests.done(*(it.seq for it in batch))
                 for it in batch:
-                    self.requests.done(it.seq)
                     self._log("consume", self.version, seq=it.seq)
                 return batch
             self._check()

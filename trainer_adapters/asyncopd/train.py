@@ -1,7 +1,8 @@
 """``adwin train --scheduler asyncopd``: the AsyncOPD pipeline with the sync trainer's run conventions.
 
 Same run folder as the synchronous trainer (``runs/<name>/``: ``config.json``, ``metrics.jsonl`` with one
-namespaced row per learner update, ``summary.json``, a final checkpoint), the same evaluation cadence
+namespaced row per learner update, ``summary.json``, a checkpoint every ``checkpoint_every`` updates and at the
+end, which ``adwin train --resume`` continues: ``run.AsyncOPDRun``), the same evaluation cadence
 (``eval/*`` on step 0, every ``eval.every`` updates and on the last one, run on the dispatcher thread
 between two updates while rollout workers keep generating with their snapshots), and the same token
 ledger (``rollout/sync_tokens``, ``rollout/full_equiv_tokens``, ``probe/tokens_total``). On top of those,
