@@ -242,8 +242,6 @@ def _run(cfg: TrainConfig, profile: str, resume: Path | None, dist: Any) -> int:
         checkpoint = latest_checkpoint(resume)
         if checkpoint is None:
             raise ValueError(f"--resume {resume}: no complete checkpoint-<step> folder to resume from")
-        if cfg.scheduler != "sync":
-            raise ValueError(f"--resume supports the sync scheduler only, not {cfg.scheduler!r}")
         check_extension(checkpoint, cfg.steps, cfg.optim.schedule)
         check_resumable(checkpoint, dist.world, cfg.model.sharding, cfg.rollout.seeding)
     parts = load_parts(cfg, profile)  # loads and checks models, tokenizers and prompts before any training compute
@@ -257,7 +255,7 @@ def _run(cfg: TrainConfig, profile: str, resume: Path | None, dist: Any) -> int:
         if cfg.scheduler == "asyncopd":
             from adwin.trainer_adapters.asyncopd.train import train_asyncopd
 
-            result = train_asyncopd(cfg, controller, parts, on_step=bar.update if bar else None)
+            result = train_asyncopd(cfg, controller, parts, on_step=bar.update if bar else None, resume=checkpoint)
         else:
             result = train(cfg, controller, parts, on_step=bar.update if bar else None, resume=checkpoint, dist=dist)
     finally:

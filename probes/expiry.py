@@ -1,9 +1,11 @@
 """The staleness limit's two clean-ups of a probe client's pool: unfinished probes a controller outage left
-past ``S`` (``drop_overstale``) and complete probes no batch will name any more (``evict_expired``)."""
+past ``S`` (``drop_overstale``) and complete probes no batch will name any more (``evict_expired``); and the
+report of probes that will never complete (``drop_probes``)."""
 
 from __future__ import annotations
 
 import logging
+from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
 from adwin.controller.api import ControllerError
@@ -21,16 +23,23 @@ def drop_overstale(client: ProbeClient, version: int) -> int:
     stale = [p for p in client.pool.snapshot() if not p.finished and p.staleness(version) > client.staleness_limit]
     if not stale:
         return 0
-    client._release(len(stale))
-    for p in client.pool.pop([p.probe_id for p in stale]):
-        try:
-            report = ProbeReportIn(probe_id=p.probe_id, step=version, tokens_added=0, version=version, dropped=True)
-            client.controller.report_probe(client.run_id, report, idempotency_key=f"{client.run_id}-drop-{p.probe_id}")
-        except ControllerError as e:  # e.g. the controller no longer holds it as active: nothing to undo
-            log.warning("probe %s: drop report refused (%s)", p.probe_id, e)
+    drop_probes(client, [p.probe_id for p in client.pool.pop([p.probe_id for p in stale])], version)
     log.warning("dropped %d probe(s) over the staleness limit S=%d at version %d (missed rounds, e.g. a "
                 "controller outage)", len(stale), client.staleness_limit, version)
     return len(stale)
+
+
+def drop_probes(client: ProbeClient, probe_ids: Sequence[str], version: int) -> int:
+    """Report probes that will never complete dropped (their generation was lost: an outage, or the in-flight
+    probes of a resumed AsyncOPD run); returns how many."""
+    client._release(len(probe_ids))
+    for pid in probe_ids:
+        try:
+            report = ProbeReportIn(probe_id=pid, step=version, tokens_added=0, version=version, dropped=True)
+            client.controller.report_probe(client.run_id, report, idempotency_key=f"{client.run_id}-drop-{pid}")
+        except ControllerError as e:  # e.g. the controller no longer holds it as active: nothing to undo
+            log.warning("probe %s: drop report refused (%s)", pid, e)
+    return len(probe_ids)
 
 
 def evict_expired(client: ProbeClient, version: int) -> int:

@@ -2,7 +2,8 @@
 
 Saved (in ``trainer_state.pt`` under ``extra``): the prompt stream position, the probe pool with every
 active probe's prompt, prefix, per-token versions and behavior logprobs (probes are *saved*, not dropped),
-the token ledger and the fault counters. ``state.json`` names the controller run id and the initial
+the token ledger and the fault counters; the AsyncOPD scheduler adds its request stream
+(``adwin.trainer_adapters.asyncopd.requests``). ``state.json`` names the controller run id and the initial
 evaluation.
 
 Window policy state: the embedded controller's whole SQLite database is snapshotted into the checkpoint
@@ -19,6 +20,7 @@ import dataclasses
 import json
 import logging
 import shutil
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -143,9 +145,10 @@ def check_extension(checkpoint: Path, steps: int, schedule: str) -> None:
 
 def resume_from(checkpoint: Path, model: Any, optimizer: Any, scheduler: Any, pool: Any, ledger: Any,
                 prompts: Any, faults: Any, schedule: Any = None, budget: Any = None, *,
-                lora: bool) -> tuple[dict[str, float], int]:
+                lora: bool, on_extra: Callable[[dict[str, Any]], None] | None = None) -> tuple[dict[str, float], int]:
     """Load everything back in place; RNG states last. Returns the run's initial evaluation and the next step.
-    ``lora``: the student is a LoRA one (``adwin.student.structure.is_lora``), which resumes from its adapter only."""
+    ``lora``: the student is a LoRA one (``adwin.student.structure.is_lora``), which resumes from its adapter only.
+    ``on_extra``: receives the saved run state (``extra``), for what a scheduler adds to ``run_state``'s."""
     from adwin.runtime.checkpoint import load_checkpoint, load_weights
     from adwin.runtime.sharded_checkpoint import is_sharded_checkpoint, load_sharded
 
@@ -155,5 +158,7 @@ def resume_from(checkpoint: Path, model: Any, optimizer: Any, scheduler: Any, po
         load_weights(checkpoint, model, lora=lora)
     state = load_checkpoint(checkpoint, optimizer, scheduler)
     restore_run_state(state["extra"], pool, ledger, prompts, faults, schedule, budget)
+    if on_extra is not None:
+        on_extra(state["extra"])
     log.info("resumed from %s at step %d (%d probes restored)", checkpoint, state["step"], len(pool))
     return dict(state.get("initial_eval") or {}), int(state["step"])

@@ -22,7 +22,7 @@ import logging
 import threading
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -30,15 +30,26 @@ from adwin.config import ASYNCOPD_LOSSES, AsyncOPDSection, TrainConfig, lag_of
 from adwin.controller.api import ControllerAPI
 from adwin.decode.static_cache import LEDGER as COMPILES
 from adwin.decode.static_cache import without_compiled
+from adwin.loop.accounting import TokenLedger
 from adwin.loop.learner import FaultCounter
 from adwin.loop.parts import Parts, load_parts, run_spec
 from adwin.probes.client import InlineAuditor
+from adwin.probes.expiry import drop_probes
 from adwin.probes.settings import configure_audits
 from adwin.runtime.checkpoint import save_checkpoint, seed_everything
 from adwin.runtime.metrics_log import open_loggers
 from adwin.runtime.resilient_controller import controller_metrics, drain_controller
+from adwin.runtime.resume import (
+    CONTROLLER_DB,
+    read_state,
+    resume_from,
+    run_state,
+    snapshot_controller,
+    truncate_metrics,
+)
 from adwin.sampling.rollout import encode_prompts, eos_ids, pad_id_of
 from adwin.student.optimizer import build_optimizer
+from adwin.student.structure import is_lora
 from adwin.trainer_adapters.asyncopd.hf import (
     HFLearner,
     HFRolloutEngine,
@@ -66,7 +77,7 @@ def prompt_source(parts: Parts, max_prompt_len: int) -> Callable[[], PromptSpec]
 
 @dataclass
 class AsyncOPDRun:
-    """Everything ``build_asyncopd`` wired, before it runs."""
+    """Everything ``build_asyncopd`` wired, before it runs; ``start``: the updates a resumed checkpoint had done."""
 
     scheduler: AsyncOPDScheduler
     hooks: ControllerWindowHooks
@@ -79,26 +90,60 @@ class AsyncOPDRun:
     optimizer: Any = None
     close: Callable[[], None] | None = None  # releases worker resources (Ray actors)
     tokenizer: Any = None
+    controller: Any = None  # the one passed in: an embedded controller's database goes into checkpoints
+    prompts: Any = None  # the training prompt stream (its position is run state)
+    ledger: TokenLedger = field(default_factory=lambda: TokenLedger(1))
+    faults: FaultCounter = field(default_factory=lambda: FaultCounter(3))
+    initial_eval: dict[str, float] = field(default_factory=dict)
+    start: int = 0
 
     def checkpoint(self, step: int) -> Path:
-        """The learner's student, optimizer and LR schedule with the controller's policy state, as
-        ``<run_dir>/checkpoint-<step>`` (the synchronous trainer's layout)."""
-        policy = self.hooks.controller.get_run(self.run_id).policy_state  # cached in an outage
-        return save_checkpoint(self.run_dir, step, self.learner.student, self.tokenizer, self.optimizer,
-                               self.lr_scheduler, policy)
+        """``<run_dir>/checkpoint-<step>`` in the synchronous trainer's layout with its run state
+        (``adwin.runtime.resume``) and the request stream's (``requests.RequestStream``), taken between two
+        updates with the feeder paused, so the prompt position, the requests to replay and the controller's
+        database are one consistent cut (docs/decisions.md, "Resuming AsyncOPD")."""
+        client = self.hooks.client
+        with self.scheduler.paused():
+            policy = self.hooks.controller.get_run(self.run_id).policy_state  # cached in an outage
+            extra = run_state(client.pool, self.ledger, self.prompts, self.faults, client.schedule, client.budget)
+            extra["asyncopd"] = self.scheduler.requests.state_dict()
+            return save_checkpoint(
+                self.run_dir, step, self.learner.student, self.tokenizer, self.optimizer, self.lr_scheduler, policy,
+                extra=extra, meta={"run_id": self.run_id, "initial_eval": self.initial_eval, "world_size": 1,
+                                   "sharding": "ddp"},
+                write_files=lambda d: snapshot_controller(self.controller, d / CONTROLLER_DB))
+
+    def resume(self, checkpoint: Path) -> None:
+        """Load ``checkpoint`` back in place (``adwin.runtime.resume.resume_from``, RNG streams last) and set
+        ``start``; the in-flight probes it lists are reported dropped."""
+        client, extra = self.hooks.client, {}
+        self.initial_eval, self.start = resume_from(
+            checkpoint, self.learner.student, self.optimizer, self.lr_scheduler, client.pool, self.ledger,
+            self.prompts, self.faults, client.schedule, client.budget, lora=is_lora(self.learner.student),
+            on_extra=extra.update)
+        requests = extra["asyncopd"]
+        self.scheduler.requests.load_state_dict(requests)
+        dropped = drop_probes(client, requests["dropped_probes"], self.start)
+        log.info("asyncopd resumes at update %d: %d request(s) to generate again, %d in-flight probe(s) dropped",
+                 self.start, len(requests["replay"]), dropped)
 
 
 def build_asyncopd(cfg: TrainConfig, controller: ControllerAPI, *, parts: Parts | None = None,
                    options: AsyncOPDSection | None = None, profile: str = "default",
-                   engine_cls: type[HFRolloutEngine] = HFRolloutEngine) -> AsyncOPDRun:
-    """Register the run and build the stages; ``engine_cls`` is the seam for another rollout engine."""
+                   engine_cls: type[HFRolloutEngine] = HFRolloutEngine, resume: Path | None = None) -> AsyncOPDRun:
+    """Register the run and build the stages; ``engine_cls`` is the seam for another rollout engine.
+    ``resume``: a checkpoint of this run (its controller reopened on the checkpoint's database,
+    ``adwin.runtime.resume.open_resumed_controller``): the run keeps its id and continues that state
+    (``AsyncOPDRun.resume``); rollout engines draw from seeds of the resumed update, not the start's again."""
     if cfg.loss.name not in ASYNCOPD_LOSSES:  # the config refuses it too; a hand-built config may not
         raise ValueError(f"--scheduler asyncopd trains with {ASYNCOPD_LOSSES} (old-to-current IS on cached "
                          f"behavior logprobs, or OAPL), not loss.name={cfg.loss.name!r}")
     opts = options or cfg.asyncopd
     parts = parts or load_parts(cfg, profile)
     seed_everything(cfg.seed)
-    run_id = controller.register_run(run_spec(cfg)).run_id
+    state = read_state(resume) if resume is not None else None
+    run_id = state["run_id"] if state else controller.register_run(run_spec(cfg)).run_id
+    seed = cfg.seed + 1_000_003 * (int(state["step"]) if state else 0)  # per worker: + 1000 * i
     optimizer, lr_scheduler = build_optimizer(cfg, parts.student)
     eos = eos_ids(parts.student, parts.tokenizer)
     pad = pad_id_of(parts.tokenizer, eos)
@@ -112,15 +157,15 @@ def build_asyncopd(cfg: TrainConfig, controller: ControllerAPI, *, parts: Parts 
         from adwin.trainer_adapters.asyncopd.vllm import vllm_engines
 
         engines = vllm_engines(str(parts.student.name_or_path), opts.rollout_workers, eos=set(eos),
-                               temperature=r.temperature, top_p=r.top_p, mc_samples=m, seed=cfg.seed,
+                               temperature=r.temperature, top_p=r.top_p, mc_samples=m, seed=seed,
                                dtype=cfg.model.dtype, gpu_memory_utilization=cfg.model.vllm_gpu_memory)
     elif opts.workers == "ray":
         from adwin.trainer_adapters.asyncopd.ray_engine import ray_engines
 
-        engines, close = ray_engines(parts.student, opts.rollout_workers, engine_kw, seed=cfg.seed,
+        engines, close = ray_engines(parts.student, opts.rollout_workers, engine_kw, seed=seed,
                                      address=opts.ray_address, engine_cls=engine_cls)
     else:  # "thread" (AsyncOPDSection.workers admits nothing else)
-        engines = [engine_cls(without_compiled(copy.deepcopy(parts.student)), **engine_kw, seed=cfg.seed + 1000 * i)
+        engines = [engine_cls(without_compiled(copy.deepcopy(parts.student)), **engine_kw, seed=seed + 1000 * i)
                    for i in range(opts.rollout_workers)]
     oapl = cfg.loss.name == "oapl"
     learner: HFLearner | OAPLLearner
@@ -143,8 +188,12 @@ def build_asyncopd(cfg: TrainConfig, controller: ControllerAPI, *, parts: Parts 
                            sync_every=lag_of(cfg), groups=oapl)
     sched = AsyncOPDScheduler(scfg, prompt_source(parts, cfg.data.max_prompt_len), engines,
                               HFTeacherScorer(parts.teachers, pad), learner, hooks)
-    return AsyncOPDRun(sched, hooks, learner, engines, opts, run_id, Path(cfg.out_dir) / cfg.name, lr_scheduler,
-                       optimizer, close, parts.tokenizer)
+    built = AsyncOPDRun(sched, hooks, learner, engines, opts, run_id, Path(cfg.out_dir) / cfg.name, lr_scheduler,
+                        optimizer, close, parts.tokenizer, controller, parts.train_prompts,
+                        TokenLedger(r.max_response_len), FaultCounter(cfg.optim.max_bad_steps))
+    if resume is not None:
+        built.resume(resume)  # last: it restores the RNG streams
+    return built
 
 
 def run_asyncopd(cfg: TrainConfig, controller: ControllerAPI, *, parts: Parts | None = None,
@@ -165,8 +214,10 @@ def run_asyncopd(cfg: TrainConfig, controller: ControllerAPI, *, parts: Parts | 
     """
     b = built or build_asyncopd(cfg, controller, parts=parts, options=options, profile=profile)
     ctl = b.hooks.controller  # the hooks' degraded-mode wrapper: telemetry survives an outage too
+    if b.start:
+        truncate_metrics(b.run_dir, b.start)  # rows the stopped run logged after its checkpoint come again
     sinks = open_loggers(cfg, b.run_dir, ctl, b.run_id)  # JSONL + the controller's step telemetry
-    faults = FaultCounter(cfg.optim.max_bad_steps)
+    faults = b.faults
     started = time.perf_counter()
 
     def log_step(step: int, m: dict[str, float]) -> None:
@@ -180,11 +231,13 @@ def run_asyncopd(cfg: TrainConfig, controller: ControllerAPI, *, parts: Parts | 
         m |= controller_metrics(ctl)  # controller/* gauges (degraded mode)
         m |= COMPILES.step_metrics()  # rollout.compile in this process (Ray workers compile in theirs)
         sinks.log(step, m)
+        if (cfg.checkpoint_every and (step + 1) % cfg.checkpoint_every == 0) or step == cfg.steps - 1:
+            b.checkpoint(step + 1)  # after logging, so the controller snapshot holds this update's telemetry
         if on_step is not None:
             on_step(step, m)
 
     try:
-        out = b.scheduler.run(cfg.steps, on_step=log_step)
+        out = b.scheduler.run(cfg.steps, on_step=log_step, start=b.start)
     finally:
         sinks.close()
         if b.close is not None:

@@ -6,7 +6,7 @@ Stages run concurrently on threads and talk through FIFO queues::
 
 - **Feeder**: for every request takes one permit from a ``PermitPool`` of ``(tau + 1) * B``, asks the
   window hooks for its plan (cap ``max_tokens``, probe or not; a probe gives its permit back) and
-  submits it to the shared rollout inbox.
+  submits it to the shared rollout inbox. A checkpoint pauses it between two submissions (``paused``).
 - **Rollout workers** (``worker.py``): continuous batching over up to ``worker_batch`` active requests, one
   token per request per ``engine.step``. Between steps a worker installs pending weights (keep-mode: active
   requests keep their prefix; the next token records a version breakpoint) and acknowledges.
@@ -43,6 +43,7 @@ import threading
 import time
 from collections import Counter
 from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -62,6 +63,7 @@ from adwin.trainer_adapters.asyncopd.metrics import (
     staleness_summary,
 )
 from adwin.trainer_adapters.asyncopd.permits import PermitPool
+from adwin.trainer_adapters.asyncopd.requests import Request, RequestStream
 from adwin.trainer_adapters.asyncopd.worker import RolloutWorker
 from adwin.trainer_adapters.hooks import WindowHooks
 
@@ -130,7 +132,9 @@ class AsyncOPDScheduler:
     ) -> None:
         if not engines:
             raise ValueError("at least one rollout engine is needed")
-        self.cfg, self.prompts, self.teacher, self.learner, self.hooks = cfg, prompts, teacher, learner, hooks
+        self.cfg, self.teacher, self.learner, self.hooks = cfg, teacher, learner, hooks
+        self.requests = RequestStream(prompts, cfg.samples_per_prompt)
+        self._feed_lock = threading.Lock()
         self.permits = PermitPool((cfg.queue_depth + 1) * cfg.batch_size)
         self.inbox: queue.Queue[StreamItem] = queue.Queue()
         self.teacher_q: queue.Queue[StreamItem] = queue.Queue()
@@ -200,41 +204,43 @@ class AsyncOPDScheduler:
 
     # --------------------------------------------------------------------------------------- stages
 
-    def _requests(self) -> Iterator[tuple[PromptSpec, int, int]]:
-        """(prompt, sample index, prompt group) for every request, group by group."""
-        group = 0
-        while True:
-            spec = self.prompts()
-            for k in range(self.cfg.samples_per_prompt):
-                yield spec, k, group
-            group += 1
-
     def _feed(self) -> None:
-        n_train = 0  # training requests of the current group so far
-        for spec, k, group in self._requests():
+        training: Counter[int] = Counter()  # training requests of each open group so far
+        while True:
             ticket = self.permits.acquire(timeout=self.cfg.poll_s * 5)
             while ticket is None:
                 self._check()
                 ticket = self.permits.acquire(timeout=self.cfg.poll_s * 5)
-            self._check()
-            version = self.version
-            seq = self._submitted
-            rid = f"r{seq}-{spec.prompt_id}-{k}"
-            plan = self.hooks.plan_request(rid, spec.prompt_id, version)
-            if plan.is_probe:
-                self.permits.release(1, unused=True)  # probes hold no learner permit
-            item = StreamItem(rid, seq, spec.prompt_id, list(spec.prompt_ids), spec.route, plan.window,
-                              plan.max_tokens, plan.is_probe, version, group=-1 if plan.is_probe else group,
-                              answer=spec.answer)
-            if plan.is_probe:
-                with self._elock:
-                    self._inflight_probes[rid] = item
-            n_train = (0 if k == 0 else n_train) + int(not plan.is_probe)
-            if self.groups is not None and k == self.cfg.samples_per_prompt - 1:
-                self.groups.expect(group, n_train)  # before the last request can complete
-            self._submitted += 1
-            self._log("submit", version, seq=seq, request_id=rid, probe=plan.is_probe, ticket=ticket)
-            self.inbox.put(item)
+            with self._feed_lock:  # a checkpoint (``paused``) sees either all of a submission or none of it
+                self._check()
+                self._submit(self.requests.next(), ticket, training)
+
+    def _submit(self, req: Request, ticket: int, training: Counter[int]) -> None:
+        version, spec, rid = self.version, req.spec, req.request_id
+        plan = self.hooks.plan_request(rid, spec.prompt_id, version)
+        if plan.is_probe:
+            self.permits.release(1, unused=True)  # probes hold no learner permit
+        item = StreamItem(rid, req.seq, spec.prompt_id, list(spec.prompt_ids), spec.route, plan.window,
+                          plan.max_tokens, plan.is_probe, version, group=-1 if plan.is_probe else req.group,
+                          answer=spec.answer)
+        if plan.is_probe:
+            with self._elock:
+                self._inflight_probes[rid] = item
+        training[req.group] += int(not plan.is_probe)
+        if req.closes_group:
+            n_train = training.pop(req.group)
+            if self.groups is not None:
+                self.groups.expect(req.group, n_train)  # before the last request can complete
+        self.requests.submitted(req, plan.is_probe)
+        self._submitted += 1
+        self._log("submit", version, seq=req.seq, request_id=rid, probe=plan.is_probe, ticket=ticket)
+        self.inbox.put(item)
+
+    @contextmanager
+    def paused(self) -> Iterator[None]:
+        """The feeder submits nothing inside (it may hold a permit); rollout, teacher and learner go on."""
+        with self._feed_lock:
+            yield
 
     def _score(self) -> None:
         while True:
@@ -291,9 +297,16 @@ class AsyncOPDScheduler:
         self.permits.open_gate()
         return decision.metrics
 
-    def run(self, steps: int, on_step: Callable[[int, dict[str, float]], None] | None = None) -> dict[str, Any]:
-        """Run ``steps`` learner updates, then stop every stage; returns the scheduler summary."""
-        decision = self.hooks.on_sync(0)
+    def run(self, steps: int, on_step: Callable[[int, dict[str, float]], None] | None = None, *,
+            start: int = 0) -> dict[str, Any]:
+        """Run learner updates ``start .. steps - 1``, then stop every stage; returns the scheduler summary. From a
+        checkpoint of ``start > 0`` updates the workers get the learner's weights (version ``start``) first."""
+        if start:
+            weights = self.learner.weights()
+            for w in self.workers:  # their threads have not started: no request sees older weights
+                w.engine.load_weights(weights, start)
+            self.version = self.inference_version = start
+        decision = self.hooks.on_sync(start)
         self.window = decision.window
         for w in self.workers:
             w.thread.start()
@@ -301,7 +314,7 @@ class AsyncOPDScheduler:
             t.start()
         updates = 0
         try:
-            for step in range(steps):
+            for step in range(start, steps):
                 m = self._one_update(step, last=step == steps - 1)
                 updates += 1
                 if on_step is not None:
@@ -316,6 +329,7 @@ class AsyncOPDScheduler:
     def _probe_done(self, it: StreamItem) -> None:
         with self._elock:
             self._inflight_probes.pop(it.request_id, None)
+        self.requests.done(it.seq)
         self.n_probes_completed += 1
         self._probes_since.append(it)
         self.hooks.on_probe_complete(it, self.version)
@@ -328,6 +342,7 @@ class AsyncOPDScheduler:
                 self._probe_done(it)
                 continue
             batch.append(it)
+            self.requests.done(it.seq)
             self._log("consume", self.version, seq=it.seq)
         return batch
 
@@ -341,8 +356,10 @@ class AsyncOPDScheduler:
             if dropped:
                 self._log("discard", self.version, n=len(dropped), seqs=[it.seq for it in dropped])
                 self.permits.release(len(dropped))
+                self.requests.done(*(it.seq for it in dropped))
             if ready is not None:
                 batch = [it for g in ready for it in g]
+                self.requests.done(*(it.seq for it in batch))
                 for it in batch:
                     self._log("consume", self.version, seq=it.seq)
                 return batch
