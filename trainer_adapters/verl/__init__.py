@@ -2,6 +2,7 @@
 
 Nothing here imports verl at package import: ``fields``, ``driver``, ``rows``, ``rollout``, ``settings`` and
 ``support`` run without it (the driver is verl-free bookkeeping over rows; ``support`` checks verl's config),
-while ``agent_loop``, ``loss``, ``actor`` and ``trainer`` import verl and are only imported by a verl process. docs/adapters.md ("verl") has the recipe; docs/decisions.md ("verl: where adwin plugs
-in") says why the audit is a worker method.
+while ``agent_loop``, ``loss``, ``actor``, ``trainer``, ``task_runner`` and ``main`` (the launcher: ``python -m
+adwin.trainer_adapters.verl.main``) import verl and are only imported by a verl process. docs/adapters.md ("verl") has
+the recipe; docs/decisions.md ("verl: where adwin plugs in") says why the audit is a worker method.
 """
