@@ -23,7 +23,7 @@ from typing import Any
 from omegaconf import OmegaConf
 from verl.trainer.ppo.ray_trainer import RayPPOTrainer
 
-from adwin.trainer_adapters.verl.driver import VerlWindowDriver, WorkerAuditor
+from adwin.trainer_adapters.verl.driver import WorkerAuditor
 from adwin.trainer_adapters.verl.rollout import AdwinRolloutManager
 from adwin.trainer_adapters.verl.settings import adwin_config
 from adwin.trainer_adapters.verl.support import check_verl_config
@@ -41,11 +41,9 @@ class AdwinRayPPOTrainer(RayPPOTrainer):
         super().init_workers()
         horizon = int(self.config.actor_rollout_ref.rollout.response_length)
         per_step = int(self.config.data.train_batch_size) * int(self.config.actor_rollout_ref.rollout.n)
-        self.adwin = VerlWindowDriver(cfg.build_controller(), cfg.run_spec(horizon), max_len=horizon,
-                                      auditor=WorkerAuditor(self._adwin_audit), audit=cfg.audit,
-                                      model_params=cfg.model_params, rollouts_per_step=per_step)
-        log.info("adwin: run %s, horizon %d, candidates %s, controller %s", self.adwin.run_id, horizon, cfg.candidates,
-                 cfg.controller or "embedded")
+        self.adwin = cfg.driver(horizon, WorkerAuditor(self._adwin_audit), rollouts_per_step=per_step)
+        log.info("adwin: run %s, horizon %d, candidates %s, a probe step every %d, controller %s", self.adwin.run_id,
+                 horizon, cfg.candidates, cfg.probe_every, cfg.controller or "embedded")
         # verl counts steps from 1; the learner version of step t's generation is t - 1 updates
         self.async_rollout_manager = AdwinRolloutManager(self.async_rollout_manager, self.adwin,
                                                          lambda: self.global_steps - 1)
