@@ -49,11 +49,14 @@ class _AdwinTaskRunner(v0.TaskRunner.__ray_actor_class__):  # type: ignore[name-
             self.role_worker_mapping[role] = ray.remote(AdwinActorRolloutRefWorker)
         return AdwinActorRolloutRefWorker, group_cls
 
-    def run(self, config: Any) -> None:
+    def trainer_class(self) -> type:
         from adwin.trainer_adapters.verl.trainer import AdwinRayPPOTrainer
 
+        return AdwinRayPPOTrainer
+
+    def run(self, config: Any) -> None:
         check_verl_config(config)  # in this process too: a config may reach run_ppo by another main
-        with _trainer_class(AdwinRayPPOTrainer):
+        with _trainer_class(self.trainer_class()):
             super().run(config)
 
 
