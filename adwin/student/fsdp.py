@@ -35,9 +35,10 @@ Precision (``MixedPrecisionPolicy``): ``model.autocast: bf16`` gathers the layer
 (``param_dtype``) and reduces gradients in float32 over float32 shards; ``model.dtype`` bfloat16/float16
 keeps the weights in that dtype and reduces in float32; float32 without autocast casts nothing.
 
-``RESHARD_LAYERS`` / ``RESHARD_ROOT`` are the ``reshard_after_forward`` values the student is sharded with
-and ``full_weights`` puts back: decoder layers free their gathered weights after their forward, the root
-(embeddings, final norm, head) keeps them, which its backward needs at once.
+``RESHARD_LAYERS`` / ``RESHARD_ROOT`` are the ``reshard_after_forward`` values ``shard_student`` shards with:
+decoder layers free their gathered weights after their forward, the root (embeddings, final norm, head) keeps
+them, which its backward needs at once. ``full_weights`` puts back whatever settings it found, so a model
+sharded by someone else (verl's FSDP2 actor, whose root reshards after forward) leaves as it came.
 
 This module sits in the bottom layer, beside the engines, because the audit and the sampler need
 ``full_weights``; so it reads the run's config and ranks by what they hold (``cfg.model``, ``dist.world``)
@@ -132,13 +133,15 @@ def full_weights(model: torch.nn.Module) -> Iterator[None]:
 
     Every rank must enter and leave together. Re-entrant: an inner ``full_weights`` of the same model does
     nothing. Gradients taken inside (``torch.autograd.grad``) are of the whole parameters and are never
-    reduce-scattered: nothing is written to ``.grad``, which FSDP would reduce.
+    reduce-scattered: nothing is written to ``.grad``, which FSDP would reduce. Every FSDP module leaves with the
+    resharding settings it came with (module docstring).
     """
     root = fsdp_root(model)
     if root is None or getattr(root, _DEPTH, 0):
         yield
         return
     mods = fsdp_modules(root)
+    found = [_reshard_settings(m) for m in mods]  # put back on exit, whoever sharded the model and how
     for m in mods:
         m.unshard()
         m.set_reshard_after_forward(False, recurse=False)
@@ -158,10 +161,27 @@ def full_weights(model: torch.nn.Module) -> Iterator[None]:
         else:
             setattr(root, _MANAGED, managed)
         setattr(root, _DEPTH, 0)
-        for m in mods:
-            m.set_reshard_after_forward(RESHARD_ROOT if m is root else RESHARD_LAYERS, recurse=False)
-            m.set_reshard_after_backward(True, recurse=False)
+        for m, settings in zip(mods, found, strict=True):
+            _restore_reshard_settings(m, settings)
             m.reshard()
+
+
+def _reshard_settings(module: Any) -> tuple[Any, list[tuple[Any, bool]]]:
+    """What ``full_weights`` changes on one FSDP module: per parameter group, where it reshards after forward
+    (``post_forward_mesh_info``: None for no resharding, else the mesh, which an integer ``reshard_after_forward``
+    makes a smaller one) and whether after backward, and the root's automatic choice, which
+    ``set_reshard_after_forward`` switches off. FSDP2 has no public getter for them."""
+    state = module._get_fsdp_state()
+    groups = [(g.post_forward_mesh_info, g.reshard_after_backward) for g in state._fsdp_param_groups]
+    return state._auto_reshard_after_forward, groups
+
+
+def _restore_reshard_settings(module: Any, settings: tuple[Any, list[tuple[Any, bool]]]) -> None:
+    auto, groups = settings
+    state = module._get_fsdp_state()
+    state._auto_reshard_after_forward = auto
+    for g, (post_forward, after_backward) in zip(state._fsdp_param_groups, groups, strict=True):
+        g.post_forward_mesh_info, g.reshard_after_backward = post_forward, after_backward
 
 
 def full_tensor(t: torch.Tensor) -> torch.Tensor:

@@ -5,7 +5,8 @@ a Ray worker that has not imported this module finds it through ``agent.agent_lo
 The row's ``adwin_max_tokens`` field (set by the driver: the window, or the horizon on a probe copy) becomes the
 request's ``max_tokens``; a probe copy (``adwin_probe``) always goes out at the full ``rollout.response_length``. The
 fields go back in the sample's ``extra_fields``, so the driver can tell probe copies from training rows in verl's
-output batch. A row without them is generated as ``SingleTurnAgentLoop`` does. A cap that is not an integer in
+output batch, and which prompt each row came from (``adwin_prompt``, verl's ``uid``), whatever verl's reward
+setup. A row without them is generated as ``SingleTurnAgentLoop`` does. A cap that is not an integer in
 ``[1, response_length]`` is a ``BadWindow`` before any request is sent. A trainer config adwin cannot run under is
 refused by name when the loop is built (``support.check_verl_config``): under verl's v1 trainer, which builds no
 adwin driver, this loop is the one piece of adwin that runs, so ``trainer.use_v1=true`` is refused here.
@@ -18,7 +19,15 @@ from typing import Any
 from verl.experimental.agent_loop.agent_loop import AgentLoopOutput, register
 from verl.experimental.agent_loop.single_turn_agent_loop import SingleTurnAgentLoop
 
-from adwin.trainer_adapters.verl.fields import MAX_TOKENS, PROBE, REQUEST, WINDOW, check_window, scalar
+from adwin.trainer_adapters.verl.fields import (
+    MAX_TOKENS,
+    PROBE,
+    PROMPT,
+    REQUEST,
+    WINDOW,
+    check_window,
+    scalar,
+)
 from adwin.trainer_adapters.verl.support import check_verl_config
 
 AGENT_NAME = "adwin"
@@ -37,6 +46,7 @@ class AdwinAgentLoop(SingleTurnAgentLoop):
         probe = bool(scalar(kwargs.pop(PROBE, False)))
         window = scalar(kwargs.pop(WINDOW, None))
         request = scalar(kwargs.pop(REQUEST, None))
+        prompt = scalar(kwargs.pop(PROMPT, None))
         params = dict(sampling_params)  # verl reuses the dict across rows: never change the caller's
         if probe:
             params["max_tokens"] = self.response_length  # the horizon: what the audit compares the window against
@@ -45,5 +55,6 @@ class AdwinAgentLoop(SingleTurnAgentLoop):
         output = await super().run(params, **kwargs)
         if cap is not None or probe:
             output.extra_fields.update({PROBE: probe, MAX_TOKENS: int(params["max_tokens"]),
-                                        WINDOW: None if window is None else int(window), REQUEST: request})
+                                        WINDOW: None if window is None else int(window), REQUEST: request,
+                                        PROMPT: prompt})
         return output

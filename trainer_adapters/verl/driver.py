@@ -4,8 +4,10 @@ audit after the actor's update. verl-free (rows are plain records), so it is tes
 One step of verl's trainer at learner version ``v`` (updates applied so far; verl's ``global_steps - 1``):
 
 1. ``plan(v, rows)`` reads the controller's window (``BadWindow`` if it cannot cap a request; nothing is offered
-   then, so nothing is lost) and asks, row by row, which rows get a *probe copy*: the same prompt, generated to
-   the horizon in the same generation call, marked ``adwin_probe``. The controller bounds them
+   then, so nothing is lost) and, on a *probe step* (one in ``probe_every``: ``v % probe_every == 0``), asks, row by
+   row, which rows get a *probe copy*: the same prompt, generated to the horizon in the same generation call, marked
+   ``adwin_probe``. verl's generation call lasts as long as its longest request, so only probe steps run to the
+   horizon; the others end at the window (the step-time model: docs/adapters.md, "verl"). The controller bounds them
    (``offers_per_step``, ``max_active_probes``) and the decision budget gates the asking. Rows are asked prompt by
    prompt (``spread``), so the copies cover as many prompts as they can.
 2. ``collect(v, items)`` after generation: probe copies are reported complete with the teacher logprobs verl's
@@ -99,11 +101,16 @@ class WorkerAuditor:
 class VerlWindowDriver:
     """See the module docstring. ``max_len`` is verl's ``rollout.response_length`` (the horizon) and must be the
     run's ``policy.max_len``. ``audit`` (an ``AuditConfig``; default: its defaults without a budget) and
-    ``model_params`` (student and teacher parameter counts, which a budget needs) as in ``WindowClient``."""
+    ``model_params`` (student and teacher parameter counts, which a budget needs) as in ``WindowClient``.
+    ``probe_every``: steps per probe step (1: every step may carry probe copies)."""
 
     def __init__(self, controller: ControllerAPI, run: str | RunIn, *, max_len: int, auditor: Any = None,
                  audit: AuditConfig | None = None, model_params: tuple[int, int] | None = None,
-                 resilient_controller: bool = True, rollouts_per_step: int | None = None) -> None:
+                 resilient_controller: bool = True, rollouts_per_step: int | None = None,
+                 probe_every: int = 1) -> None:
+        if probe_every < 1:
+            raise ValueError(f"probe_every must be at least 1, got {probe_every}")
+        self.probe_every = probe_every
         self.controller = resilient(controller, resilient_controller)
         out = register(self.controller, run)
         policy = out.spec["policy"]
@@ -134,14 +141,15 @@ class VerlWindowDriver:
         sync = self.hooks.on_sync(version)
         window = check_window(sync.window, self.max_len, what=f"the controller's window for version {version}")
         probes, ids = [], []
-        for i in spread([prompt for _, prompt in rows]):
+        probe_step = version % self.probe_every == 0
+        for i in spread([prompt for _, prompt in rows]) if probe_step else []:
             request_id, prompt_id = rows[i]
             probe_id = f"{request_id}:probe"
             if self.hooks.plan_request(probe_id, str(prompt_id), version).is_probe:
                 probes.append(i)
                 ids.append(probe_id)
         self.last_window = window
-        return StepPlan(version, window, probes, ids, dict(sync.metrics))
+        return StepPlan(version, window, probes, ids, dict(sync.metrics) | {"probe/step": float(probe_step)})
 
     def collect(self, version: int, items: Sequence[StreamItem]) -> dict[str, float]:
         """After generation, before the update: probe copies are reported complete, training rows offered."""

@@ -2,7 +2,7 @@
 
 A verl row carries them in ``non_tensor_batch`` on the way to the agent loop (each row's dataset fields are the
 loop's keyword arguments) and in the sample's ``extra_fields`` on the way back (verl copies every extra field into
-the output's ``non_tensor_batch``).
+the output's ``non_tensor_batch``, whatever its reward setup).
 """
 
 from __future__ import annotations
@@ -17,6 +17,9 @@ MAX_TOKENS = "adwin_max_tokens"  # the response cap of this request: the window,
 PROBE = "adwin_probe"  # True on a probe row: generated to the horizon, audited, never trained on
 WINDOW = "adwin_window"  # the window in force when the row was planned (a probe's too)
 REQUEST = "adwin_request"  # the row's request id (a probe copy's is its probe id)
+# the row's prompt (verl's ``uid``): verl copies the input's own fields to its output only without a reward loop,
+# and its default setup (no reward model) has one, so the prompt travels as one of adwin's fields
+PROMPT = "adwin_prompt"
 
 
 # one type for a window no request can be capped at, whether the controller answered it (the hooks refuse it) or

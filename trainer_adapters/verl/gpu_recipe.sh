@@ -2,7 +2,8 @@
 # adwin inside verl, end to end on GPUs: NOT YET RUN (written without a GPU; the CPU tests cover the agent loop,
 # the driver, verl's post-processing and the actor's audit, not verl's Ray workers, FSDP engine or vLLM). Its
 # overrides on verl 0.9.1's Hydra config pass verl's own validate_config and adwin's setting checks on CPU
-# (tests/trainer_adapters/verl/test_verl_recipe.py runs this file to read them).
+# (tests/trainer_adapters/verl/test_verl_recipe.py runs this file to read them, and runs adwin's main on them
+# up to where verl starts Ray).
 #
 # Distillation trains no critic: grpo as the estimator (verl's default, gae, would build one) and the critic off.
 #
@@ -18,9 +19,9 @@ HORIZON=${HORIZON:-2048}
 STEPS=${STEPS:-20}
 CONTROLLER=${CONTROLLER:-}  # e.g. http://127.0.0.1:8470 (adwin controller serve); empty: embedded in the driver
 
-python3 -m verl.trainer.main_ppo \
+# adwin's main: verl's own main_ppo command line and checks, then verl's run_ppo with adwin's TaskRunner
+python3 -m adwin.trainer_adapters.verl.main \
     trainer.use_v1=false algorithm.adv_estimator=grpo critic.enable=false \
-    +ray_kwargs.ray_init.runtime_env.worker_process_setup_hook=adwin.trainer_adapters.verl.trainer.install \
     data.train_files="$DATA/train.parquet" data.val_files="$DATA/test.parquet" \
     data.train_batch_size=64 data.max_prompt_length=512 data.max_response_length="$HORIZON" \
     actor_rollout_ref.model.path="$STUDENT" \

@@ -30,9 +30,9 @@ class AdwinRolloutManager:
             return self.inner.generate_sequences(prompts)
         version, n = self.version(), len(prompts)
         requests = [f"{self._nonce}-v{version}-{i}" for i in range(n)]
-        uids = prompts.non_tensor_batch.get("uid", requests)
-        plan = self.driver.plan(version, [(r, str(u)) for r, u in zip(requests, uids, strict=True)])
-        out = self.last_output = self._generate(planned_batch(prompts, plan, requests, self.driver.max_len))
+        uids = [str(u) for u in prompts.non_tensor_batch.get("uid", requests)]  # verl sets uid; a row alone otherwise
+        plan = self.driver.plan(version, list(zip(requests, uids, strict=True)))
+        out = self.last_output = self._generate(planned_batch(prompts, plan, requests, uids, self.driver.max_len))
         self.last_metrics = plan.metrics | self.driver.collect(version, items_of(out, version, self.driver.max_len))
         return split(out, n)[0]
 

@@ -16,7 +16,7 @@ import numpy as np
 
 from adwin.trainer_adapters.asyncopd.items import StreamItem
 from adwin.trainer_adapters.verl.driver import StepPlan, finish_reason, verl_item
-from adwin.trainer_adapters.verl.fields import MAX_TOKENS, PROBE, REQUEST, WINDOW, scalar
+from adwin.trainer_adapters.verl.fields import MAX_TOKENS, PROBE, PROMPT, REQUEST, WINDOW, scalar
 
 
 def _column(values: Sequence[Any]) -> np.ndarray:
@@ -25,9 +25,12 @@ def _column(values: Sequence[Any]) -> np.ndarray:
     return out
 
 
-def planned_batch(gen_batch: Any, plan: StepPlan, request_ids: Sequence[str], max_len: int) -> Any:
-    """``gen_batch`` with adwin's fields on every row, followed by the plan's probe copies (at the horizon)."""
+def planned_batch(gen_batch: Any, plan: StepPlan, request_ids: Sequence[str], prompt_ids: Sequence[str],
+                  max_len: int) -> Any:
+    """``gen_batch`` with adwin's fields on every row (``prompt_ids``: each row's prompt, verl's ``uid``), followed
+    by the plan's probe copies (at the horizon; a copy keeps its row's prompt)."""
     n = len(gen_batch)
+    gen_batch.non_tensor_batch[PROMPT] = _column([str(p) for p in prompt_ids])
     gen_batch.non_tensor_batch[MAX_TOKENS] = _column([plan.window] * n)
     gen_batch.non_tensor_batch[PROBE] = _column([False] * n)
     gen_batch.non_tensor_batch[WINDOW] = _column([plan.window] * n)
@@ -42,7 +45,7 @@ def planned_batch(gen_batch: Any, plan: StepPlan, request_ids: Sequence[str], ma
     return type(gen_batch).concat([gen_batch, copies])
 
 
-def items_of(output: Any, version: int, max_len: int, prompt_key: str = "uid") -> list[StreamItem]:
+def items_of(output: Any, version: int, max_len: int) -> list[StreamItem]:
     """Every row of verl's generation output as the hooks' item (``verl_item``; probe copies marked by their field)."""
     prompts, responses = output.batch["prompts"], output.batch["responses"]  # (B, Lp), (B, Lr)
     mask = output.batch["attention_mask"]  # (B, Lp + Lr)
@@ -58,7 +61,7 @@ def items_of(output: Any, version: int, max_len: int, prompt_key: str = "uid") -
         cap = int(scalar(nt[MAX_TOKENS][b]))
         scored = None if teacher is None else teacher[b, lp - 1 : lp - 1 + n, 0].float().tolist()
         items.append(verl_item(
-            request, str(scalar(nt[prompt_key][b])) if prompt_key in nt else request, prompt_ids,
+            request, str(scalar(nt[PROMPT][b])), prompt_ids,
             responses[b, :n].tolist(), scored, int(scalar(nt[WINDOW][b])), cap, bool(scalar(nt[PROBE][b])), version,
             finish_reason(n, cap, max_len)))
     return items

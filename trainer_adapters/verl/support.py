@@ -3,15 +3,15 @@ name (``UnsupportedVerlSetting``) before the first step, not at the first audit.
 
 verl-free: the checks read a verl config (an OmegaConf ``DictConfig`` or a plain mapping) by dotted path.
 
-* ``check_verl_config`` (the whole trainer config): called by adwin's trainer before verl builds its workers, and
-  by the ``adwin`` agent loop, the one piece of adwin that verl's v1 trainer reaches (``trainer.use_v1``).
+* ``check_verl_config`` (the whole trainer config): called by adwin's main before Ray starts, by adwin's TaskRunner
+  and trainer before verl builds its workers, and by the ``adwin`` agent loop, the one piece of adwin that verl's v1 trainer reaches (``trainer.use_v1``).
 * ``check_actor_rollout_ref`` (the ``actor_rollout_ref`` section a worker is given): called by adwin's actor worker
   before verl builds its model.
 
 Why each is refused: the audit differentiates every parameter of the actor's module through its own Hugging Face
 forward at temperature 1 (``adwin.audit``), so the actor must be an FSDP2 module whose forward returns logits,
-whole sequences per rank, a rollout sampling at T = 1, and verl's distillation loss; and only verl's DataProto trainer
-(``trainer.use_v1=false``) is wired.
+whole sequences per rank, a rollout sampling at T = 1, and verl's distillation loss; the window reaches requests only
+through the ``adwin`` agent loop; and only verl's DataProto trainer (``trainer.use_v1=false``) is wired.
 """
 
 from __future__ import annotations
@@ -55,6 +55,11 @@ def check_actor_rollout_ref(section: Any, prefix: str = "actor_rollout_ref") -> 
     if temperature != 1.0:
         raise UnsupportedVerlSetting(field("rollout.temperature"), temperature, "the audit scores the student's "
                                      "tokens at temperature 1; a tempered rollout is not the policy it audits")
+    loop = _get(section, "rollout.agent.default_agent_loop", "single_turn_agent")
+    if loop != "adwin":
+        raise UnsupportedVerlSetting(field("rollout.agent.default_agent_loop"), loop, "the adwin agent loop caps "
+                                     "each request at the window; under another, requests run to the horizon: set "
+                                     "it to adwin")
     sp = int(_get(section, "actor.ulysses_sequence_parallel_size", 1))
     if sp != 1:
         raise UnsupportedVerlSetting(field("actor.ulysses_sequence_parallel_size"), sp,

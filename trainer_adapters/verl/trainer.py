@@ -1,6 +1,6 @@
-"""verl's synchronous PPO trainer with adwin: ``AdwinRayPPOTrainer`` and ``install``, which puts it in place.
+"""verl's synchronous PPO trainer with adwin: ``AdwinRayPPOTrainer``.
 
-verl 0.9.1's DataProto trainer (``verl.trainer.ppo.ray_trainer.RayPPOTrainer``, ``trainer.use_v1=false``) with three
+verl 0.9.1's DataProto trainer (``verl.trainer.ppo.ray_trainer.RayPPOTrainer``, ``trainer.use_v1=false``) with two
 additions, each at a method verl's own recipes override:
 
 * ``init_workers``: before verl builds its workers, the config is checked (``support.check_verl_config``: an
@@ -10,10 +10,8 @@ additions, each at a method verl's own recipes override:
 * ``_update_actor``: after verl's update, a ready probe batch is audited in the actor and submitted, and the
   ``window/*``, ``probe/*``, ``audit/*``, ``controller/*`` metrics join the step's.
 
-``install()`` (a Ray ``worker_process_setup_hook``) makes verl's own launcher build these: in every Ray worker
-process it registers the ``adwin`` agent loop and binds ``verl.trainer.main_ppo_v0.RayPPOTrainer`` to ``AdwinRayPPOTrainer`` and
-``verl.workers.engine_workers.ActorRolloutRefWorker`` to ``AdwinActorRolloutRefWorker``, the two names verl's
-``TaskRunner`` instantiates. docs/adapters.md has the launch line. Not run here: it needs GPUs
+``AdwinTaskRunner`` (``task_runner.py``) builds it, under adwin's main (``python -m
+adwin.trainer_adapters.verl.main``, docs/adapters.md). Not run here: it needs GPUs
 (``trainer_adapters/verl/gpu_recipe.sh``, not yet run).
 """
 
@@ -25,8 +23,7 @@ from typing import Any
 from omegaconf import OmegaConf
 from verl.trainer.ppo.ray_trainer import RayPPOTrainer
 
-from adwin.trainer_adapters.verl.actor import AdwinActorRolloutRefWorker
-from adwin.trainer_adapters.verl.driver import VerlWindowDriver, WorkerAuditor
+from adwin.trainer_adapters.verl.driver import WorkerAuditor
 from adwin.trainer_adapters.verl.rollout import AdwinRolloutManager
 from adwin.trainer_adapters.verl.settings import adwin_config
 from adwin.trainer_adapters.verl.support import check_verl_config
@@ -44,11 +41,9 @@ class AdwinRayPPOTrainer(RayPPOTrainer):
         super().init_workers()
         horizon = int(self.config.actor_rollout_ref.rollout.response_length)
         per_step = int(self.config.data.train_batch_size) * int(self.config.actor_rollout_ref.rollout.n)
-        self.adwin = VerlWindowDriver(cfg.build_controller(), cfg.run_spec(horizon), max_len=horizon,
-                                      auditor=WorkerAuditor(self._adwin_audit), audit=cfg.audit,
-                                      model_params=cfg.model_params, rollouts_per_step=per_step)
-        log.info("adwin: run %s, horizon %d, candidates %s, controller %s", self.adwin.run_id, horizon, cfg.candidates,
-                 cfg.controller or "embedded")
+        self.adwin = cfg.driver(horizon, WorkerAuditor(self._adwin_audit), rollouts_per_step=per_step)
+        log.info("adwin: run %s, horizon %d, candidates %s, a probe step every %d, controller %s", self.adwin.run_id,
+                 horizon, cfg.candidates, cfg.probe_every, cfg.controller or "embedded")
         # verl counts steps from 1; the learner version of step t's generation is t - 1 updates
         self.async_rollout_manager = AdwinRolloutManager(self.async_rollout_manager, self.adwin,
                                                          lambda: self.global_steps - 1)
@@ -64,14 +59,3 @@ class AdwinRayPPOTrainer(RayPPOTrainer):
         self.adwin.on_step(self.global_steps - 1, metrics)
         return out
 
-
-def install() -> None:
-    """Ray ``worker_process_setup_hook``: verl's ``TaskRunner`` then builds adwin's trainer and actor worker, and
-    every agent-loop worker finds ``adwin`` in verl's agent-loop registry."""
-    import verl.trainer.main_ppo_v0 as v0
-    import verl.workers.engine_workers as workers
-
-    import adwin.trainer_adapters.verl.agent_loop  # noqa: F401  (registers the agent loop)
-
-    v0.RayPPOTrainer = AdwinRayPPOTrainer
-    workers.ActorRolloutRefWorker = AdwinActorRolloutRefWorker

@@ -15,7 +15,13 @@ pytest.importorskip("verl.protocol")  # not "verl": without verl, this folder is
 
 import torch.multiprocessing as mp  # noqa: E402
 from tiny_models import make_tiny_llama  # noqa: E402
-from verl_audit_fixtures import CANDIDATES, distillation_config, dp_audit_worker, job  # noqa: E402
+from verl_audit_fixtures import (  # noqa: E402
+    CANDIDATES,
+    distillation_config,
+    dp_audit_worker,
+    fsdp2_actor_audit_worker,
+    job,
+)
 
 from adwin.audit.alignment import audit  # noqa: E402
 from adwin.loop.distributed import free_port  # noqa: E402
@@ -82,3 +88,18 @@ def test_the_dp_sum_runs_on_the_gpu_under_verls_per_device_backend(monkeypatch, 
     monkeypatch.setattr(actor.dist, "get_backend", lambda group=None: backend)
     monkeypatch.setattr(torch.cuda, "current_device", lambda: 0)
     assert actor.GroupDist(rank=0, world=2, local_rank=0, group=object())._device().type == device
+
+
+@pytest.mark.numerics
+def test_the_audit_leaves_verls_fsdp2_actor_as_it_found_it(tmp_path):
+    """verl shards its actor with ``reshard_after_forward`` on every module, the root included; an audit on gathered
+    weights must not leave adwin's own settings behind (a root that keeps its gathered embedding after forward)."""
+    out = tmp_path / "fsdp2.json"
+    mp.spawn(fsdp2_actor_audit_worker, args=(free_port(), str(out)), nprocs=1, join=True)
+    got = json.loads(out.read_text())
+    assert got["before"][0] == [False, [[1, True]]]  # verl's root: reshards after forward and after backward
+    assert got["after"] == got["before"]
+    assert got["root_gathered_after_forward"] is False
+    one = _verl()
+    for c in CANDIDATES:
+        assert got["cos"][str(c)] == pytest.approx(one.cosines[c], abs=1e-6)  # the audit ran on the whole weights

@@ -68,8 +68,8 @@ def _driver(controller: Any, actor: ScriptedActor, **kwargs: Any) -> VerlWindowD
     return VerlWindowDriver(controller, run, max_len=MAX_LEN, auditor=WorkerAuditor(actor), **kwargs)
 
 
-def _rows(version: int) -> list[tuple[str, str]]:
-    return [(f"v{version}-r{i}", f"v{version}-p{i // 2}") for i in range(4)]
+def _rows(version: int, n: int = 4) -> list[tuple[str, str]]:
+    return [(f"v{version}-r{i}", f"v{version}-p{i // 2}") for i in range(n)]
 
 
 def _generate(version: int, plan: Any, rows: list[tuple[str, str]], teacher: float = -1.0) -> list[StreamItem]:
@@ -83,8 +83,8 @@ def _generate(version: int, plan: Any, rows: list[tuple[str, str]], teacher: flo
     return out + [item(pid, rows[i][1], MAX_LEN, True) for i, pid in zip(plan.probes, plan.probe_ids, strict=True)]
 
 
-def _step(driver: VerlWindowDriver, version: int) -> tuple[Any, dict[str, float]]:
-    rows = _rows(version)
+def _step(driver: VerlWindowDriver, version: int, n: int = 4) -> tuple[Any, dict[str, float]]:
+    rows = _rows(version, n)
     plan = driver.plan(version, rows)
     driver.collect(version, _generate(version, plan, rows))
     return plan, driver.after_update(version + 1)
@@ -178,3 +178,24 @@ def test_probe_copies_spread_over_prompts_verl_repeats():
     assert len(plan.probes) == 8
     assert len({rows[i][1] for i in plan.probes}) == 8  # one copy per prompt, not the first 2 prompts' 4 rows each
     assert [rows[i][0] + ":probe" for i in plan.probes] == plan.probe_ids
+
+
+def test_under_the_defaults_probe_copies_set_the_generation_length_on_one_step_in_probe_every():
+    """verl's generation call lasts as long as its longest request: with the ``adwin`` section's defaults most steps
+    end at the window, and one probe step in ``probe_every`` fills an audit's batch with copies at the horizon."""
+    from adwin.trainer_adapters.verl.settings import adwin_config
+
+    cfg = adwin_config({"candidates": CANDIDATES})
+    k, rows = cfg.probe_every, cfg.probe_batch_size  # a step of P rows: one probe step can fill a batch
+    assert k > 1 and cfg.offers_per_step >= cfg.probe_batch_size
+    actor = ScriptedActor([{4: 0.9, 8: 0.95}] * 2 * k)
+    driver = cfg.driver(MAX_LEN, WorkerAuditor(actor), rollouts_per_step=rows)
+    longest, audits = [], []
+    for v in range(2 * k):
+        plan, _ = _step(driver, v, n=rows)
+        longest.append(max([plan.window] + [MAX_LEN] * len(plan.probes)))  # the call's longest request
+        audits.append(len(actor.jobs))
+    assert [v for v in range(2 * k) if longest[v] == MAX_LEN] == [0, k]  # the probe steps, and no other
+    assert longest[1:k] == [4] * (k - 1)  # the others end at the window the audits decided
+    assert audits[0] == 1 and audits[k] == 2 and audits[-1] == 2  # one audit per probe step
+    assert actor.jobs[0].batch.response_mask.sum(dim=1).tolist() == [MAX_LEN] * cfg.probe_batch_size

@@ -3,8 +3,10 @@ verl's Hydra config pass verl's ``validate_config`` as verl's main calls it, and
 each setting the adapter cannot run under, where verl's processes start (the trainer before it builds workers, the
 actor worker before it builds its model, the agent loop when verl builds it).
 
-Where this stops on CPU: after ``validate_config`` verl's main starts Ray and a ``TaskRunner`` that places workers on
-GPUs; that part runs only on a GPU machine (the recipe itself)."""
+The recipe launches adwin's main (``adwin.trainer_adapters.verl.main``): verl's command line and checks, then verl's
+``run_ppo`` with adwin's TaskRunner. Where this stops on CPU: ``run_ppo`` starts Ray and a ``TaskRunner`` that places
+workers on GPUs; the tests run the main up to that call (``run_ppo`` replaced by a recorder), the rest runs only on a
+GPU machine (the recipe itself)."""
 
 from __future__ import annotations
 
@@ -26,12 +28,87 @@ REFUSED = [
     (["actor_rollout_ref.rollout.temperature=0.7"], "actor_rollout_ref.rollout.temperature"),
     (["actor_rollout_ref.actor.ulysses_sequence_parallel_size=2"],
      "actor_rollout_ref.actor.ulysses_sequence_parallel_size"),
+    (["actor_rollout_ref.rollout.agent.default_agent_loop=single_turn_agent"],
+     "actor_rollout_ref.rollout.agent.default_agent_loop"),
 ]
 WORKER_REFUSED = [(o, f) for o, f in REFUSED if f.startswith(("actor_rollout_ref.", "distillation."))]
 
 
-def test_the_recipe_launches_verls_main():
-    assert recipe_argv()[:2] == ("-m", "verl.trainer.main_ppo")
+def test_the_recipe_launches_adwins_main_without_a_ray_setup_hook():
+    assert recipe_argv()[:2] == ("-m", "adwin.trainer_adapters.verl.main")
+    assert not any("worker_process_setup_hook" in arg for arg in recipe_argv())
+
+
+class RunPPO:
+    """verl's ``run_ppo`` as adwin's main calls it, recorded instead of starting Ray."""
+
+    def __init__(self) -> None:
+        self.calls: list[tuple] = []
+
+    def __call__(self, config, task_runner_class) -> None:
+        self.calls.append((config, task_runner_class))
+
+
+@pytest.fixture
+def run_ppo(monkeypatch):
+    import adwin.trainer_adapters.verl.main as main
+
+    recorder = RunPPO()
+    monkeypatch.setattr(main, "run_ppo", recorder)
+    return recorder
+
+
+def test_adwins_main_hands_verls_run_ppo_adwins_task_runner(run_ppo, monkeypatch, tmp_path):
+    """The recipe's command line through adwin's Hydra entry point, as ``python -m`` runs it."""
+    import sys
+
+    from adwin.trainer_adapters.verl.main import main
+    from adwin.trainer_adapters.verl.task_runner import AdwinTaskRunner
+
+    monkeypatch.chdir(tmp_path)  # Hydra writes its run folder here
+    monkeypatch.setattr(sys, "argv", ["main", *recipe_argv()[2:], f"hydra.run.dir={tmp_path}"])
+    main()
+    (config, runner), = run_ppo.calls
+    assert runner is AdwinTaskRunner
+    assert config.actor_rollout_ref.rollout.response_length == 2048 and config.adwin.candidates == [256, 512, 1024]
+
+
+def test_verls_agent_loop_workers_find_the_adwin_loop_through_the_mains_config(run_ppo):
+    import hydra
+    from omegaconf import OmegaConf
+    from verl.utils.import_utils import resolve_config_path
+
+    from adwin.trainer_adapters.verl.agent_loop import AdwinAgentLoop
+    from adwin.trainer_adapters.verl.main import launch
+
+    assert verl_config().actor_rollout_ref.rollout.agent.agent_loop_config_path is None  # verl's default
+    launch(verl_config())
+    (config, _), = run_ppo.calls
+    path = resolve_config_path(config.actor_rollout_ref.rollout.agent.agent_loop_config_path)
+    registry = {entry.name: entry for entry in OmegaConf.load(path)}  # as verl's AgentLoopWorker reads it
+    assert hydra.utils.get_class(registry["adwin"]["_target_"]) is AdwinAgentLoop
+
+
+def test_an_agent_loop_file_without_adwin_is_refused_by_the_main(run_ppo, tmp_path):
+    from adwin.trainer_adapters.verl.main import LOOPS_FIELD, launch
+
+    loops = tmp_path / "loops.yaml"
+    loops.write_text("- name: mine\n  _target_: my.Loop\n")
+    with pytest.raises(UnsupportedVerlSetting) as e:
+        launch(verl_config(f"{LOOPS_FIELD}={loops}"))
+    assert e.value.field == LOOPS_FIELD and run_ppo.calls == []
+    loops.write_text("- name: mine\n  _target_: my.Loop\n- name: adwin\n  _target_: x.Y\n")
+    launch(verl_config(f"{LOOPS_FIELD}={loops}"))
+    assert len(run_ppo.calls) == 1
+
+
+@pytest.mark.parametrize(("overrides", "field"), REFUSED)
+def test_adwins_main_refuses_before_ray_starts(run_ppo, overrides, field):
+    from adwin.trainer_adapters.verl.main import launch
+
+    with pytest.raises(UnsupportedVerlSetting) as e:
+        launch(verl_config(*overrides))
+    assert e.value.field == field and run_ppo.calls == []
 
 
 def test_the_recipe_passes_verls_own_validate_config():

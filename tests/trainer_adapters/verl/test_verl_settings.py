@@ -19,7 +19,9 @@ def test_the_run_spec_takes_verls_response_length_as_the_horizon():
 
 
 @pytest.mark.parametrize("section,field", [({"threshold": 1.5}, "adwin.threshold"), ({"windw": 3}, "adwin.windw"),
-                                           ({"audit": {"method": "exact"}}, "adwin.audit.method")])
+                                           ({"audit": {"method": "exact"}}, "adwin.audit.method"),
+                                           ({"offers_per_step": 4}, "offers_per_step"),
+                                           ({"probe_every": 0}, "adwin.probe_every")])
 def test_a_bad_section_fails_naming_the_field(section, field):
     with pytest.raises(ValueError, match=field):
         adwin_config(section)

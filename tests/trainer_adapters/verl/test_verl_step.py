@@ -48,13 +48,31 @@ class LocalTeacher:
         return ids, lq
 
 
-def _worker(teacher: LocalTeacher) -> Any:
-    """verl's ``AgentLoopWorker`` post-processing without Ray or a model path (the attributes it reads)."""
+class LocalRewardWorker:
+    """verl's reward-loop worker interface (``compute_score.remote(data)``, awaitable as a Ray actor method is),
+    scoring every row 0: verl's trainer hands the agent loop these handles when no reward model is configured."""
+
+    def __init__(self) -> None:
+        self.compute_score, self.scored = self, 0
+
+    def remote(self, data: Any) -> Any:
+        self.scored += len(data)
+
+        async def score() -> dict[str, Any]:
+            return {"reward_score": 0.0, "reward_extra_info": {}}
+
+        return score()
+
+
+def _worker(teacher: LocalTeacher, reward_handles: list[Any] | None = None) -> Any:
+    """verl's ``AgentLoopWorker`` post-processing without Ray or a model path (the attributes it reads);
+    ``reward_handles`` as verl's trainer passes them (None: a reward model on the actor's pool)."""
     from verl.experimental.agent_loop.agent_loop import AgentLoopWorker
 
     w = object.__new__(AgentLoopWorker)
     w.rollout_config = SimpleNamespace(prompt_length=PROMPT_LEN, response_length=RESPONSE_LEN)
-    w.tokenizer, w.processor, w.mm_processor_kwargs, w.reward_loop_worker_handles = tokenizer(), None, {}, None
+    w.tokenizer, w.processor, w.mm_processor_kwargs = tokenizer(), None, {}
+    w.reward_loop_worker_handles = reward_handles
     w.distillation_enabled, w.teacher_key, w.teacher_server_manager = True, "data_source", teacher
     return w
 
@@ -103,8 +121,8 @@ def _generate(batch: Any, replica: LocalReplica, worker: Any) -> Any:
     return asyncio.run(go())
 
 
-@pytest.fixture
-def setup():
+@pytest.fixture(params=["verl's default: reward loop", "reward model"])
+def setup(request):
     student = make_tiny_llama(seed=0)
     cfg = distillation_config("k1")
     from adwin.trainer_adapters.verl.actor import audit_in_actor
@@ -114,7 +132,8 @@ def setup():
     driver = VerlWindowDriver(Controller(), run, max_len=RESPONSE_LEN,
                               auditor=WorkerAuditor(lambda job: audit_in_actor(student, job, cfg)))
     teacher = LocalTeacher()
-    return driver, LocalReplica(seed=1), _worker(teacher), teacher
+    handles = [LocalRewardWorker()] if request.param.startswith("verl's default") else None
+    return driver, LocalReplica(seed=1), _worker(teacher, handles), teacher
 
 
 def _step(driver: VerlWindowDriver, replica: LocalReplica, worker: Any, version: int):
@@ -159,3 +178,17 @@ def test_windows_move_on_audits_of_verls_loss(setup):
     assert windows[0] == max(CANDIDATES)  # before any audit: the largest candidate
     assert windows[1:] == decided[:-1]  # then what the previous step's audit decided
     assert len(set(windows)) > 1
+
+
+def test_every_row_keeps_its_prompt_whatever_verls_reward_setup(setup):
+    """verl copies the input's ``uid`` to its output only without a reward loop; its default setup has one."""
+    driver, replica, worker, _ = setup
+    plan, _, _, items, _ = _step(driver, replica, worker, 0)
+    uids = [f"v0-p{i // 2}" for i in range(ROWS)]  # _gen_batch: rollout.n = 2
+    train, copies = items[:ROWS], items[ROWS:]
+    assert [it.prompt_id for it in train] == uids
+    assert copies and all(it.prompt_id in uids and it.is_probe for it in copies)
+    probe_rows = [int(it.request_id.split("-")[-1].split(":")[0]) for it in copies]  # "<nonce>-v0-<row>:probe"
+    assert [it.prompt_id for it in copies] == [uids[i] for i in probe_rows]
+    if worker.reward_loop_worker_handles is not None:
+        assert worker.reward_loop_worker_handles[0].scored == plan.generated  # verl's reward loop scored every row

@@ -1,4 +1,4 @@
-"""The verl glue that needs no GPU to check: ``install`` binds the names verl's ``TaskRunner`` instantiates, and the
+"""The verl glue that needs no GPU to check: adwin's ``TaskRunner`` builds adwin's actor worker and trainer, and the
 actor worker's ``adwin_audit`` (registered ``ONE_TO_ALL``) audits the module its engine holds under verl's loss.
 
 Not here: verl's Ray worker group, FSDP engine and vLLM rollout (trainer_adapters/verl/gpu_recipe.sh)."""
@@ -18,20 +18,35 @@ from verl_audit_fixtures import CANDIDATES, distillation_config, job  # noqa: E4
 from adwin.audit.alignment import audit  # noqa: E402
 
 
-def test_install_binds_the_trainer_and_the_actor_worker_verl_builds(monkeypatch):
-    import verl.trainer.main_ppo_v0 as v0
-    import verl.workers.engine_workers as workers
+def _task_runner():
+    from adwin.trainer_adapters.verl.task_runner import AdwinTaskRunner
+
+    return AdwinTaskRunner.__ray_actor_class__()  # the plain class Ray starts as the TaskRunner actor
+
+
+def test_the_task_runner_gives_the_actor_role_adwins_worker():
+    from verl.trainer.ppo.ray_trainer import Role
+    from verl_recipe import verl_config
 
     from adwin.trainer_adapters.verl.actor import AdwinActorRolloutRefWorker
-    from adwin.trainer_adapters.verl.trainer import AdwinRayPPOTrainer, install
 
-    monkeypatch.setattr(v0, "RayPPOTrainer", v0.RayPPOTrainer)  # restored after the test
-    monkeypatch.setattr(workers, "ActorRolloutRefWorker", workers.ActorRolloutRefWorker)
-    install()
-    assert v0.RayPPOTrainer is AdwinRayPPOTrainer and workers.ActorRolloutRefWorker is AdwinActorRolloutRefWorker
-    from verl.experimental.agent_loop.agent_loop import _agent_loop_registry
+    runner = _task_runner()
+    cls, _ = runner.add_actor_rollout_worker(verl_config())
+    assert cls is AdwinActorRolloutRefWorker
+    assert runner.role_worker_mapping[Role.ActorRollout].__ray_actor_class__ is AdwinActorRolloutRefWorker
 
-    assert "adwin" in _agent_loop_registry
+
+def test_the_task_runner_builds_adwins_trainer_and_leaves_verls_name_as_it_was(monkeypatch):
+    import verl.trainer.main_ppo_v0 as v0
+    from verl_recipe import verl_config
+
+    from adwin.trainer_adapters.verl.trainer import AdwinRayPPOTrainer
+
+    built = []
+    monkeypatch.setattr(v0.TaskRunner.__ray_actor_class__, "run", lambda self, config: built.append(v0.RayPPOTrainer))
+    verls = v0.RayPPOTrainer
+    _task_runner().run(verl_config())
+    assert built == [AdwinRayPPOTrainer] and v0.RayPPOTrainer is verls
 
 
 def test_the_worker_method_is_dispatched_to_every_rank():

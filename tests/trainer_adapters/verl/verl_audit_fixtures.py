@@ -66,3 +66,48 @@ def dp_audit_worker(rank: int, world: int, port: int, out: str) -> None:
                                              "tokens": res.tokens_per_segment}))
     finally:
         dist.destroy_process_group()
+
+
+def reshard_state(model: torch.nn.Module) -> list[list[Any]]:
+    """Each FSDP2 module's resharding settings, read from FSDP's own state: per parameter group whether it
+    reshards after forward (and onto how many ranks) and after backward, and the automatic root choice."""
+    from torch.distributed.fsdp import FSDPModule
+
+    out = []
+    for m in model.modules():
+        if isinstance(m, FSDPModule):
+            state = m._get_fsdp_state()
+            groups = [[None if g.post_forward_mesh_info is None else g.post_forward_mesh_info.shard_mesh_size,
+                       g.reshard_after_backward] for g in state._fsdp_param_groups]
+            out.append([state._auto_reshard_after_forward, groups])
+    return out
+
+
+def fsdp2_actor_audit_worker(rank: int, port: int, out: str) -> None:
+    """verl's FSDP2 actor on one gloo rank (its own ``apply_fsdp2``, ``reshard_after_forward`` as verl's engine
+    passes it): the settings before and after ``audit_in_actor``, whether the root's weights stay gathered after a
+    forward that follows the audit, and the audit's cosines."""
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK="0", WORLD_SIZE="1", LOCAL_RANK="0")
+    torch.set_num_threads(1)
+    import torch.distributed as dist
+    from tiny_models import make_tiny_llama
+    from torch.distributed.device_mesh import init_device_mesh
+    from verl.utils.fsdp_utils import apply_fsdp2
+
+    from adwin.trainer_adapters.verl.actor import audit_in_actor
+
+    dist.init_process_group("gloo", rank=0, world_size=1)
+    try:
+        model = make_tiny_llama(seed=0)
+        apply_fsdp2(model, {"mesh": init_device_mesh("cpu", (1,)), "reshard_after_forward": True}, {})
+        ids = job().batch.input_ids[:1]
+        model(ids)  # FSDP's lazy init, as verl's first step does
+        before = reshard_state(model)
+        res = audit_in_actor(model, job(), distillation_config()).result
+        after = reshard_state(model)
+        model(ids)
+        root = model._get_fsdp_state()._fsdp_param_groups[0]
+        Path(out).write_text(json.dumps({"before": before, "after": after, "cos": res.cosines,
+                                         "root_gathered_after_forward": root.is_unsharded}))
+    finally:
+        dist.destroy_process_group()

@@ -34,7 +34,8 @@ def trainer_config(response_length: int = RESPONSE_LEN, trainer: dict[str, Any] 
     under (``trainer``: other ``trainer.*`` values)."""
     return OmegaConf.create({
         "actor_rollout_ref": {"rollout": {"prompt_length": PROMPT_LEN, "response_length": response_length,
-                                          "name": "vllm", "full_determinism": False, "temperature": 1.0},
+                                          "name": "vllm", "full_determinism": False, "temperature": 1.0,
+                                          "agent": {"default_agent_loop": "adwin"}},
                               "actor": {"strategy": "fsdp2"}},
         "data": {"apply_chat_template_kwargs": {}},
         "distillation": {"enabled": True},
