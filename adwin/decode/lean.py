@@ -3,7 +3,8 @@
 On CPU a decode step of a small model costs its per-op overhead, not its arithmetic: transformers' forward runs a
 few hundred small ops a token (mask building, a ``DynamicCache`` that concatenates every layer's keys and values
 each step, module calls), ~10x what the step's arithmetic costs at the built-in long model's shape. ``LeanCache``
-runs the same computation in about 25 ops per layer, in the style of gpt-fast's decode step:
+runs the same computation in about 20 ops per layer, in the style of gpt-fast's decode step, which leaves the
+attention's read of the KV cache as most of a step at long lengths (docs/benchmarks.md, "The lean CPU decode step"):
 
 - one preallocated KV buffer per layer, ``(2, rows, kv_heads, columns, head_dim)`` (keys, values), written one
   column a step (all rows share the write column; each row has its own RoPE position and padding mask);
@@ -204,13 +205,7 @@ class LeanCache:
 
     def drop(self, keep: torch.Tensor, gone: list[int]) -> bool:
         """The loop's batch becomes rows ``keep`` (b',) of it (``drop_stopped``)."""
-        if self.held is not None:  # pragma: no cover - the loop either stops rows or drops them, never both
-            raise RuntimeError("a lean cache that stopped rows in place cannot also drop rows")
+        assert self.held is None, "the loop either stops rows in place or drops them, never both"
         self._keep(keep)
         self.rows = len(keep)
         return True
-
-    @property
-    def live_rows(self) -> int:
-        """Rows a step computes (the buffer's rows)."""
-        return self.kv[0].shape[1]
