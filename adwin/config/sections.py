@@ -143,7 +143,9 @@ class RolloutConfig(_Strict):
         "auto", description="decode the student on a static KV cache with transformers' compiled step (rollouts, "
         "probe rounds, evaluation, the AsyncOPD engine; adwin.decode.static_cache): auto = on when the "
         "student is on CUDA; a run compiles one shape per batch and cache bucket (docs/decisions.md 'Compiled "
-        "decoding'); the vLLM backend refuses true")
+        "decoding'); the vLLM backend refuses true. Uncompiled, rollouts, probe rounds and evaluation decode a "
+        "plain float32 Llama on CPU with the lean step (adwin.decode.lean; docs/decisions.md 'The lean CPU decode "
+        "step'), any other model on its own KV cache")
 
 
 class SurpriseSection(_Strict):

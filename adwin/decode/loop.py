@@ -28,6 +28,7 @@ from dataclasses import dataclass
 import torch
 
 from adwin.decode.kv_cache import cache_keyword, last_logits_only, returned_cache
+from adwin.decode.lean import LeanCache, lean_applies
 from adwin.decode.sampler import TokenSampler
 from adwin.decode.static_cache import StaticBatch, batch_bucket, cache_bucket
 
@@ -100,11 +101,12 @@ class _Rows:
 @torch.no_grad()
 def decode(model: torch.nn.Module, contexts: Sequence[Sequence[int]], budgets: Sequence[int], *, eos: set[int],
            pad_id: int, sampler: TokenSampler, with_logprobs: bool = False, drop_stopped: bool = False,
-           static: bool = False, shrink: bool = True, decoder: str = "generate") -> Generation:
+           static: bool = False, shrink: bool = True, decoder: str = "generate", lean: bool = True) -> Generation:
     """Continue ``contexts[b]`` by at most ``budgets[b]`` tokens (see the module docstring). ``static``: the
     compiled path (``decoder`` names its shapes in the compile ledger); ``shrink`` (with ``drop_stopped``):
     move the live rows to a smaller bucket once they fit one. The model decodes in eval mode and gets its
-    previous mode back."""
+    previous mode back. ``lean`` (not ``static``): decode a model ``lean_applies`` to with the lean step
+    (``adwin.decode.lean``), else on the model's own cache."""
     n = len(contexts)
     if n == 0 or max(budgets, default=0) <= 0:
         return Generation([[] for _ in range(n)], [False] * n, [[] for _ in range(n)] if with_logprobs else None)
@@ -113,15 +115,20 @@ def decode(model: torch.nn.Module, contexts: Sequence[Sequence[int]], budgets: S
     model.eval()
     try:
         budget = max(budgets)
-        cache = _StaticCache(model, contexts, budget, pad_id, shrink, decoder) if static else \
-            _EagerCache(model, contexts, budget, pad_id, drop_stopped)
+        cache: _EagerCache | _StaticCache | LeanCache
+        if static:
+            cache = _StaticCache(model, contexts, budget, pad_id, shrink, decoder)
+        elif lean and lean_applies(model):
+            cache = LeanCache(model, contexts, budget, pad_id)
+        else:
+            cache = _EagerCache(model, contexts, budget, pad_id, drop_stopped)
         steps = _loop(cache, n, budget, pad_id, sampler, rows, drop_stopped)
     finally:
         model.train(was_training)
     return rows.generation(steps)
 
 
-def _loop(cache: _EagerCache | _StaticCache, n: int, budget: int, pad_id: int, sampler: TokenSampler, rows: _Rows,
+def _loop(cache: _EagerCache | _StaticCache | LeanCache, n: int, budget: int, pad_id: int, sampler: TokenSampler, rows: _Rows,
           drop_stopped: bool) -> int:
     """The generation loop; returns the steps decoded. Batch row ``i`` holds context ``origin[i]`` (``>= n``: a
     dummy or empty row); ``draw`` the batch rows the sampler draws for, in order (rows that stopped draw too
