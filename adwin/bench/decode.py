@@ -184,14 +184,15 @@ def main(argv: list[str] | None = None) -> int:
 
     path = a.student
     if path == "builtin":
-        from adwin import tasks
+        from adwin.tasks.shipped import builtin_assets
 
-        path = str(tasks.ensure_prepared(profile="default", seed=0).student_path)
+        assets = builtin_assets("default")
+        path = str(assets.student_path)
     models = {"builtin-student": AutoModelForCausalLM.from_pretrained(path).eval()}
     if a.student == "builtin" and a.device == "cpu":
         from transformers import AutoTokenizer
 
-        tok = AutoTokenizer.from_pretrained(str(tasks.ensure_prepared(profile="default", seed=0).tokenizer_path))
+        tok = AutoTokenizer.from_pretrained(str(assets.tokenizer_path))
         row = measure_evaluation(models["builtin-student"], tok, a.rows, a.repeats)
         print(json.dumps({"model": "builtin-student", **row}, default=list), flush=True)  # noqa: T201
     if a.llama125m_layers:
