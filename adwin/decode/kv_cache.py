@@ -11,6 +11,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import inspect
+from collections.abc import Sequence
 from typing import Any
 
 import torch
@@ -82,3 +83,19 @@ def allocate(layer: Any, keys: torch.Tensor, values: torch.Tensor) -> None:
         layer.lazy_initialization(keys, values)
     else:  # 4.x: one head dim for keys and values, taken from the keys
         layer.lazy_initialization(keys)
+
+
+class UncachedModelError(ValueError):
+    """The model returned no KV cache (or, for ``drop_stopped``, none whose rows can be dropped)."""
+
+
+def left_pad(seqs: Sequence[Sequence[int]], pad_id: int, device: torch.device | str) -> tuple[torch.Tensor, torch.Tensor]:
+    """(B, L) ids and attention mask with every sequence flush right."""
+    width = max(len(s) for s in seqs)
+    ids = torch.full((len(seqs), width), pad_id, dtype=torch.long)
+    mask = torch.zeros((len(seqs), width), dtype=torch.long)
+    for b, s in enumerate(seqs):
+        if s:
+            ids[b, width - len(s) :] = torch.tensor(list(s), dtype=torch.long)
+            mask[b, width - len(s) :] = 1
+    return ids.to(device), mask.to(device)

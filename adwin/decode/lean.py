@@ -76,8 +76,7 @@ class LeanCache:
     ``stop``, ``drop``) over a preallocated KV buffer and the lean step; see the module docstring."""
 
     def __init__(self, model: torch.nn.Module, contexts: Sequence[Sequence[int]], budget: int, pad_id: int) -> None:
-        from adwin.decode.kv_cache import last_logits_only, returned_cache
-        from adwin.decode.loop import UncachedModelError, left_pad
+        from adwin.decode.kv_cache import UncachedModelError, last_logits_only, left_pad, returned_cache
 
         if not lean_applies(model):
             raise LeanModelError(f"the lean decode step computes a plain LlamaForCausalLM on CPU, got "

@@ -27,14 +27,18 @@ from dataclasses import dataclass
 
 import torch
 
-from adwin.decode.kv_cache import cache_keyword, last_logits_only, returned_cache
+from adwin.decode.kv_cache import (
+    UncachedModelError,
+    cache_keyword,
+    last_logits_only,
+    left_pad,
+    returned_cache,
+)
 from adwin.decode.lean import LeanCache, lean_applies
 from adwin.decode.sampler import TokenSampler
 from adwin.decode.static_cache import StaticBatch, batch_bucket, cache_bucket
 
-
-class UncachedModelError(ValueError):
-    """The model returned no KV cache (or, for ``drop_stopped``, none whose rows can be dropped)."""
+__all__ = ["Generation", "UncachedModelError", "decode", "left_pad"]  # the error and the padding live in kv_cache (the lean step reads them too)
 
 
 @dataclass
@@ -45,18 +49,6 @@ class Generation:
     finished: list[bool]  # emitted EOS within the budget
     logprobs: list[list[float]] | None = None  # log p(token) under the generating weights (temperature 1)
     decode_steps: int = 0  # token positions the call decoded for its batch (before rows are cut to their budgets)
-
-
-def left_pad(seqs: Sequence[Sequence[int]], pad_id: int, device: torch.device | str) -> tuple[torch.Tensor, torch.Tensor]:
-    """(B, L) ids and attention mask with every sequence flush right."""
-    width = max(len(s) for s in seqs)
-    ids = torch.full((len(seqs), width), pad_id, dtype=torch.long)
-    mask = torch.zeros((len(seqs), width), dtype=torch.long)
-    for b, s in enumerate(seqs):
-        if s:
-            ids[b, width - len(s) :] = torch.tensor(list(s), dtype=torch.long)
-            mask[b, width - len(s) :] = 1
-    return ids.to(device), mask.to(device)
 
 
 class _Rows:

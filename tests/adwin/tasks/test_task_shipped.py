@@ -53,9 +53,10 @@ def test_shipped_meta_names_no_path_of_the_machine_that_built_it(task: str) -> N
 
 
 def test_the_package_data_takes_every_shipped_file() -> None:
-    patterns = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"]["package-data"]["adwin.tasks"]
-    package_dir = SHIPPED_DIR.parent
-    taken = {p for pattern in patterns for p in package_dir.glob(pattern) if p.is_file()}
+    setuptools = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"]
+    assert "adwin.tasks.builtin_models" in setuptools["packages"]
+    patterns = setuptools["package-data"]["adwin.tasks.builtin_models"]
+    taken = {p for pattern in patterns for p in SHIPPED_DIR.glob(pattern) if p.is_file()}
     files = {p for p in SHIPPED_DIR.rglob("*") if p.is_file()}
     assert files and files <= taken, sorted(str(p) for p in files - taken)
 
