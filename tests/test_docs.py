@@ -143,7 +143,7 @@ def test_every_cited_section_of_a_doc_exists() -> None:
 def test_the_readme_and_the_benchmarks_page_stay_readable_in_length() -> None:
     assert len((ROOT / "README.md").read_text().splitlines()) <= 200
     # the benchmarks page carries the suite's per-task headline tables (five of them) beside every bench's result
-    assert len((ROOT / "docs" / "benchmarks.md").read_text().splitlines()) <= 800
+    assert len((ROOT / "docs" / "benchmarks.md").read_text().splitlines()) <= 815
 
 
 def test_no_table_is_cut_in_two_by_a_blank_line() -> None:

@@ -274,17 +274,17 @@ def audit(
     ``params`` (``all`` | ``top:N``, ``adwin.audit.params``) restricts the gradients to the last N blocks
     and the head, so each segment's backward stops early. ``estimator`` (``batch`` | ``debiased``,
     ``adwin.audit.estimators``) picks the cosine: ``debiased`` drops the same-sample terms of the Gram and
-    needs per-sample gradients (one sample at a time, as ``macro``); ``batch_cosines`` then keeps the
+    needs per-sample gradients (as ``macro``); ``batch_cosines`` then keeps the
     batch ones. ``ci_level`` (e.g. 0.9) adds ``cosine_ci``, an interval per candidate over the probe samples
     (``adwin.audit.estimators.cosine_interval``: the U-statistic interval for ``debiased``, a bootstrap of
     ``ci_samples`` resamples for ``batch``), from per-sample segment vectors (exact for ``reference``,
-    CountSketches of ``sketch_dim`` for ``fast``/``sketch``; also one sample at a time).
+    CountSketches of ``sketch_dim`` for ``fast``/``sketch``; also per sample).
 
     ``macro`` adds per-sample cosines (mean over samples; samples whose prefix gradient is zero are
-    left out, a candidate with no such sample is absent). It processes ``fast``/``sketch`` one sample
-    at a time (as ``debiased`` and ``ci_level`` do), which also bounds activation memory; otherwise
-    ``micro_batch`` bounds the rows per forward/backward (None: the whole batch; the trainer passes
-    ``optim.micro_batch_size``). ``autocast`` (``off`` | ``bf16``, ``model.autocast``) runs the forwards
+    left out, a candidate with no such sample is absent). ``micro_batch`` bounds the rows per forward/backward
+    (None: the whole batch; the trainer passes ``optim.micro_batch_size``); per-sample gradients (``macro``,
+    ``debiased``, ``ci_level``) of ``fast``/``sketch`` take that many rows per backward (``adwin.audit.persample``,
+    one row at a time for a model it refuses), fewer where their gradients would not fit. ``autocast`` (``off`` | ``bf16``, ``model.autocast``) runs the forwards
     under bf16 autocast (``adwin.objectives.precision``). Gradients are taken in eval mode (no dropout) under the current parameters; the model's
     mode is restored and no parameter's ``.grad`` is touched.
 
@@ -315,7 +315,7 @@ def audit(
         raise ValueError("audit needs a decoder-only (causal) model; got an encoder-decoder")
     if estimator not in ESTIMATORS:
         raise ValueError(f"audit.estimator must be one of {ESTIMATORS}, got {estimator!r}")
-    per_sample = macro or estimator == "debiased" or ci_level is not None  # one row at a time (any micro_batch)
+    per_sample = macro or estimator == "debiased" or ci_level is not None  # per-row gradients (adwin.audit.persample)
     vector_dim = (DEFAULT_SKETCH_DIM if sketch_dim is None else int(sketch_dim)) if ci_level is not None else None
 
     n_samples = int(batch.input_ids.shape[0])

@@ -11,62 +11,34 @@ gradients (tests), ``chunked_grams`` through the causal chunked forward (methods
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Callable, Iterator, Sequence
-from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 import torch
 
+from adwin.audit import persample
 from adwin.audit.combine import segment_matrix
-from adwin.audit.sketch import Grads, countsketch
-from adwin.decode.kv_cache import with_cache
-from adwin.objectives.losses import response_positions, reverse_kl_pg, token_logprobs
+from adwin.audit.segments import (
+    Prepared,
+    TokenLoss,
+    add_into,
+    chunked_forward,
+    forwarded_lengths,
+    per_token_loss,
+    prepare,
+    rows_of,
+)
+from adwin.audit.sketch import Grads, HashCache, countsketch, countsketch_rows
+from adwin.objectives.losses import token_logprobs
 
-# Per-token loss: (student_logprobs, teacher_logprobs, mask) -> (B, L) per-token losses.
-TokenLoss = Callable[[torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor]
+__all__ = ["Prepared", "TokenLoss", "canonical_name", "chunked_grams", "metric_scaler", "prepare", "reference_grams"]
+
+log = logging.getLogger(__name__)
+
 # Sum over data-parallel ranks (in place, returned); ``adwin.audit.combine``.
 Reduce = Callable[[torch.Tensor], torch.Tensor]
-
-
-@dataclass
-class Prepared:
-    input_ids: torch.Tensor  # (B, L)
-    attention_mask: torch.Tensor  # (B, L) long
-    position_ids: torch.Tensor  # (B, L)
-    response_mask: torch.Tensor  # (B, L) float
-    teacher_logprobs: torch.Tensor  # (B, L) float
-    token_weights: torch.Tensor | None  # (B, L) float
-    segment: torch.Tensor  # (B, L) long: segment of each response token, -1 elsewhere
-    tokens_per_segment: list[int]
-    loss: str | TokenLoss = "reverse_kl_pg"
-
-
-def prepare(batch: Any, token_weights: torch.Tensor | None, cands: list[int], device: torch.device) -> Prepared:
-    """A ``ProbeBatch`` on ``device`` with each response token's segment (candidate boundaries ``cands``)."""
-    shape = tuple(batch.input_ids.shape)
-    if token_weights is not None and tuple(token_weights.shape) != shape:
-        raise ValueError(f"token_weights must have shape {shape}, got {tuple(token_weights.shape)}")
-    am = batch.attention_mask.to(device).long()
-    rm = batch.response_mask.to(device).float()
-    if bool((rm[:, 0] > 0).any()):
-        raise ValueError("response_mask is 1 at column 0, which no logit predicts")
-    if bool(((rm > 0) & (am == 0)).any()):
-        raise ValueError("response_mask is 1 on a position the attention mask excludes")
-    pos = response_positions(rm)  # (B, L), -1 off the response
-    bounds = torch.tensor(cands, device=device)
-    seg = torch.where(pos >= 0, torch.bucketize(pos, bounds, right=True), torch.full_like(pos, -1))  # (B, L)
-    counts = torch.bincount(seg[seg >= 0], minlength=len(cands) + 1).tolist()
-    return Prepared(
-        input_ids=batch.input_ids.to(device),
-        attention_mask=am,
-        position_ids=(am.cumsum(dim=1) - 1).clamp_min(0),
-        response_mask=rm,
-        teacher_logprobs=batch.teacher_logprobs.to(device).float(),
-        token_weights=None if token_weights is None else token_weights.to(device).float(),
-        segment=seg,
-        tokens_per_segment=[int(c) for c in counts],
-    )
 
 
 def canonical_name(name: str) -> str:
@@ -109,17 +81,6 @@ def metric_scaler(
     return scale
 
 
-def _per_token_loss(
-    logp: torch.Tensor,
-    teacher: torch.Tensor,
-    mask: torch.Tensor,
-    weights: torch.Tensor | None,
-    loss: str | TokenLoss,
-) -> torch.Tensor:
-    per = loss(logp, teacher, mask) if callable(loss) else reverse_kl_pg(logp, teacher, mask)  # (B, n)
-    return per if weights is None else per * weights
-
-
 def reference_grams(
     model: torch.nn.Module,
     named: list[tuple[str, torch.nn.Parameter]],
@@ -138,7 +99,7 @@ def reference_grams(
     params = [p for _, p in named]
     logits = model(input_ids=b.input_ids, attention_mask=b.attention_mask, position_ids=b.position_ids).logits
     logp = token_logprobs(logits, b.input_ids)  # (B, L)
-    per = _per_token_loss(logp, b.teacher_logprobs, b.response_mask, b.token_weights, b.loss)  # (B, L)
+    per = per_token_loss(logp, b.teacher_logprobs, b.response_mask, b.token_weights, b.loss)  # (B, L)
 
     def flat_grad(scalar: torch.Tensor) -> torch.Tensor:
         gs = torch.autograd.grad(scalar, params, retain_graph=True, allow_unused=True)
@@ -175,11 +136,14 @@ def chunked_grams(
     seed: int,
     vector_dim: int | None = None,
     reduce: Reduce | None = None,
+    engine: str = "batched",
 ) -> tuple[np.ndarray, list[np.ndarray], np.ndarray | None, list[np.ndarray]]:
     """``fast`` (sketch_dim None) and ``sketch``: micro-batches through the causal chunked graph.
 
-    ``micro_batch``: at most this many rows per forward/backward (None: the whole batch); ``macro``
-    (per-sample Grams) always runs one row at a time, which is within any bound.
+    ``micro_batch``: at most this many rows per forward/backward (None: the whole batch). ``macro`` (per-sample
+    Grams) differentiates each row apart: ``engine="batched"`` (``adwin.audit.persample``) takes up to
+    ``micro_batch`` rows per pass (fewer where their gradients would pass ``persample.ROW_GRAD_BYTES``) and falls
+    back to ``"row"`` (one backward per row and segment) for a model it refuses.
 
     With ``vector_dim`` (needs ``macro``) also each sample's (K+1, vector_dim) CountSketch of its segment
     gradients (the sketch itself for ``sketch``), for the bootstrap's cross-sample Gram. ``reduce`` sums the
@@ -188,14 +152,22 @@ def chunked_grams(
     n = b.input_ids.shape[0]
     if micro_batch is not None and int(micro_batch) < 1:
         raise ValueError(f"micro_batch must be >= 1, got {micro_batch}")
-    # micro_batch bounds the rows per forward/backward; per-sample gradients (macro) take one row at a time
-    mb = 1 if macro else (n if micro_batch is None else int(micro_batch))
+    if engine not in ("batched", "row"):
+        raise ValueError(f"engine must be 'batched' or 'row', got {engine!r}")
+    if macro:
+        args = (model, named, b, n_seg, scale, sketch_dim, seed, vector_dim, reduce)
+        if engine == "batched":
+            step = persample.rows_per_pass(n, micro_batch, n_seg, [p for _, p in named], exact=sketch_dim is None)
+            try:
+                return _per_sample_grams(*args, persample.segment_grads, step)
+            except persample.PerSampleUnsupported as e:
+                log.warning("audit: per-sample gradients one row at a time (%s)", e)
+        return _per_sample_grams(*args, _one_row, 1)
+    mb = n if micro_batch is None else int(micro_batch)
     names = [name for name, _ in named]
     device = b.input_ids.device
     acc: list[Grads | None] = [None] * n_seg  # batch-level segment gradients (fast)
     sk_total = torch.zeros(n_seg, sketch_dim, dtype=torch.float64, device=device) if sketch_dim else None
-    sample_grams: list[np.ndarray] = []
-    vectors: list[np.ndarray] = []
     single = mb >= n  # one micro-batch: its gradients are the batch's, no accumulator copy
     for start in range(0, n, mb):
         rows = slice(start, min(n, start + mb))
@@ -205,37 +177,121 @@ def chunked_grams(
                 if grads is not None:
                     countsketch(grads, names, sketch_dim, seed, sk[s])
                 del grads  # before the next backward: one transient gradient at a time
-            sk64 = sk.double()
-            if macro:
-                sample_grams.append((sk64 @ sk64.T).cpu().numpy())
-            if vector_dim is not None:
-                vectors.append(sk.cpu().numpy())
-            sk_total += sk64
+            sk_total += sk.double()
             continue
         seg_grads: list[Grads | None] = [None] * n_seg
         for s, grads in _segment_grads(model, named, b, rows, n_seg, scale):
             seg_grads[s] = grads
-        if macro:
-            sample_grams.append(_gram_of(seg_grads))
-        if vector_dim is not None:
-            vec = torch.zeros(n_seg, vector_dim, dtype=torch.float32, device=device)  # (K+1, D)
-            for s, grads in enumerate(seg_grads):
-                if grads is not None:
-                    countsketch(grads, names, vector_dim, seed, vec[s])
-            vectors.append(vec.cpu().numpy())
         if single:
             acc = seg_grads
         else:
             for s, grads in enumerate(seg_grads):
-                acc[s] = _add_into(acc[s], grads)
+                acc[s] = add_into(acc[s], grads)
         del seg_grads
+    return _batch_result(acc, sk_total, named, reduce, [], [])
+
+
+def _batch_result(
+    acc: list[Grads | None],
+    sk_total: torch.Tensor | None,
+    named: list[tuple[str, torch.nn.Parameter]],
+    reduce: Reduce | None,
+    sample_grams: list[np.ndarray],
+    vectors: list[np.ndarray],
+) -> tuple[np.ndarray, list[np.ndarray], np.ndarray | None, list[np.ndarray]]:
+    """The batch Gram (summed over ranks by ``reduce``) from the segment gradients or the batch sketch."""
     if sk_total is not None:
-        sk_np = (sk_total if reduce is None else reduce(sk_total)).cpu().numpy()
+        # the batch sketch travels as float32 (AuditResult.sketch): the Gram is that sketch's, not a finer one's
+        sk_np = (sk_total if reduce is None else reduce(sk_total)).float().double().cpu().numpy()
         return sk_np @ sk_np.T, sample_grams, sk_np, vectors
     if reduce is not None:
         m = reduce(segment_matrix(acc, [p for _, p in named])).double()  # (K+1, n_params)
         return (m @ m.T).cpu().numpy(), sample_grams, None, vectors
     return _gram_of(acc), sample_grams, None, vectors
+
+
+RowEngine = Callable[..., Iterator[tuple[int, Grads | None]]]
+
+
+def _per_sample_grams(
+    model: torch.nn.Module,
+    named: list[tuple[str, torch.nn.Parameter]],
+    b: Prepared,
+    n_seg: int,
+    scale: Callable[[int, torch.Tensor], torch.Tensor],
+    sketch_dim: int | None,
+    seed: int,
+    vector_dim: int | None,
+    reduce: Reduce | None,
+    engine: RowEngine,
+    step: int,
+) -> tuple[np.ndarray, list[np.ndarray], np.ndarray | None, list[np.ndarray]]:
+    """``chunked_grams`` with per-sample Grams (and vectors): ``engine`` yields each segment's per-row gradients
+    for up to ``step`` rows of similar length at a time (``persample.passes``). Per-sample sketches and Grams
+    accumulate in float64."""
+    n = b.input_ids.shape[0]
+    groups = persample.passes(forwarded_lengths(b), step) if step > 1 else [[i] for i in range(n)]
+    order = [i for g in groups for i in g]
+    if order != list(range(n)):  # the passes' rows made contiguous; the per-sample lists are put back at the end
+        b = rows_of(b, torch.tensor(order, device=b.input_ids.device))
+    bounds = np.cumsum([0] + [len(g) for g in groups])
+    names = [name for name, _ in named]
+    device = b.input_ids.device
+    hashes = {d: HashCache(seed, d) for d in (sketch_dim, vector_dim) if d is not None}
+    acc: list[Grads | None] = [None] * n_seg
+    sk_total = torch.zeros(n_seg, sketch_dim, dtype=torch.float64, device=device) if sketch_dim else None
+    sample_grams: list[np.ndarray] = []
+    vectors: list[np.ndarray] = []
+    for start, stop in zip(bounds[:-1], bounds[1:], strict=True):
+        rows = slice(int(start), int(stop))
+        r = rows.stop - rows.start
+        per_row = None  # (r, K+1, vector_dim): the rows' vectors
+        if sketch_dim is not None:
+            sk = torch.zeros(n_seg, r, sketch_dim, dtype=torch.float64, device=device)  # (K+1, r, D)
+            for s, grads in engine(model, named, b, rows, n_seg, scale, verify=start == 0):
+                if grads is not None:
+                    countsketch_rows(grads, names, hashes[sketch_dim], sk[s])
+                del grads  # before the next backward: one segment's row gradients at a time
+            per_row = sk.transpose(0, 1)  # (r, K+1, D)
+            grams = per_row @ per_row.transpose(1, 2)  # (r, K+1, K+1)
+            sk_total += sk.sum(dim=1)
+        else:
+            seg_grads: list[Grads | None] = [None] * n_seg
+            for s, grads in engine(model, named, b, rows, n_seg, scale, verify=start == 0):
+                seg_grads[s] = grads
+            grams = _row_grams(seg_grads, r, device)
+            if vector_dim is not None:
+                vec = torch.zeros(n_seg, r, vector_dim, dtype=torch.float64, device=device)  # (K+1, r, D)
+                for s, grads in enumerate(seg_grads):
+                    if grads is not None:
+                        countsketch_rows(grads, names, hashes[vector_dim], vec[s])
+                per_row = vec.transpose(0, 1)
+            for s, grads in enumerate(seg_grads):
+                summed = None if grads is None else [None if g is None else g.sum(dim=0) for g in grads]
+                acc[s] = add_into(acc[s], summed)
+            del seg_grads
+        sample_grams.extend(grams.cpu().numpy())
+        if vector_dim is not None and per_row is not None:
+            vectors.extend(per_row.cpu().numpy())
+    back = np.argsort(order)
+    sample_grams = [sample_grams[i] for i in back]
+    vectors = [vectors[i] for i in back] if vectors else vectors
+    return _batch_result(acc, sk_total, named, reduce, sample_grams, vectors)
+
+
+def _one_row(
+    model: torch.nn.Module,
+    named: list[tuple[str, torch.nn.Parameter]],
+    b: Prepared,
+    rows: slice,
+    n_seg: int,
+    scale: Callable[[int, torch.Tensor], torch.Tensor],
+    verify: bool = False,
+) -> Iterator[tuple[int, Grads | None]]:
+    """The fallback row engine: ``_segment_grads`` of one row, each gradient (1, *shape)."""
+    del verify  # autograd's own gradient: nothing to check
+    for s, grads in _segment_grads(model, named, b, rows, n_seg, scale):
+        yield s, None if grads is None else [None if g is None else g.unsqueeze(0) for g in grads]
 
 
 def _segment_grads(
@@ -246,51 +302,11 @@ def _segment_grads(
     n_seg: int,
     scale: Callable[[int, torch.Tensor], torch.Tensor],
 ) -> Iterator[tuple[int, Grads | None]]:
-    """Yield ``(s, gradient of segment s)`` for the rows, in segment order; None for an empty segment.
+    """Yield ``(s, gradient of segment s)`` summed over the rows, in segment order; None for an empty segment.
 
-    Chunk ``s`` of the forward covers the input columns needed by segment ``s`` and not by earlier
-    ones. A token at column ``i`` is predicted by the logits at ``i - 1``, so segment ``s`` needs input
-    columns ``< end_s`` where ``end_s`` is the largest column of a token in segments ``<= s``.
-    """
-    from transformers import DynamicCache  # heavy; only the causal engine needs it
-
+    One backward per segment through ``chunked_forward``'s graph, which walks only that segment's prefix."""
     params = [p for _, p in named]
-    seg = b.segment[rows]  # (b, L)
-    ids = b.input_ids[rows]
-    ends: list[int] = []
-    last = 0
-    for s in range(n_seg):
-        cols = torch.nonzero((seg == s).any(dim=0)).flatten()
-        last = max(last, int(cols.max().item()) if cols.numel() else 0)
-        ends.append(last)
-    cache = DynamicCache(config=getattr(model, "config", None))
-    seg_losses: list[torch.Tensor | None] = [None] * n_seg
-    begin = 0
-    for s in range(n_seg):
-        end = ends[s]
-        if end <= begin:
-            continue  # nothing new to forward for this segment
-        out = model(
-            input_ids=ids[:, begin:end],
-            attention_mask=b.attention_mask[rows, :end],
-            position_ids=b.position_ids[rows, begin:end],
-            **with_cache(model, cache),
-            use_cache=True,
-        )
-        logp = torch.log_softmax(out.logits.float(), dim=-1)  # (b, n, V)
-        logp = logp.gather(-1, ids[:, begin + 1 : end + 1, None]).squeeze(-1)  # (b, n): columns begin+1..end
-        cols = slice(begin + 1, end + 1)
-        weights = None if b.token_weights is None else b.token_weights[rows, cols]
-        per = _per_token_loss(
-            logp, b.teacher_logprobs[rows, cols], b.response_mask[rows, cols], weights, b.loss
-        )
-        chunk_seg = seg[:, cols]
-        for t in range(s, n_seg):  # tokens of later segments can sit in this chunk (shorter prompts)
-            hit = chunk_seg == t
-            if bool(hit.any()):
-                part = (per * hit).sum()
-                seg_losses[t] = part if seg_losses[t] is None else seg_losses[t] + part
-        begin = end
+    seg_losses = chunked_forward(model, b, rows, n_seg)
     live = [s for s in range(n_seg) if seg_losses[s] is not None]
     for s in range(n_seg):
         if seg_losses[s] is None:
@@ -305,17 +321,6 @@ def _segment_grads(
         g = None  # drop the loop reference to the last raw gradient
         yield s, grads
         del grads  # the caller owns it now; holding it here would double the sketch's transient memory
-
-
-def _add_into(acc: Grads | None, grads: Grads | None) -> Grads | None:
-    if grads is None:
-        return acc
-    if acc is None:
-        return list(grads)
-    for i, g in enumerate(grads):
-        if g is not None:
-            acc[i] = g if acc[i] is None else acc[i].add_(g)
-    return acc
 
 
 def _gram_of(seg_grads: Sequence[Grads | None]) -> np.ndarray:
@@ -334,4 +339,21 @@ def _gram_of(seg_grads: Sequence[Grads | None]) -> np.ndarray:
         sub = (m @ m.T).double().cpu().numpy()
         idx = [s for s, _ in rows]
         gram[np.ix_(idx, idx)] += sub
+    return gram
+
+
+def _row_grams(seg_grads: Sequence[Grads | None], rows: int, device: torch.device) -> torch.Tensor:
+    """(rows, K+1, K+1) float64 per-row Grams of per-row segment gradients (each parameter's (rows, *shape)),
+    one parameter at a time."""
+    n_seg = len(seg_grads)
+    gram = torch.zeros(rows, n_seg, n_seg, dtype=torch.float64, device=device)
+    live = [s for s in range(n_seg) if seg_grads[s] is not None]
+    n_params = len(seg_grads[live[0]]) if live else 0  # type: ignore[arg-type]
+    for i in range(n_params):
+        parts = [(s, seg_grads[s][i]) for s in live if seg_grads[s][i] is not None]  # type: ignore[index]
+        if not parts:
+            continue
+        m = torch.stack([g.reshape(rows, -1).double() for _, g in parts], dim=1)  # (rows, k, n_i)
+        idx = torch.tensor([s for s, _ in parts], device=gram.device)
+        gram[:, idx[:, None], idx[None, :]] += m @ m.transpose(1, 2)
     return gram

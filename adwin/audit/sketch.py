@@ -68,3 +68,37 @@ def countsketch(grads: Grads, names: list[str], dim: int, seed: int, out: torch.
             stop = min(flat.numel(), start + _HASH_CHUNK)
             bucket, sign = countsketch_hashes(name, flat.numel(), seed, dim, start, stop, flat.device)
             out.index_add_(0, bucket, flat[start:stop].float() * sign)
+
+
+class HashCache:
+    """Each parameter's (bucket, sign) blocks for one (seed, dim), hashed once and reused over the rows and segments
+    of an audit; blocks beyond ``max_elements`` in all are hashed on each use instead, which bounds the memory."""
+
+    def __init__(self, seed: int, dim: int, max_elements: int = 1 << 23) -> None:
+        self.seed, self.dim, self.room = int(seed), int(dim), int(max_elements)
+        self._kept: dict[tuple[str, int], tuple[torch.Tensor, torch.Tensor]] = {}
+
+    def get(self, name: str, numel: int, start: int, stop: int, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
+        hit = self._kept.get((name, start))
+        if hit is not None:
+            return hit
+        pair = countsketch_hashes(name, numel, self.seed, self.dim, start, stop, device)
+        if stop - start <= self.room:
+            self.room -= stop - start
+            self._kept[(name, start)] = pair
+        return pair
+
+
+def countsketch_rows(grads: Grads, names: list[str], hashes: HashCache, out: torch.Tensor) -> None:
+    """Add each row's CountSketch into ``out`` (B, dim): ``grads`` holds per-row gradients, each (B, *shape).
+
+    The same projection as ``countsketch`` row by row, accumulated in ``out``'s dtype."""
+    for g, name in zip(grads, names, strict=True):
+        if g is None:
+            continue
+        flat = g.reshape(g.shape[0], -1)  # (B, n)
+        numel = flat.shape[1]
+        for start in range(0, numel, _HASH_CHUNK):
+            stop = min(numel, start + _HASH_CHUNK)
+            bucket, sign = hashes.get(name, numel, start, stop, flat.device)
+            out.index_add_(1, bucket, flat[:, start:stop].to(out.dtype) * sign.to(out.dtype))

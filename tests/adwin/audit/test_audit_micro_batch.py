@@ -50,14 +50,14 @@ def test_the_audit_job_in_micro_batches_equals_the_whole_batch_audit(method: str
         assert micro.tokens_per_segment == whole.tokens_per_segment
 
 
-def test_per_sample_audits_accept_any_micro_batch_size_and_still_run_one_row_at_a_time() -> None:
+def test_per_sample_audits_forward_at_most_micro_batch_rows_at_a_time() -> None:
     model, batch = make_tiny_llama(seed=1), probe_batch()
     ref = audit(model, batch, CANDS, macro=True)
     seen: list[int] = []
     hook = model.model.embed_tokens.register_forward_hook(lambda _m, a, _o: seen.append(a[0].shape[0]))
     got = audit(model, batch, CANDS, macro=True, micro_batch=4)
     hook.remove()
-    assert set(seen) == {1}
+    assert max(seen) <= 4
     assert_same_cosines(ref.cosines, got.cosines)
     assert_same_cosines(ref.macro_cosines, got.macro_cosines)
 
