@@ -103,6 +103,8 @@ KEYS: dict[str, str] = {
     "probe/offered": "rollouts offered as probes this step (unfinished prefixes; finished ones per "
                      "`probes.offer_finished`)",
     "probe/accepted": "offers the controller accepted as probes",
+    "probe/step": "1 on a step that carries probe copies to the horizon, 0 on one that ends at the window (the verl "
+                  "adapter's adwin.probe_every)",
     "probe/active": "probes being extended",
     "probe/completed": "probes completed this step",
     "probe/forced": "probes force-completed at the staleness limit S",
