@@ -85,12 +85,8 @@ def main(args: argparse.Namespace) -> int:
                          f"--update-rollouts + 2 ({args.update_rollouts + 2})")
     if args.cadence < 1:
         raise ValueError(f"--cadence must be >= 1, got {args.cadence}")
-    if args.probe_batch:
-        most = max(int(x) for x in str(args.probe_batch).split(","))
-        if args.replay_audits * most > args.rollouts // 2:
-            raise ValueError(f"--replay-audits {args.replay_audits} of up to {most} probes need "
-                             f"{args.replay_audits * most} distinct rollouts in the replay's half of the pool; "
-                             f"--rollouts {args.rollouts} gives it {args.rollouts // 2}")
+    if args.probe_batch and not args.from_npz:
+        check_replay_fits(args, max(int(x) for x in str(args.probe_batch).split(",")))
     out_dir = Path(args.out) / f"{args.task}-{dt.datetime.now().strftime('%Y-%m-%d-%H%M')}"
     out_dir.mkdir(parents=True, exist_ok=True)
     if args.from_npz:
@@ -238,6 +234,16 @@ def _steps(text: str) -> list[int]:
     return steps
 
 
+def check_replay_fits(args: argparse.Namespace, most: int) -> None:
+    """Refuse, before any rollout, a replay whose audits of up to ``most`` probes need more distinct rollouts than
+    the replay's half of the pool holds."""
+    if args.replay_audits * most > args.rollouts // 2:
+        raise ValueError(f"--replay-audits {args.replay_audits} of up to {most} probes need "
+                         f"{args.replay_audits * most} distinct rollouts in the replay's half of the pool; "
+                         f"--rollouts {args.rollouts} gives it {args.rollouts // 2}: raise --rollouts or lower "
+                         "--replay-audits or --probe-batch")
+
+
 def _sample_checkpoints(args: argparse.Namespace, at: list[int], out_dir: Path) -> tuple[list[dict], dict]:
     import torch
 
@@ -251,6 +257,8 @@ def _sample_checkpoints(args: argparse.Namespace, at: list[int], out_dir: Path) 
                                     seed=args.seed, assets_seed=args.assets_seed)
     cfg = curve_config(curve_args)
     cfg = cfg.model_copy(update={"name": "full", "out_dir": str(out_dir / "runs")})
+    if not args.probe_batch:  # the replay's default P, the run's and 8, is known once the config is: check it now
+        check_replay_fits(args, max(int(cfg.probes.batch_size), 8))
     meta = {"command": command_line(), "task": args.task, "profile": args.profile, "commit": git_commit(),
             "date": dt.datetime.now().isoformat(timespec="seconds"), "horizon": cfg.rollout.max_response_len,
             "candidates": list(cfg.window.candidates), "threshold": float(cfg.window.threshold),

@@ -70,6 +70,20 @@ def test_more_probes_than_the_pool_holds_is_refused_before_any_compute(tmp_path:
     assert not any(tmp_path.iterdir())
 
 
+def test_a_default_replay_that_outgrows_the_pools_half_is_refused_before_any_rollout(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from adwin.bench.compare import command
+
+    def refuse(*args: object, **kwargs: object) -> None:
+        raise AssertionError("models loaded before the replay was checked")
+
+    monkeypatch.setattr(command, "load_run_parts", refuse)
+    # the replay's default P includes 8: 12 audits of 8 need 96 rollouts, a half of 128 holds 64
+    assert main(["bench", "audit-truth", "--task", "chain", "--profile", "tiny", "--rollouts", "128", "--sizes", "8",
+                 "--out", str(tmp_path)]) == 2
+    assert not list(tmp_path.rglob("gram-*.npz"))
+
+
 def test_a_pool_without_a_truth_replays_its_decisions_without_a_share_and_says_so() -> None:
     from adwin.bench.audit_replay import RULES as ALL
     from adwin.bench.audit_truth import measure_checkpoint, truth_markdown
