@@ -21,6 +21,7 @@ forward (or a norm of another form); ``adwin.audit.grams`` then falls back to on
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -134,8 +135,14 @@ def segment_grads(
     calls: list[_Call] = []
     chunk = [-1]
 
+    caller = threading.get_ident()
+
     def recorder(kind: str) -> Callable[..., None]:
         def hook(m: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any], out: Any) -> None:
+            # the hooks sit on the model, which other threads may run at the same time (a learner's forward, another
+            # rank's audit): only this call's own forward is recorded
+            if threading.get_ident() != caller:
+                return
             x = args[0] if args else kwargs.get("input")
             if not isinstance(out, torch.Tensor) or not isinstance(x, torch.Tensor):
                 raise PerSampleUnsupported(f"a {type(m).__name__} called without one input and one output tensor")
