@@ -156,7 +156,9 @@ def chunked_grams(
         raise ValueError(f"engine must be 'batched' or 'row', got {engine!r}")
     if macro:
         args = (model, named, b, n_seg, scale, sketch_dim, seed, vector_dim, reduce)
-        if engine == "batched":
+        # a sharded audit keeps one row at a time: its rows split over ranks, so batched passes would round each rank's
+        # rows differently from the one-process audit's (parity to 1e-5 failed intermittently)
+        if engine == "batched" and reduce is None:
             step = persample.rows_per_pass(n, micro_batch, n_seg, [p for _, p in named], exact=sketch_dim is None)
             try:
                 return _per_sample_grams(*args, persample.segment_grads, step)
