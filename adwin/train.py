@@ -268,7 +268,7 @@ def _run(cfg: TrainConfig, profile: str, resume: Path | None, dist: Any) -> int:
     summary = summarize(result.history, result.initial_eval, result.final_eval, result.totals)
     summary["run_id"] = result.run_id
     summary["models"] = parts.models
-    student_dir = getattr(result, "student_dir", None)  # the AsyncOPD result has none
+    student_dir = result.student_dir  # the run shell's export, whichever schedule trained
     if student_dir is not None:
         summary["student_dir"] = str(student_dir)
     if getattr(result, "asyncopd", None):

@@ -171,13 +171,15 @@ def _per_sample_scope(cfg: TrainConfig) -> None:
                          f"got {cfg.probes.backend!r}")
 
 
-# Fields only the synchronous trainer reads, with their defaults. Both schedulers train through one learner step
-# (adwin.loop.learner: micro-batches, activation checkpointing, autocast, the non-finite skip), so what stays here
-# is the synchronous schedule's own: AsyncOPD runs in one process (no ranks to shard the student over) and its
-# probes are pipeline requests audited on the learner (no probe workers, nothing to reissue). Any other value is
-# refused. The config reference (adwin.config.reference) reads its "read by" column from here.
+# Fields only the synchronous schedule reads, with their defaults. Both schedulers train through one learner step
+# (adwin.loop.learner: micro-batches, activation checkpointing, autocast, LoRA, the non-finite skip) inside one run
+# shell (adwin.loop.shell: checkpoints in the model.sharding format, resume, export, evaluation cadence), so what
+# stays here is the synchronous schedule's own: its probes are prefixes continued by probe workers (thread, Ray)
+# or riding its rollout call, which may fail and be reissued. AsyncOPD's probes are fresh requests of its own
+# pipeline, audited on the learner: no workers to place, size or reissue. (More than one rank is a scheduler
+# rule of its own: adwin.loop.sharding.check_data_parallel.) Any other value is refused. The config reference
+# (adwin.config.reference) reads its "read by" column from here.
 SYNC_ONLY: dict[str, object] = {
-    "model.sharding": "ddp",
     "probes.backend": "auto",
     "probes.workers": 1,
     "probes.ray_address": None,
@@ -195,8 +197,8 @@ def _sync_only_fields(cfg: TrainConfig) -> None:
         section, name = field.split(".")
         value = getattr(getattr(cfg, section), name)
         if value != default:
-            raise ValueError(f"{field}: scheduler 'asyncopd' does not apply it (got {value!r}; it trains in one "
-                             "process and generates probes in its own pipeline, audited on the learner); drop it, or "
+            raise ValueError(f"{field}: scheduler 'asyncopd' does not apply it (got {value!r}; it generates "
+                             "probes in its own pipeline, audited on the learner: no probe workers); drop it, or "
                              "train with scheduler: sync")
 
 

@@ -12,9 +12,7 @@ seeds a straight run would (probes a rollout call carried along keep the tokens 
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 from adwin.config import TrainConfig
@@ -56,17 +54,14 @@ def score_or_outage(teachers: Any, batch: Batch, cfg: TrainConfig,
     return signal, outage
 
 
-def stop_after_outage(outage: TeacherUnavailable, step: int, start: StepStart | None, parts: Parts,
-                      checkpoint: Callable[[int, dict[str, Any] | None], Path], probes: Any, sinks: Any) -> None:
-    """Save ``checkpoint-step`` as of the step's start, close workers and loggers, raise ``TeacherOutage``.
-
-    ``checkpoint(step, rng)`` saves ``rng`` as the RNG streams (None: the current ones)."""
+def stop_after_outage(outage: TeacherUnavailable, step: int, start: StepStart | None, parts: Parts, shell: Any) -> None:
+    """Save ``checkpoint-step`` as of the step's start, close the run (``shell``: the ``RunShell``), raise
+    ``TeacherOutage``."""
     rng = None
     if start is not None:
         parts.train_prompts.load_state_dict(start.prompts)  # the step's prompts go back to the stream
         rng = start.rng
-    saved = checkpoint(step, rng)
-    probes.close()
-    sinks.close()
+    saved = shell.checkpoint(step, rng)
+    shell.close()
     raise TeacherOutage(f"step {step}: {outage}; the run stopped before training on the step, state saved in "
                         f"{saved}: once the server answers, adwin train --resume {saved.parent} runs it again")

@@ -131,8 +131,10 @@ class ProbeSide:
 
 
 def open_probe_side(cfg: TrainConfig, controller: ControllerAPI, run_id: str, parts: Parts, gen: Sampler,
-                    optimizer: torch.optim.Optimizer, dist: LocalDist | None = None) -> ProbeSide:
-    """The run's probe side; its workers (thread, Ray) start here when the policy is audited.
+                    optimizer: torch.optim.Optimizer, dist: LocalDist | None = None,
+                    ledger: TokenLedger | None = None) -> ProbeSide:
+    """The run's probe side; its workers (thread, Ray) start here when the policy is audited. ``ledger``: the
+    run's token ledger (``adwin.loop.shell``), which completed probes feed (None: a new one).
 
     Data-parallel (``dist`` of world > 1, inline backend; ``controller`` answers every rank alike): every
     rank keeps the same pool, each extends its share of a round (``RoundExtender``) and differentiates its
@@ -142,7 +144,7 @@ def open_probe_side(cfg: TrainConfig, controller: ControllerAPI, run_id: str, pa
     dist = dist or LocalDist()
     client = ProbeClient(controller, run_id, ProbePool(cfg.rollout.max_response_len), cfg.probes.staleness_limit,
                          offer_finished=cfg.probes.offer_finished, probe_batch_size=cfg.probes.batch_size)
-    side = ProbeSide(client, TokenLedger(cfg.rollout.max_response_len))
+    side = ProbeSide(client, ledger or TokenLedger(cfg.rollout.max_response_len))
     if not cfg.probing:
         return side
     p, r = cfg.probes, cfg.rollout

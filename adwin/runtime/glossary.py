@@ -203,7 +203,6 @@ KEYS: dict[str, str] = {
     "time/audit": "learner-side seconds of audits (teacher scoring of the probe batch, drift, submission; the "
                   "whole audit with the inline backend)",
     "time/eval": "seconds evaluating",
-    "time/eval_initial": "seconds of the start-of-run evaluation (AsyncOPD runs, before their clock starts)",
     "time/wall": "seconds since the run started",
     # controller
     "controller/degraded": "1 while the remote controller is unreachable and the run trains on the last window",

@@ -22,7 +22,6 @@ def learner_decisions(history: Sequence[Mapping[str, Any]]) -> tuple[float, floa
     their share of the run's wall without evaluation (the same for every window policy): what
     ``audit.budget``'s aim of <= 10 % is about. A probe worker's own seconds are not in it."""
     spent = sum(float(h.get(k) or 0.0) for h in history for k in ("time/probe", "time/audit"))
-    # the AsyncOPD runs evaluate once before their clock starts (time/eval_initial): outside both terms
     wall = float(history[-1].get("time/wall", math.nan)) if history else math.nan
     work = wall - sum(float(h.get("time/eval") or 0.0) for h in history)
     return spent, spent / work if work > 0 else math.nan

@@ -13,7 +13,6 @@ from adwin.config.run import SYNC_ONLY
 ROOT = Path(__file__).resolve().parents[2]
 # another value of each sync-only field, with what it needs to load under sync
 OTHER: dict[str, dict[str, object]] = {
-    "model.sharding": {"model.sharding": "fsdp"},
     "probes.backend": {"probes.backend": "inline"},
     "probes.workers": {"probes.workers": 2},
     "probes.ray_address": {"probes.backend": "ray", "probes.ray_address": "127.0.0.1:6379"},
@@ -41,6 +40,12 @@ def test_a_sync_only_field_loads_under_sync_and_is_refused_under_asyncopd(field:
     load_config(None, OTHER[field])
     with pytest.raises(ValueError, match=field.replace(".", r"\.")):
         load_config(None, {field: OTHER[field][field], "scheduler": "asyncopd"})
+
+
+def test_model_sharding_is_read_by_both_schedulers() -> None:
+    """The run shell writes a sharded student's checkpoints and export for either schedule."""
+    assert read_by("model.sharding") == "both"
+    assert load_config(None, {"model.sharding": "fsdp", "scheduler": "asyncopd"}).model.sharding == "fsdp"
 
 
 def test_the_asyncopd_section_is_read_by_asyncopd_only() -> None:

@@ -115,7 +115,9 @@ def test_asyncopd_run_bounds_permits_keeps_prefixes_and_audits_probes(tmp_path: 
     assert out["breakpoint_samples"] >= 1
     assert out["throughput_tokens_per_s"] is not None and out["throughput_tokens_per_s"] > 0
     assert 0 < out["overlap"]["pipeline/overlap"] <= 3.0
-    assert (tmp_path / "runs" / "aopd" / "summary.json").is_file()
+    # the run shell's folder: the last checkpoint is the exported student (summary.json is the command's)
+    assert out["student_dir"] == str(tmp_path / "runs" / "aopd" / f"checkpoint-{cfg.steps}")
+    assert (tmp_path / "runs" / "aopd" / f"checkpoint-{cfg.steps}" / "config.json").is_file()
 
 
 def test_learner_loss_is_reverse_kl_mc_with_unclipped_is_and_fixed_width(tmp_path: Path) -> None:

@@ -1,7 +1,8 @@
 """``run_asyncopd``: one AsyncOPD-scheduled distillation run from a ``TrainConfig`` and a controller.
 
-What it wires (everything else is reused from the synchronous trainer: parts loading, run spec,
-optimizer, loggers): a prompt source over ``parts.train_prompts``; ``rollout_workers`` snapshots of the
+The run around the updates is the synchronous trainer's run shell (``adwin.loop.shell``: registration, optimizer,
+seeds, loggers, evaluation cadence, checkpoints and resume, the export, the token ledger, the fault counter); the
+pipeline reports each update to it. What this module wires besides: a prompt source over ``parts.train_prompts``; ``rollout_workers`` snapshots of the
 student (``HFRolloutEngine``); the teacher stage; the learner on the live student (the IS reverse-KL
 learner, or with ``loss.name: oapl`` the OAPL learner on whole prompt groups, the scheduler syncing the
 workers every ``loss.oapl.lag`` updates and discarding what an older inference policy generated); and
@@ -17,39 +18,26 @@ engine in a Ray actor (``ray_engine``); the scheduler's worker threads stay on t
 from __future__ import annotations
 
 import copy
-import json
 import logging
 import threading
 import time
-from collections.abc import Callable
-from dataclasses import dataclass, field
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
 from adwin.config import ASYNCOPD_LOSSES, AsyncOPDSection, TrainConfig, lag_of
 from adwin.controller.api import ControllerAPI
-from adwin.decode.static_cache import LEDGER as COMPILES
 from adwin.decode.static_cache import without_compiled
-from adwin.loop.accounting import TokenLedger
-from adwin.loop.learner import FaultCounter
-from adwin.loop.parts import Parts, load_parts, run_spec
-from adwin.probes.client import InlineAuditor
+from adwin.loop.parts import Parts, load_parts
+from adwin.loop.shell import RunShell, open_shell
+from adwin.probes.client import InlineAuditor, ProbeClient
 from adwin.probes.expiry import drop_probes
 from adwin.probes.settings import configure_audits
-from adwin.runtime.checkpoint import save_checkpoint, seed_everything
-from adwin.runtime.metrics_log import open_loggers
-from adwin.runtime.resilient_controller import controller_metrics, drain_controller
-from adwin.runtime.resume import (
-    CONTROLLER_DB,
-    read_state,
-    resume_from,
-    run_state,
-    snapshot_controller,
-    truncate_metrics,
-)
+from adwin.runtime.resume import read_state
 from adwin.sampling.rollout import encode_prompts, eos_ids, pad_id_of
-from adwin.student.optimizer import build_optimizer
-from adwin.student.structure import is_lora
 from adwin.trainer_adapters.asyncopd.hf import (
     HFLearner,
     HFRolloutEngine,
@@ -57,7 +45,7 @@ from adwin.trainer_adapters.asyncopd.hf import (
 )
 from adwin.trainer_adapters.asyncopd.items import PromptSpec
 from adwin.trainer_adapters.asyncopd.oapl import OAPLLearner
-from adwin.trainer_adapters.asyncopd.scheduler import AsyncOPDScheduler, SchedulerConfig
+from adwin.trainer_adapters.asyncopd.scheduler import AsyncOPDScheduler, SchedulerConfig, UpdateDelta
 from adwin.trainer_adapters.hooks import ControllerWindowHooks
 
 log = logging.getLogger(__name__)
@@ -76,75 +64,96 @@ def prompt_source(parts: Parts, max_prompt_len: int) -> Callable[[], PromptSpec]
 
 
 @dataclass
+class RequestState:
+    """The request stream as the run shell checkpoints it (``adwin.loop.shell.Pipeline``): taken with the feeder
+    paused between two submissions, so the prompt position, the requests to replay and the controller's database
+    are one consistent cut; on resume the in-flight probes it lists are reported dropped (docs/decisions.md,
+    "Resuming AsyncOPD")."""
+
+    scheduler: AsyncOPDScheduler
+    client: ProbeClient
+    key: str = "asyncopd"
+
+    @contextmanager
+    def paused(self) -> Iterator[None]:
+        with self.scheduler.paused():
+            yield
+
+    def state_dict(self) -> dict[str, Any]:
+        return self.scheduler.requests.state_dict()
+
+    def load_state_dict(self, state: dict[str, Any], start: int) -> None:
+        self.scheduler.requests.load_state_dict(state)
+        dropped = drop_probes(self.client, state["dropped_probes"], start)
+        log.info("asyncopd resumes at update %d: %d request(s) to generate again, %d in-flight probe(s) dropped",
+                 start, len(state["replay"]), dropped)
+
+
+@dataclass
 class AsyncOPDRun:
-    """Everything ``build_asyncopd`` wired, before it runs; ``start``: the updates a resumed checkpoint had done."""
+    """Everything ``build_asyncopd`` wired, before it runs; ``shell``: the run around the updates."""
 
     scheduler: AsyncOPDScheduler
     hooks: ControllerWindowHooks
     learner: HFLearner | OAPLLearner
     engines: list[Any]
     options: AsyncOPDSection
-    run_id: str
-    run_dir: Path
-    lr_scheduler: Any
-    optimizer: Any = None
-    close: Callable[[], None] | None = None  # releases worker resources (Ray actors)
-    tokenizer: Any = None
-    controller: Any = None  # the one passed in: an embedded controller's database goes into checkpoints
-    prompts: Any = None  # the training prompt stream (its position is run state)
-    ledger: TokenLedger = field(default_factory=lambda: TokenLedger(1))
-    faults: FaultCounter = field(default_factory=lambda: FaultCounter(3))
-    initial_eval: dict[str, float] = field(default_factory=dict)
-    start: int = 0
+    shell: RunShell
 
-    def checkpoint(self, step: int) -> Path:
-        """``<run_dir>/checkpoint-<step>`` in the synchronous trainer's layout with its run state
-        (``adwin.runtime.resume``) and the request stream's (``requests.RequestStream``), taken between two
-        updates with the feeder paused, so the prompt position, the requests to replay and the controller's
-        database are one consistent cut (docs/decisions.md, "Resuming AsyncOPD")."""
-        client = self.hooks.client
-        with self.scheduler.paused():
-            policy = self.hooks.controller.get_run(self.run_id).policy_state  # cached in an outage
-            extra = run_state(client.pool, self.ledger, self.prompts, self.faults, client.schedule, client.budget)
-            extra["asyncopd"] = self.scheduler.requests.state_dict()
-            return save_checkpoint(
-                self.run_dir, step, self.learner.student, self.tokenizer, self.optimizer, self.lr_scheduler, policy,
-                extra=extra, meta={"run_id": self.run_id, "initial_eval": self.initial_eval, "world_size": 1,
-                                   "sharding": "ddp"},
-                write_files=lambda d: snapshot_controller(self.controller, d / CONTROLLER_DB))
+    @property
+    def run_id(self) -> str:
+        return self.shell.run_id
 
-    def resume(self, checkpoint: Path) -> None:
-        """Load ``checkpoint`` back in place (``adwin.runtime.resume.resume_from``, RNG streams last) and set
-        ``start``; the in-flight probes it lists are reported dropped."""
-        client, extra = self.hooks.client, {}
-        self.initial_eval, self.start = resume_from(
-            checkpoint, self.learner.student, self.optimizer, self.lr_scheduler, client.pool, self.ledger,
-            self.prompts, self.faults, client.schedule, client.budget, lora=is_lora(self.learner.student),
-            on_extra=extra.update)
-        requests = extra["asyncopd"]
-        self.scheduler.requests.load_state_dict(requests)
-        dropped = drop_probes(client, requests["dropped_probes"], self.start)
-        log.info("asyncopd resumes at update %d: %d request(s) to generate again, %d in-flight probe(s) dropped",
-                 self.start, len(requests["replay"]), dropped)
+    @property
+    def run_dir(self) -> Path:
+        return self.shell.run_dir
+
+
+class UpdateReport:
+    """What the pipeline tells the shell after each update (on the dispatcher thread): the token ledger's row
+    (this update's items, the probes completed since the previous one) and each stage's busy seconds since the
+    previous row."""
+
+    def __init__(self, shell: RunShell, scheduler: AsyncOPDScheduler) -> None:
+        self.shell, self.scheduler = shell, scheduler
+        self._busy: dict[str, float] = {}
+
+    def __call__(self, step: int, m: dict[str, float]) -> dict[str, float]:
+        delta: UpdateDelta | None = self.scheduler.last_update  # OAPL's items may be fewer than B: probes
+        assert delta is not None and delta.step == step
+        ledger, pool = self.shell.ledger, self.shell.client.pool  # type: ignore[union-attr]
+        for it in delta.probes:  # a fresh probe's length is a full rollout's
+            ledger.add_completed(it.response_len)
+            pool.tokens_generated += it.response_len  # probe tokens: checkpointed with the pool
+        batch = delta.items
+        view = SimpleNamespace(response_ids=[it.tokens for it in batch],
+                               finished=[it.finish_reason != "window" for it in batch])
+        out = ledger.record(view, int(m.get("window/current", self.shell.cfg.rollout.max_response_len)),  # type: ignore[arg-type]
+                            pool.tokens_generated, windows=[it.window for it in batch])
+        out["rollout/prompt_tokens"] = float(sum(len(it.prompt_ids) for it in batch))  # FLOPs estimates read it
+        for stage in ("rollout", "teacher", "train"):  # they overlap: their sum may exceed the wall time
+            total = m.get(f"pipeline/busy_{stage}_s", 0.0)
+            out[f"time/{stage}"] = total - self._busy.get(stage, 0.0)
+            self._busy[stage] = total
+        return out
 
 
 def build_asyncopd(cfg: TrainConfig, controller: ControllerAPI, *, parts: Parts | None = None,
                    options: AsyncOPDSection | None = None, profile: str = "default",
                    engine_cls: type[HFRolloutEngine] = HFRolloutEngine, resume: Path | None = None) -> AsyncOPDRun:
-    """Register the run and build the stages; ``engine_cls`` is the seam for another rollout engine.
+    """Open the run shell and build the stages; ``engine_cls`` is the seam for another rollout engine.
     ``resume``: a checkpoint of this run (its controller reopened on the checkpoint's database,
-    ``adwin.runtime.resume.open_resumed_controller``): the run keeps its id and continues that state
-    (``AsyncOPDRun.resume``); rollout engines draw from seeds of the resumed update, not the start's again."""
+    ``adwin.runtime.resume.open_resumed_controller``): the run keeps its id and continues that state, the
+    request stream's included (``RequestState``); rollout engines draw from seeds of the resumed update, not the
+    start's again."""
     if cfg.loss.name not in ASYNCOPD_LOSSES:  # the config refuses it too; a hand-built config may not
         raise ValueError(f"--scheduler asyncopd trains with {ASYNCOPD_LOSSES} (old-to-current IS on cached "
                          f"behavior logprobs, or OAPL), not loss.name={cfg.loss.name!r}")
     opts = options or cfg.asyncopd
     parts = parts or load_parts(cfg, profile)
-    seed_everything(cfg.seed)
-    state = read_state(resume) if resume is not None else None
-    run_id = state["run_id"] if state else controller.register_run(run_spec(cfg)).run_id
-    seed = cfg.seed + 1_000_003 * (int(state["step"]) if state else 0)  # per worker: + 1000 * i
-    optimizer, lr_scheduler = build_optimizer(cfg, parts.student)
+    shell = open_shell(cfg, controller, parts, resume=resume, sampler="eval")  # evaluations on the learner's weights
+    optimizer, lr_scheduler = shell.optimizer, shell.lr_scheduler
+    seed = cfg.seed + 1_000_003 * (int(read_state(resume)["step"]) if resume else 0)  # per worker: + 1000 * i
     eos = eos_ids(parts.student, parts.tokenizer)
     pad = pad_id_of(parts.tokenizer, eos)
     r = cfg.rollout
@@ -176,7 +185,7 @@ def build_asyncopd(cfg: TrainConfig, controller: ControllerAPI, *, parts: Parts 
     else:
         learner = HFLearner(parts.student, optimizer, lr_scheduler, cfg, pad_id=pad, width=width)
     probing = cfg.probing
-    hooks = ControllerWindowHooks(controller, run_id, max_len=r.max_response_len, probing=probing,
+    hooks = ControllerWindowHooks(controller, shell.run_id, max_len=r.max_response_len, probing=probing,
                                   report_steps=False, offer_finished=cfg.probes.offer_finished)
     if probing:  # the sync trainer's audit: settings, schedule, drift; on the learner's weights between updates
         configure_audits(hooks.client, cfg, parts.teachers, pad_id=pad, student=parts.student)
@@ -188,70 +197,58 @@ def build_asyncopd(cfg: TrainConfig, controller: ControllerAPI, *, parts: Parts 
                            sync_every=lag_of(cfg), groups=oapl)
     sched = AsyncOPDScheduler(scfg, prompt_source(parts, cfg.data.max_prompt_len), engines,
                               HFTeacherScorer(parts.teachers, pad), learner, hooks)
-    built = AsyncOPDRun(sched, hooks, learner, engines, opts, run_id, Path(cfg.out_dir) / cfg.name, lr_scheduler,
-                        optimizer, close, parts.tokenizer, controller, parts.train_prompts,
-                        TokenLedger(r.max_response_len), FaultCounter(cfg.optim.max_bad_steps))
-    if resume is not None:
-        built.resume(resume)  # last: it restores the RNG streams
-    return built
+    if close is not None:
+        shell.closers.append(close)
+    # the shell restores a checkpoint last: it restores the RNG streams
+    shell.start(hooks.client, pipeline=RequestState(sched, hooks.client), telemetry=hooks.controller)
+    return AsyncOPDRun(sched, hooks, learner, engines, opts, shell)
 
 
 def run_asyncopd(cfg: TrainConfig, controller: ControllerAPI, *, parts: Parts | None = None,
                  options: AsyncOPDSection | None = None, profile: str = "default",
                  on_step: Callable[[int, dict[str, Any]], None] | None = None,
-                 built: AsyncOPDRun | None = None,
-                 enrich: Callable[[int, dict[str, float]], dict[str, float]] | None = None) -> dict[str, Any]:
+                 built: AsyncOPDRun | None = None, evaluate: bool = False,
+                 initial_eval: dict[str, float] | None = None) -> dict[str, Any]:
     """Distill for ``cfg.steps`` learner updates under the AsyncOPD scheduler; returns the summary dict.
 
-    The summary (also written to ``<out_dir>/<name>/summary.json``) holds the run id, the throughput
+    The summary (``adwin train`` writes it into ``summary.json``) holds the run id, the throughput
     (response tokens/s after ``throughput_warmup`` updates), the pipeline overlap, the staleness
     distribution, the permit bound as observed, probe/audit counts and the per-update history.
-    ``built``: run what ``build_asyncopd`` returned (tests inspect the stages afterwards). ``enrich(step, m)``
-    returns extra metrics merged into the step's row before it is logged (evaluation, token ledger).
-    ``"logged"`` holds the per-update rows as logged. ``optim.max_bad_steps`` skipped (non-finite) updates in a
-    row stop the run with ``NumericalFault`` after a checkpoint of the last good state, as in the synchronous
-    trainer.
+    ``built``: run what ``build_asyncopd`` returned (tests inspect the stages afterwards). Each update is reported
+    to the run shell (``adwin.loop.shell``): the fault count (``optim.max_bad_steps`` skipped updates in a row stop
+    the run with ``NumericalFault`` after a checkpoint of the last good state), the token ledger, the run's gauges,
+    the periodic checkpoint; with ``evaluate``, the evaluation cadence too (``initial_eval``: the start-of-run
+    evaluation, already computed on the same student, problems and seed). ``"logged"`` holds the per-update rows as
+    logged, ``"student_dir"`` the exported student.
     """
     b = built or build_asyncopd(cfg, controller, parts=parts, options=options, profile=profile)
-    ctl = b.hooks.controller  # the hooks' degraded-mode wrapper: telemetry survives an outage too
-    if b.start:
-        truncate_metrics(b.run_dir, b.start)  # rows the stopped run logged after its checkpoint come again
-    sinks = open_loggers(cfg, b.run_dir, ctl, b.run_id)  # JSONL + the controller's step telemetry
-    faults = b.faults
+    shell = b.shell
+    if evaluate:  # on the dispatcher thread, before the pipeline starts
+        shell.initial_evaluation(initial_eval)
+    report = UpdateReport(shell, b.scheduler)
     started = time.perf_counter()
 
     def log_step(step: int, m: dict[str, float]) -> None:
-        m = {**m, "optim/lr": b.lr_scheduler.get_last_lr()[0]} | faults.record(bool(m["optim/skipped"]))
-        if faults.exhausted:  # skipped updates never touched the weights: this checkpoint is the last good state
-            sinks.log(step, m | controller_metrics(ctl))
-            raise faults.fault(step, b.checkpoint(step + 1))
-        if enrich is not None:
-            m |= enrich(step, m)
-        m["time/wall"] = time.perf_counter() - started
-        m |= controller_metrics(ctl)  # controller/* gauges (degraded mode)
-        m |= COMPILES.step_metrics()  # rollout.compile in this process (Ray workers compile in theirs)
-        sinks.log(step, m)
-        if (cfg.checkpoint_every and (step + 1) % cfg.checkpoint_every == 0) or step == cfg.steps - 1:
-            b.checkpoint(step + 1)  # after logging, so the controller snapshot holds this update's telemetry
+        m = m | shell.count_faults(step, m)  # skipped updates never touched the weights
+        m |= report(step, m)
+        if evaluate and shell.eval_due(step):  # rollout workers keep generating with their snapshots meanwhile
+            m |= shell.evaluate()
+        m = shell.log(step, m)
         if on_step is not None:
             on_step(step, m)
 
     try:
-        out = b.scheduler.run(cfg.steps, on_step=log_step, start=b.start)
-    finally:
-        sinks.close()
-        if b.close is not None:
-            b.close()
-        drain_controller(ctl)  # deliver the writes buffered during an outage (bounded wait)
+        out = b.scheduler.run(cfg.steps, on_step=log_step, start=shell.start_step)
+    except BaseException:
+        shell.close()
+        raise
+    student = shell.finish()
     out |= {"run_id": b.run_id, "run_dir": str(b.run_dir), "scheduler": "asyncopd", "options": b.options.model_dump(),
             "batch_size": b.scheduler.cfg.batch_size, "loss": cfg.loss.name,
             "mc_samples": cfg.loss.mc_samples if cfg.loss.name == "reverse_kl_mc" else 0,
             "oapl": cfg.loss.oapl.model_dump() if cfg.loss.name == "oapl" else None,
             "probes": dict(b.hooks.counts), "learner_shapes": sorted(set(b.learner.shapes)),
-            "wall_s": time.perf_counter() - started, "logged": list(sinks.history)}
-    b.run_dir.mkdir(parents=True, exist_ok=True)
-    (b.run_dir / "summary.json").write_text(json.dumps({k: v for k, v in out.items() if k not in ("history", "logged")},
-                                                       indent=2, default=str))
+            "wall_s": time.perf_counter() - started, "logged": list(shell.sinks.history), "student_dir": str(student)}
     log.info("asyncopd run %s: %d updates, throughput %s tok/s, overlap %.2f", b.run_id, out["updates"],
              out["throughput_tokens_per_s"], out["overlap"].get("pipeline/overlap", 0.0))
     return out

@@ -184,9 +184,8 @@ def main(args: argparse.Namespace) -> int:
     chosen = methods(args, base)
     for method in chosen:  # one after the other: each has the machine to itself
         row = run_one(base, method, args.seed, args.profile, args.assets_seed, out_dir)
-        summary = Path(row["run_dir"]) / "summary.json"
-        if method.key != "sync" and summary.is_file():
-            stream = json.loads(summary.read_text())
+        stream = row.pop("pipeline", None)  # the streaming runs' scheduler summary
+        if stream is not None:
             row["overlap"] = stream.get("overlap", {}).get("pipeline/overlap", math.nan)
             # requests submitted beyond those trained: the queue's (tau + 1) * B in flight when the run ends
             row["untrained_requests"] = stream["submitted"] - stream["updates"] * stream["batch_size"]

@@ -335,6 +335,8 @@ def run_one(base: Any, method: Method, seed: int, profile: str, assets_seed: int
     row |= {"task": cfg.data.builtin_task, "method": method.key, "seed": seed, "run_dir": str(res.run_dir), "n_student": n_student,
             "n_teacher": n_teacher, "elapsed_s": time.perf_counter() - t0,
             "initial_eval_shared": initial_eval is not None}
+    if getattr(res, "asyncopd", None):
+        row["pipeline"] = res.asyncopd  # the streaming scheduler's summary (overlap, submitted, updates)
     log.info("%s seed %d: accuracy %.3f, %.0f sync + %.0f probe tokens, %.1f s", method.key, seed,
              row["accuracy_final"], row["sync_tokens"], row["probe_tokens"], row["wall_s"])
     return row

@@ -103,9 +103,8 @@ def measure_run(history: Sequence[Mapping[str, Any]], initial: Mapping[str, floa
     """One run's row: quality, tokens (rollout = sync + probe + discarded), FLOPs, clocks, its window
     trajectory and the lag statistics (``lag_statistics``)."""
     windows = [int(h["window/current"]) for h in history if "window/current" in h]
-    # the AsyncOPD runs evaluate once before their clock starts (time/eval_initial): counted like the sync trainer's
-    wall = float(history[-1].get("time/wall", math.nan)) + _sum(history, "time/eval_initial") if history else math.nan
-    eval_s = _sum(history, "time/eval") + _sum(history, "time/eval_initial")
+    wall = float(history[-1].get("time/wall", math.nan)) if history else math.nan  # the start-of-run evaluation's too
+    eval_s = _sum(history, "time/eval")
     overhead, overhead_frac = learner_decisions(history)
     lag = lag_statistics(history)
     sync, probe = float(totals.get("sync_tokens", 0.0)), float(totals.get("probe_tokens", 0.0))
