@@ -211,12 +211,25 @@ class RunShell:
         return saved
 
     def _run_state(self) -> dict[str, Any]:
-        c = self.client
-        assert c is not None, "RunShell.start first"
+        c = self._client()
         extra = run_state(c.pool, self.ledger, self.parts.train_prompts, self.faults, c.schedule, c.budget)
         if self.pipeline is not None:
             extra[self.pipeline.key] = self.pipeline.state_dict()
         return extra
+
+    def probe_generated(self, length: int) -> None:
+        """A probe the schedule generated itself ran to its end: ``length`` tokens, a full rollout's length
+        (probe workers' probes reach the ledger through the probe client and the pool)."""
+        self.ledger.add_completed(length)
+        self._client().pool.tokens_generated += length  # checkpointed with the pool
+
+    def record_rollouts(self, batch: Any, window: int, windows: list[int] | None = None) -> dict[str, float]:
+        """The token ledger's row for an update's trained rollouts (``TokenLedger.record``)."""
+        return self.ledger.record(batch, window, self._client().pool.tokens_generated, windows=windows)
+
+    def _client(self) -> ProbeClient:
+        assert self.client is not None, "RunShell.start first"
+        return self.client
 
     def totals(self) -> dict[str, float]:
         return self.ledger.totals(self.client.pool.tokens_generated if self.client is not None else 0)

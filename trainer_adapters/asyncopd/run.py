@@ -121,15 +121,13 @@ class UpdateReport:
     def __call__(self, step: int, m: dict[str, float]) -> dict[str, float]:
         delta: UpdateDelta | None = self.scheduler.last_update  # OAPL's items may be fewer than B: probes
         assert delta is not None and delta.step == step
-        ledger, pool = self.shell.ledger, self.shell.client.pool  # type: ignore[union-attr]
         for it in delta.probes:  # a fresh probe's length is a full rollout's
-            ledger.add_completed(it.response_len)
-            pool.tokens_generated += it.response_len  # probe tokens: checkpointed with the pool
+            self.shell.probe_generated(it.response_len)
         batch = delta.items
         view = SimpleNamespace(response_ids=[it.tokens for it in batch],
                                finished=[it.finish_reason != "window" for it in batch])
-        out = ledger.record(view, int(m.get("window/current", self.shell.cfg.rollout.max_response_len)),  # type: ignore[arg-type]
-                            pool.tokens_generated, windows=[it.window for it in batch])
+        out = self.shell.record_rollouts(view, int(m.get("window/current", self.shell.cfg.rollout.max_response_len)),
+                                         windows=[it.window for it in batch])
         out["rollout/prompt_tokens"] = float(sum(len(it.prompt_ids) for it in batch))  # FLOPs estimates read it
         for stage in ("rollout", "teacher", "train"):  # they overlap: their sum may exceed the wall time
             total = m.get(f"pipeline/busy_{stage}_s", 0.0)
