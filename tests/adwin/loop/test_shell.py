@@ -39,8 +39,11 @@ def _layout(run_dir: Path) -> set[str]:
     return {str(p.relative_to(run_dir)) for p in run_dir.rglob("*") if p.is_file()} - {"controller.db"}
 
 
-@pytest.mark.parametrize("extra", [{}, {"model.sharding": "fsdp"}], ids=["replicated", "sharded"])
+@pytest.mark.parametrize("extra", [{}, {"model.sharding": "fsdp"}, {"model.lora": {"r": 4, "alpha": 8}}],
+                         ids=["replicated", "sharded", "lora"])
 def test_both_schedulers_write_the_same_run_folder_through_the_shell(tmp_path: Path, extra: dict) -> None:
+    if "model.lora" in extra:
+        pytest.importorskip("peft")  # the lora extra
     sync, stream = _run(tmp_path, "sync", **extra), _run(tmp_path, "asyncopd", **extra)
     assert _layout(sync.run_dir) == _layout(stream.run_dir)
     assert sorted(p.name for p in stream.run_dir.glob("checkpoint-*")) == ["checkpoint-1", "checkpoint-2"]
