@@ -232,7 +232,6 @@ def test_a_bad_window_answer_is_a_typed_error_that_loses_nothing(tmp_path: Path,
     counts = cb.driver.hooks.counts
     held = len(cb.driver.hooks.client.pool) + cb.driver.worker.probe_rows.qsize()
     assert counts["accepted"] == counts["audits"] * P + held + counts["expired"], "every probe audited or held"
-    assert "sample/dropped_stale_total" not in "".join(map(str, rows(trainer)))
     assert rows(trainer)[-1]["window/bad_answers"] == 1.0
 
 
@@ -274,7 +273,8 @@ def test_versions_are_trls_weight_syncs_and_the_window_changes_only_at_a_sync(tm
 def test_trls_default_token_budget_none_is_read_from_the_students_server(tmp_path: Path, servers: Any) -> None:
     from trl.experimental.async_distillation import AsyncDistillationConfig
 
-    assert AsyncDistillationConfig(output_dir=str(tmp_path / "d")).token_budget is None  # TRL's default
+    default = AsyncDistillationConfig(output_dir=str(tmp_path / "d"), use_cpu=True, bf16=False)
+    assert default.token_budget is None, "TRL's default"
     trainer, cb, _ = _attach(tmp_path, servers, Controller(), steps=2, token_budget=None)
     trainer.train()
     assert trainer.args.token_budget == servers.student.max_model_len, "TRL asked the stand-in's max_model_len"
