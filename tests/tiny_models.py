@@ -66,10 +66,11 @@ def padded_copy(model: LlamaForCausalLM, rows: int, seed: int = 99) -> LlamaForC
 
     The first ``model``'s-vocabulary rows are the original's, so every real token scores as it did; the padding
     rows of the output layer are large, so a softmax over them takes most of the mass from the real columns."""
-    torch.manual_seed(seed)
     n = int(model.config.vocab_size)
     cfg = model.config.to_dict() | {"vocab_size": rows}
-    wide = LlamaForCausalLM(type(model.config)(**cfg)).eval()
+    with torch.random.fork_rng():  # the caller's random stream (sampling) is left as it was
+        torch.manual_seed(seed)
+        wide = LlamaForCausalLM(type(model.config)(**cfg)).eval()
     state = model.state_dict()
     with torch.no_grad():
         for name, param in wide.state_dict().items():

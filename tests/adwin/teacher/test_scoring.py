@@ -4,14 +4,12 @@ teacher forward pass anywhere else."""
 from __future__ import annotations
 
 import ast
-from collections.abc import Iterator
-from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
 import torch
+from softmax_widths import softmax_widths
 from tiny_models import make_tiny_llama, padded_copy
-from torch.utils._python_dispatch import TorchDispatchMode
 
 from adwin.objectives.logprobs import action_logprobs, token_logprobs
 from adwin.objectives.logprobs import topk_logprobs as full_topk
@@ -25,25 +23,6 @@ ROOT = Path(__file__).resolve().parents[3]
 def _rows() -> tuple[torch.Tensor, torch.Tensor]:
     rows = layout([[1, 5, 6], [1, 7], [1, 8, 9, 10]], [[11, 12, 30], [13, 2], [14, 40, 41, 42]], pad_id=0)
     return rows.input_ids, rows.attention_mask  # (3, 8)
-
-
-class SoftmaxWidths(TorchDispatchMode):
-    """Records the element count of every log-softmax and logsumexp input: how much is normalised at once."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.sizes: list[int] = []
-
-    def __torch_dispatch__(self, func, types, args=(), kwargs=None):  # noqa: ANN001 - torch's dispatch signature
-        if func.overloadpacket in (torch.ops.aten._log_softmax, torch.ops.aten.logsumexp):
-            self.sizes.append(int(args[0].numel()))
-        return func(*args, **(kwargs or {}))
-
-
-@contextmanager
-def softmax_widths() -> Iterator[SoftmaxWidths]:
-    with SoftmaxWidths() as mode:
-        yield mode
 
 
 @pytest.mark.parametrize("chunk", [1, 3, 7, None])
