@@ -40,7 +40,6 @@ from adwin.controller.api import ControllerAPI
 from adwin.controller.schemas import AuditOut, ProbeOut, ProbePlanOut, ProbeReportIn, RunIn, StepMetricsIn
 from adwin.decode.generate import generate
 from adwin.decode.static_cache import CompileSetting
-from adwin.objectives.losses import token_logprobs
 from adwin.probes.async_executor import AsyncProbeExecutor
 from adwin.probes.client import InlineAuditor, ProbeClient
 from adwin.probes.offers import OFFER_FINISHED
@@ -49,6 +48,7 @@ from adwin.probes.settings import audit_schedule, audit_settings, decision_budge
 from adwin.probes.workers import InlineWorker
 from adwin.runtime.resilient_controller import controller_metrics, drain_controller
 from adwin.teacher.client import ClientSettings
+from adwin.teacher.scoring import score_rows
 from adwin.teacher.served import ServedTeachers
 from adwin.trainer_adapters.registration import check_feasible, register, resilient
 
@@ -378,15 +378,15 @@ def build_probe_batch(probes: Sequence[Probe], score: Score, *, pad_id: int) -> 
     return probe_batch(probes, pad_id, lambda ids, mask, routes: score(ids, mask))
 
 
-def teacher_scorer(teacher: torch.nn.Module, *, temperature: float = 1.0) -> Score:
-    """``Score`` from an HF causal LM: log q(token) at each column, logits divided by ``temperature``."""
+def teacher_scorer(teacher: torch.nn.Module, *, vocab: int | None = None, temperature: float = 1.0) -> Score:
+    """``Score`` from an HF causal LM: log q(token) at each column, logits divided by ``temperature``.
+
+    ``vocab``: the student's output width (``student.config.vocab_size``). A teacher padded wider (Qwen2.5-7B
+    teaching 1.5B) is read on those columns only, as the built-in trainer reads it; without it the teacher's
+    whole output is the support (``adwin.teacher.scoring``)."""
 
     def score(input_ids: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
-        device = next(teacher.parameters()).device
-        ids, am = input_ids.to(device), attention_mask.to(device)
-        with torch.no_grad():
-            logits = teacher(input_ids=ids, attention_mask=am, position_ids=(am.cumsum(1) - 1).clamp_min(0)).logits
-        return token_logprobs(logits / temperature, ids).cpu()  # (B, L)
+        return score_rows(teacher, input_ids, attention_mask, vocab=vocab, temperature=temperature).realized  # (B, L)
 
     return score
 

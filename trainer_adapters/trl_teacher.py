@@ -3,7 +3,7 @@
 Two teachers, found on the trainer (trl 1.16):
 
 - ``DistillationTrainer``'s local ``teacher_model``: probes are scored in process (``teacher_scorer``, logits
-  divided by the trainer's ``temperature``), the decision budget counts its parameters;
+  divided by the trainer's ``temperature``, on the student's columns), the decision budget counts its parameters;
 - ``trl.experimental.server_distillation.ServerDistillationTrainer``: no local teacher; ``args.teacher_model_server_url``
   is the root of a vLLM-compatible server (``vllm serve``, ``adwin teacher serve``) that TRL's ``VLLMClient``
   reaches at ``{root}/v1``. The callback scores its probes at the same ``{root}/v1``, naming the model TRL names
@@ -96,15 +96,15 @@ def probe_teacher(trainer: Any, settings: ClientSettings | None) -> ProbeTeacher
     """The trainer's local teacher, else its teacher server, connected and checked now (``ServedTeachers.load``:
     ``TeacherUnavailable`` names an unreachable URL after ``settings``' retries); ``NoTeacher`` without either."""
     acc = trainer.accelerator
+    vocab = int(acc.unwrap_model(trainer.model).config.get_text_config().vocab_size)  # the student's columns
     if getattr(trainer, "teacher_model", None) is not None:
         teacher = acc.unwrap_model(trainer.teacher_model)
-        return ProbeTeacher(teacher_scorer(teacher, temperature=trainer.temperature), param_count(teacher), None,
-                            lambda: None)
+        return ProbeTeacher(teacher_scorer(teacher, vocab=vocab, temperature=trainer.temperature),
+                            param_count(teacher), None, lambda: None)
     url = served_url(trainer)
     if url is None:
         raise NoTeacher(f"AdwinCallback scores probes with the trainer's teacher: {type(trainer).__name__} has no "
                         "teacher_model and no args.teacher_model_server_url (ServerDistillationTrainer)")
-    vocab = int(acc.unwrap_model(trainer.model).config.get_text_config().vocab_size)
     score = served_scorer(url, trainer._tokenizer, vocab, settings=settings)
     logger.info("AdwinCallback: probe batches are scored by the teacher server %s", url)
     return ProbeTeacher(score, None, url, score.close)
