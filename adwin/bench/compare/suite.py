@@ -112,8 +112,9 @@ HEADLINE_FAMILIES = ("full", "linear", "fixed-", "adwin-0.7")  # the headline's 
 def headline_markdown(suite: Mapping[str, Any], methods: Mapping[str, Sequence[Any]],
                       per_task: Mapping[str, Mapping[str, Any]]) -> str:
     """The headline for README and docs/benchmarks.md: per task, full, linear, every fixed window and ADWIN-0.7 with
-    the task's measure (and accuracy beside a line measure; on ``chain-long`` its goal's measures too), their paired 95 % CIs against full, x full e2e wall and
-    x full FLOPs; then the cross-task regret and the goal lines as the suite printed them."""
+    the task's measure (and accuracy beside a line measure; on ``chain-long`` its goal's measures too), their paired
+    95 % CIs against full, x full e2e wall and x full FLOPs; then the cross-task regret and the goal lines as the
+    suite printed them."""
     from adwin.bench.compare.report import ci_text
 
     meta = suite["meta"]
