@@ -27,7 +27,7 @@ SUITE_TASKS = ("chain", "chain-drift", "chain-late", "chain-long", "chain-late-l
 SUITE_CONFIG = "suite"  # configs/suite.yaml
 TINY_HORIZON, TINY_CANDIDATES = 16, (4, 8, 12)  # the tiny profile's chain shape; other tasks scale it
 
-# CPU seconds of the suite's steps at fixed windows (commit 8800dda, the lean CPU decode step and the batched
+# CPU seconds of the suite's steps at fixed windows (commit 79622ac, the lean CPU decode step and the batched
 # per-sample audit in): chain's 128 rollouts 1.35 s a step at window 64 and 6.0 s at 320 (the batch stops near
 # its longest response), 0.15-0.17 ms per rollout x window token
 TOKEN_S = 0.155e-3  # seconds per rollout x window token on a short task (generate, score, train, its decisions)
@@ -38,7 +38,7 @@ RUN_OVERHEAD_S = 5.0  # process start, model load, checkpoint
 EVAL_PROBLEM_S = {"short": 0.033, "long": 1.2}
 # a long-task rollout costs TOKEN_S x w x (1 + w / a + (w / b)^2): attention and the growing KV cache over 2,048
 # positions. Fitted to chain-long's CPU seconds per rollout at windows 64, 256, 1,024 and 2,048 (0.0097, 0.046,
-# 0.40 and 1.18 s: 32 rollouts a step, commit 8800dda), within 10 % of each. The fit before the lean decode step
+# 0.40 and 1.18 s: 32 rollouts a step, commit 79622ac), within 10 % of each. The fit before the lean decode step
 # (0.010 to 3.7 s, wall clocks of the suite at 0a5a3b4) was (840, 680): the quadratic term is mostly gone
 LONG_GROWTH = (920.0, 2650.0)
 
