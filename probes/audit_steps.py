@@ -10,6 +10,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
+from adwin.audit.budget import DecisionBudget
 from adwin.audit.job import AuditJob, AuditOutcome, lag_metrics
 from adwin.controller.schemas import AuditOut
 from adwin.probes.auditors import _Pending
@@ -62,10 +63,18 @@ def record_outcome(client: ProbeClient, p: _Pending, outcome: AuditOutcome, out:
     m |= res.metrics()
     if client.schedule is not None:
         client.schedule.record(res.cosines)
+    if "signal_z" in res.extra:  # the audit measured its evidence: size the next decision's to it
+        client._spend(lambda b: _size_evidence(b, res.extra))
     if out.decision is not None:
         m["audit/next_window"] = float(out.decision.window)
+        m["audit/unresolved"] = float(out.decision.reason == "unresolved")
         client.decisions += 1
         client.changes += int(out.decision.window != client.window)
         client.window = out.decision.window  # a later audit collected in this step compares with it
         m["window/changes_per_audit"] = client.changes / client.decisions
     return m
+
+
+def _size_evidence(budget: DecisionBudget, extra: dict[str, float]) -> None:
+    if budget.sizer is not None:
+        budget.sizer.observe(extra.get("noise_scale"), extra.get("effective_dim"))

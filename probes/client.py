@@ -50,6 +50,7 @@ from adwin.controller.schemas import (
     ProbePlanOut,
     ProbeReportIn,
 )
+from adwin.policies.resolution import RESOLUTION_STATS
 from adwin.probes.async_executor import AdvanceStats, AsyncProbeExecutor
 from adwin.probes.audit_steps import build_audit_job, record_outcome
 from adwin.probes.auditors import (
@@ -432,7 +433,7 @@ class ProbeClient:
                         stats={"elapsed_s": res.elapsed_s, "probes": float(len(p.staleness)),
                                "weights_version": float(outcome.version)}
                         | {f"noise_cos_{c}": v for c, v in res.noise_floor.items()}
-                        | ({"signal_z": res.extra["signal_z"]} if "signal_z" in res.extra else {})),
+                        | {k: res.extra[k] for k in RESOLUTION_STATS if k in res.extra}),
                 idempotency_key=f"{self.run_id}-audit-{p.audit_id}")
         except Exception as e:
             if not is_non_finite_audit(e):
