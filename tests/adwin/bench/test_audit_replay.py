@@ -159,6 +159,10 @@ def test_on_a_pure_noise_pool_every_pooled_audit_is_unresolved_and_the_window_fo
 def test_the_held_out_fold_reports_each_rules_unresolved_share() -> None:
     fold = _fold(_h(NOISY, 0.0), tr.split_pool(128, seed=0), rules=(PAPER, PRESETS), runs=2)
     assert fold["unresolved"]["8"] == {PAPER.name: 1.0, PRESETS.name: 1.0}
+    from adwin.bench.audit_report import fold_markdown
+
+    rows = [line for line in fold_markdown(fold, CANDS, 0, 1) if line.startswith(f"| {PRESETS.name} |")]
+    assert rows and "| 100 % |" in rows[0]  # the report's unresolved column
     strong = _fold(_h(ALIGNED, SIGNAL), tr.split_pool(128, seed=0), rules=(PRESETS,), runs=2)
     assert strong["unresolved"]["8"][PRESETS.name] < 0.5
 
