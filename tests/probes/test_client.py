@@ -188,3 +188,23 @@ def test_the_audit_settings_are_the_config_s_and_the_defaults_agree() -> None:
     from_config = dataclasses.asdict(audit_settings(AuditConfig(), CANDS))
     differ = {k for k in defaults if k not in ("candidates", "extra", "sketch_dim") and defaults[k] != from_config[k]}
     assert not differ, f"AuditSettings defaults drifted from AuditConfig's: {sorted(differ)}"
+
+
+def test_no_probes_module_reaches_into_another_objects_private_members() -> None:
+    """The client's collaborators (conversation, decision record, expiry, held batches) keep their own state: no
+    module of the package reads or writes another object's ``_private`` members, or imports a ``_private`` name."""
+    import ast
+    from pathlib import Path
+
+    import adwin.probes
+
+    reaches = []
+    for f in sorted(Path(adwin.probes.__file__).parent.glob("*.py")):
+        for node in ast.walk(ast.parse(f.read_text())):
+            if isinstance(node, ast.Attribute) and node.attr.startswith("_") and not node.attr.startswith("__") \
+                    and not (isinstance(node.value, ast.Name) and node.value.id in ("self", "cls")):
+                reaches.append(f"{f.name}:{node.lineno} {ast.unparse(node)}")
+            if isinstance(node, ast.ImportFrom) and (node.module or "").startswith("adwin"):
+                reaches += [f"{f.name}:{node.lineno} imports {a.name}" for a in node.names
+                            if a.name.startswith("_") and not a.name.startswith("__")]
+    assert reaches == []
