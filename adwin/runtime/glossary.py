@@ -89,7 +89,8 @@ KEYS: dict[str, str] = {
     "optim/consecutive_skipped": "non-finite steps skipped in a row (the run stops at `optim.max_bad_steps`)",
     # window
     "window/current": "the window (response-token cap) the step trained under",
-    "window/reason": "why the controller answered that window (`initial`, `audit`, `schedule`, `fallback`, ...)",
+    "window/reason": "why the controller answered that window (`initial`, `audit`, `unresolved`, `schedule`, "
+                     "`fallback`)",
     "window/cos_<c>": "the cosine at candidate c of the audit that decided the current window",
     "window/changes_per_audit": "audits whose decision changed the window, over all decisions so far",
     "window/size": "the window the TRL callback / generic client / verl adapter applied at this step",
