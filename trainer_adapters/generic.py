@@ -140,7 +140,7 @@ class WindowClient:
     def stats(self) -> ClientStats:
         c, pc = self.probe_client.counts, self.probe_client
         return ClientStats(c["offered"], c["accepted"], self.probe_tokens, c["completed"], c["forced"], c["audits"],
-                           c["expired"], pc.audit_s, dict(pc.last_cosines))
+                           c["expired"], pc.record.audit_s, dict(pc.record.last_cosines))
 
     # --- window -----------------------------------------------------------------------------------
 
@@ -148,7 +148,7 @@ class WindowClient:
         """The response-token cap for ``step``; cached by the controller, never blocks on probes."""
         self.last_window = self.controller.get_window(self.run_id, step).window
         self.last_step = step
-        self.probe_client.window = self.last_window
+        self.probe_client.record.window = self.last_window
         return self.last_window
 
     # --- probes -----------------------------------------------------------------------------------
@@ -254,10 +254,10 @@ class WindowClient:
         job = AuditJob(audit_id, version, probe_batch, self._settings(audit_kwargs))
         tags = probe_batch.versions
         stale = [] if tags is None or not (tags >= 0).any() else [version - int(tags[tags >= 0].min())]
-        self.probe_client.last_out = None
+        self.probe_client.record.last_out = None
         self.probe_client.submit_now(audit_id, InlineAuditor(model, optimizer).submit_audit(job), version, stale,
                                      float(probe_batch.response_mask.sum()))
-        return self.probe_client.last_out
+        return self.probe_client.record.last_out
 
     def maybe_audit(self, model: torch.nn.Module, score: Score, *, pad_id: int, **audit_kwargs: Any) -> AuditOut | None:
         """If the controller has a complete probe batch, audit it and submit; else None (also when the audit
@@ -266,9 +266,9 @@ class WindowClient:
         pc.auditor = InlineAuditor(model, audit_kwargs.pop("optimizer", None))
         pc.settings = self._settings(audit_kwargs)
         pc.score, pc.pad_id = (lambda ids, mask, routes: score(ids, mask)), pad_id
-        pc.last_out = None
+        pc.record.last_out = None
         self.audit_metrics = pc.audit(self.last_step if self.last_step is not None else 0, wait=True)
-        return pc.last_out
+        return pc.record.last_out
 
     def _settings(self, audit_kwargs: dict[str, Any]) -> AuditSettings:
         """``audit_config`` with ``audit_kwargs`` over it (``audit.*`` fields; ``micro_batch``/``autocast``; the

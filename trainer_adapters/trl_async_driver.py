@@ -133,9 +133,9 @@ class AsyncDriver:
             completed += 1
         student = self.trainer.accelerator.unwrap_model(self.trainer.model)
         pc.auditor = InlineAuditor(student, self.trainer.optimizer if self.audit_metric == "adam" else None)
-        pc.last_out = None
+        pc.record.last_out = None
         m = self.hooks.poll_audit(version)
-        decision = pc.last_out
+        decision = pc.record.last_out
         if version != self.synced:  # a weight sync: a new phase, whose window the controller decides
             self.synced = version
             try:
@@ -149,7 +149,7 @@ class AsyncDriver:
         m |= {"window/bad_answers": float(len(self.window_errors)), "probe/completed": float(completed),
               "probe/offered": float(counts["offered"]), "probe/accepted": float(counts["accepted"]),
               "probe/audits": float(counts["audits"]), "probe/expired": float(counts["expired"]),
-              "probe/held": float(len(pc.pool)), "probe/audit_s": float(pc.audit_s)}
+              "probe/held": float(len(pc.pool)), "probe/audit_s": float(pc.record.audit_s)}
         return m | self.hooks.metrics(), decision
 
     def train_end(self, timeout_s: float) -> int:

@@ -34,7 +34,6 @@ from adwin.loop.accounting import TokenLedger
 from adwin.loop.learner import FaultCounter
 from adwin.loop.parts import Parts, load_parts, run_spec
 from adwin.probes.client import InlineAuditor
-from adwin.probes.expiry import drop_probes
 from adwin.probes.settings import configure_audits
 from adwin.runtime.checkpoint import save_checkpoint, seed_everything
 from adwin.runtime.metrics_log import open_loggers
@@ -123,7 +122,7 @@ class AsyncOPDRun:
             on_extra=extra.update)
         requests = extra["asyncopd"]
         self.scheduler.requests.load_state_dict(requests)
-        dropped = drop_probes(client, requests["dropped_probes"], self.start)
+        dropped = client.drop_probes(requests["dropped_probes"], self.start)
         log.info("asyncopd resumes at update %d: %d request(s) to generate again, %d in-flight probe(s) dropped",
                  self.start, len(requests["replay"]), dropped)
 
