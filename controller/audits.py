@@ -27,6 +27,7 @@ from adwin.controller.state import ControllerBase, RunState, check_finite
 from adwin.controller.store import dumps, loads
 from adwin.policies.base import WindowConfigError
 from adwin.policies.registry import policy_from_state
+from adwin.policies.resolution import unresolved
 
 logger = logging.getLogger(__name__)
 
@@ -68,6 +69,8 @@ class _Evidence:
     cosine_ci: dict[int, tuple[float, float]] | None
     noise_floor: dict[int, float]  # the audit's pure-noise reading per candidate (stats noise_cos_<c>)
     signal_z: float | None  # its full-gradient signal z (stats signal_z)
+    noise_scale: float | None = None  # the full gradient's noise scale B it measured (stats noise_scale)
+    samples: float | None = None  # the samples it read, pooled (stats evidence_samples)
 
 
 def _noise_floor(stats: dict[str, float]) -> dict[int, float]:
@@ -290,10 +293,11 @@ class AuditAggregator(ControllerBase):
         adaptive = policy.audited
         if adaptive:
             try:
-                policy.observe(_Evidence(cosines, audit.cosine_ci, _noise_floor(stats), stats.get("signal_z")))
+                policy.observe(_Evidence(cosines, audit.cosine_ci, _noise_floor(stats), stats.get("signal_z"),
+                                         stats.get("noise_scale"), stats.get("evidence_samples")))
             except (WindowConfigError, ValueError) as e:
                 raise InvalidInput(f"audit {audit_id}: {e}") from e
-        reason = "audit" if adaptive else "schedule"
+        reason = ("unresolved" if unresolved(policy) else "audit") if adaptive else "schedule"
         step = run.last_step
         window = policy.window(step)
         decision = WindowOut(run_id=run.run_id, step=step, window=window, reason=reason, audit_id=audit_id, cosines=cosines)

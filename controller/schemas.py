@@ -82,7 +82,8 @@ class WindowOut(_Out):
     run_id: str
     step: int
     window: int
-    reason: Literal["initial", "audit", "schedule", "fallback"]
+    # unresolved: an audit whose evidence could not resolve the gradient's signal (window.unresolved's fallback)
+    reason: Literal["initial", "audit", "unresolved", "schedule", "fallback"]
     audit_id: int | None = None
     cosines: dict[int, float] | None = None
 

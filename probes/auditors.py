@@ -1,5 +1,5 @@
 """Where a probe client's audits run (``AuditRunner``: a probe executor's workers or ``InlineAuditor`` on the
-learner's model), an audit in flight (``_Pending``), and how two parts of one extension ``advance`` combine."""
+learner's model), an audit in flight (``Pending``), and how two parts of one extension ``advance`` combine."""
 
 from __future__ import annotations
 
@@ -36,7 +36,7 @@ class InlineAuditor:
 
 
 @dataclass
-class _Pending:
+class Pending:
     audit_id: int
     version: int  # the weights version the audit runs under
     staleness: list[int]
@@ -44,7 +44,7 @@ class _Pending:
     future: Future[AuditOutcome]
 
 
-def _merged(a: AdvanceStats, b: AdvanceStats) -> AdvanceStats:
+def merged(a: AdvanceStats, b: AdvanceStats) -> AdvanceStats:
     """Two parts of one ``advance`` (the rounds collected before the plan, then the plan's) as one."""
     out = AdvanceStats(reports=a.reports + b.reports)
     for k, v in vars(b).items():

@@ -10,6 +10,11 @@ schedule, the submit and the decision bookkeeping live here once; the loops only
   request is offered at submission with no tokens (``offer_fresh``), the pipeline generates it to full length
   and reports it complete (``complete``), teacher logprobs already scored by its teacher stage.
 
+The client composes collaborators with their own state, none reaching into another's: ``ControllerLink`` (the
+keyed calls to the controller, ``adwin.probes.conversation``), ``DecisionRecord`` (the accepted audits,
+``adwin.probes.audit_steps``), ``Expiry`` (the staleness clean-ups) and ``HeldBatches`` (the batches held for a pooled
+audit, ``adwin.probes.pooling``).
+
 Two ways a probe grows, one record (``adwin.probes.pool.Probe``) and one batch builder
 (``adwin.probes.pool.probe_batch``). Audits run where the probes run: a probe executor's workers
 (``adwin.probes.async_executor``: inline, thread, Ray) or, without one, an ``InlineAuditor`` on the learner's
@@ -26,7 +31,6 @@ anything else propagates.
 from __future__ import annotations
 
 import dataclasses
-import itertools
 import logging
 import threading
 import time
@@ -42,28 +46,18 @@ from adwin.audit.errors import is_non_finite_audit
 from adwin.audit.job import AuditOutcome, AuditSettings
 from adwin.audit.schedule import AuditSchedule
 from adwin.controller.api import ControllerAPI, ProbeConflict
-from adwin.controller.schemas import (
-    AuditIn,
-    AuditOut,
-    OfferIn,
-    ProbeOfferItem,
-    ProbePlanOut,
-    ProbeReportIn,
-)
+from adwin.controller.schemas import AuditIn, OfferIn, ProbeOfferItem, ProbePlanOut, ProbeReportIn
+from adwin.policies.resolution import RESOLUTION_STATS
 from adwin.probes.async_executor import AdvanceStats, AsyncProbeExecutor
-from adwin.probes.audit_steps import build_audit_job, record_outcome
-from adwin.probes.auditors import (
-    AuditRunner,
-    Drift,
-    InlineAuditor,  # noqa: F401  (re-exported: the loops build one)
-    _merged,
-    _Pending,
-)
+from adwin.probes.audit_steps import AuditInputs, DecisionRecord, build_audit_job
+from adwin.probes.auditors import AuditRunner, Drift, Pending, merged
+from adwin.probes.auditors import InlineAuditor as InlineAuditor  # re-exported: the loops build one
+from adwin.probes.conversation import ControllerLink
 from adwin.probes.evidence import EvidencePool, evidence_pool
-from adwin.probes.expiry import drop_overstale, evict_expired
+from adwin.probes.expiry import Expiry
 from adwin.probes.offers import OFFER_FINISHED, is_complete, offer_indices
 from adwin.probes.pool import Probe, ProbePool, Score
-from adwin.probes.pooling import Held, dispatch_held
+from adwin.probes.pooling import Held, HeldBatches
 from adwin.teacher.client import TeacherUnavailable
 
 log = logging.getLogger(__name__)
@@ -91,27 +85,25 @@ class ProbeClient:
     on_completed: Callable[[Probe], None] | None = None  # a probe an extension round completed
     budget: DecisionBudget | None = None  # audit.budget: offers, pooled audits, decision/* (probes.settings)
     clock: Callable[[], float] = time.perf_counter  # the learner's decision seconds (a fake one in tests)
-    pending: deque[_Pending] = field(default_factory=deque)
-    # window/changes_per_audit: audits whose decision differed from the window in use, over all decisions
-    window: int | None = None
-    decisions: int = 0
-    changes: int = 0
+    pending: deque[Pending] = field(default_factory=deque)
     counts: dict[str, int] = field(default_factory=lambda: dict.fromkeys(
         ("offered", "accepted", "reported", "completed", "forced", "audits", "rejected", "skipped", "expired",
          "conflicts"), 0))
-    audit_s: float = 0.0
-    last_cosines: dict[int, float] = field(default_factory=dict)
-    last_out: AuditOut | None = None  # the controller's answer to the last audit submitted
-    _keys: Iterator[int] = field(default_factory=itertools.count)
-    _batch_calls: dict[int, int] = field(default_factory=dict)
-    _expiry_warned: bool = False
-    _held: list[Held] = field(default_factory=list)  # ready batches awaiting their pool (``adwin.probes.pooling``)
+    # its collaborators, each with its own state: the conversation with the controller, the accepted audits'
+    # bookkeeping, the staleness clean-ups, the batches held for a pooled audit
+    link: ControllerLink = field(init=False)
+    record: DecisionRecord = field(init=False)
+    expiry: Expiry = field(init=False)
+    held: HeldBatches = field(default_factory=HeldBatches, init=False)
     _budget_lock: threading.Lock = field(default_factory=threading.Lock)  # AsyncOPD offers from its feeder thread
     _evidence: EvidencePool | None = None  # audit.evidence_audits > 1: the audits a decision pools
 
     def __post_init__(self) -> None:
         if self.offer_finished not in OFFER_FINISHED:
             raise ValueError(f"offer_finished must be one of {OFFER_FINISHED}, got {self.offer_finished!r}")
+        self.link = ControllerLink(self.controller, self.run_id)
+        self.record = DecisionRecord(self.counts)
+        self.expiry = Expiry(self.link, self.pool, self.counts, self.release)
 
     @property
     def max_len(self) -> int:
@@ -141,16 +133,15 @@ class ProbeClient:
             records[i].finished = is_complete(ended[i], len(records[i].response_ids), self.max_len)
         if complete_now:  # no rounds will continue a cut rollout: offer only what needs none
             chosen = [i for i in chosen if records[i].finished]
-        if self._gating:  # the open round's share of this step
-            chosen = chosen[: self._spend(lambda b: b.allow_offers())]
+        if self.gating:  # the open round's share of this step
+            chosen = chosen[: self.spend(lambda b: b.allow_offers())]
         if not chosen:
             self._record_offers(0)
             return []
         items = [ProbeOfferItem(sample_id=records[i].probe_id, prompt_id=records[i].prompt_id or records[i].probe_id,
                                 response_len=len(records[i].response_ids), version=records[i].oldest_version)
                  for i in chosen]
-        out = self.controller.offer_probes(self.run_id, OfferIn(step=step, offers=items),
-                                           idempotency_key=f"{self.run_id}-offer-{step}-{items[0].sample_id}")
+        out = self.link.offer(OfferIn(step=step, offers=items))
         self.counts["offered"] += len(items)
         self.counts["accepted"] += len(out.accepted)
         self._record_offers(len(out.accepted))
@@ -163,17 +154,16 @@ class ProbeClient:
         return list(out.accepted)
 
     def _record_offers(self, accepted: int) -> None:
-        self._spend(lambda b: b.record_offers(accepted))
+        self.spend(lambda b: b.record_offers(accepted))
 
     def offer_fresh(self, probe_id: str, prompt_id: str, version: int) -> bool:
         """Offer a request as a probe before it has any token (the pipeline generates it to full length);
         False without asking the controller when the decision budget's open round is spent."""
-        if self._gating and self._spend(lambda b: b.allow_offers()) <= 0:
+        if self.gating and self.spend(lambda b: b.allow_offers()) <= 0:
             return False
         offer = OfferIn(step=version, offers=[ProbeOfferItem(sample_id=probe_id, prompt_id=prompt_id, response_len=0,
                                                              version=version)])
-        accepted = probe_id in self.controller.offer_probes(
-            self.run_id, offer, idempotency_key=f"{self.run_id}-offer-{version}-{probe_id}").accepted
+        accepted = probe_id in self.link.offer(offer).accepted
         self.counts["offered"] += 1
         self.counts["accepted"] += int(accepted)
         self._record_offers(int(accepted))
@@ -187,14 +177,14 @@ class ProbeClient:
         report = ProbeReportIn(probe_id=probe.probe_id, step=version, tokens_added=added, version=newest,
                                finished=True, forced=probe.forced)
         try:
-            self.controller.report_probe(self.run_id, report, idempotency_key=f"{self.run_id}-complete-{probe.probe_id}")
+            self.link.complete(report)
         except ProbeConflict as e:
             log.warning("probe %s not accepted as complete: %s", probe.probe_id, e)
             self.counts["conflicts"] += 1
-            self._release(1)
+            self.release(1)
             return False
         if added:  # generated outside the rounds: its tokens are an extension's
-            self._spend(lambda b: b.record_decision("extension", float(added)))
+            self.spend(lambda b: b.record_decision("extension", float(added)))
         probe.finished = True
         self.pool.add(probe)
         self.counts["reported"] += 1
@@ -203,7 +193,7 @@ class ProbeClient:
         return True
 
     def plan(self, version: int) -> ProbePlanOut:
-        return self.controller.probe_plan(self.run_id, version)
+        return self.link.plan(version)
 
     # --- extension rounds -----------------------------------------------------------------------------
 
@@ -229,7 +219,7 @@ class ProbeClient:
         plan = self.plan(version if plan_at is None else plan_at)
         more = self.executor.advance(plan, version, to_full=to_full, drop_unknown=drop_unknown)
         self._report(more.reports)
-        stats = _merged(stats, more)
+        stats = merged(stats, more)
         stats.dropped_stale, stats.sync_s = dropped, sync_s
         held = [(rep, self.pool.get(rep.probe_id)) for rep in stats.reports if rep.probe_id in self.pool]
         for rep, probe in held:
@@ -240,24 +230,29 @@ class ProbeClient:
         self.counts["completed"] += stats.completed
         self.counts["forced"] += stats.forced
         seconds = self.clock() - t0  # the learner's: the workers' rounds overlap training
-        self._spend(lambda b: b.record_decision("extension", float(stats.tokens), seconds))
-        self._release(stats.dropped)
+        self.spend(lambda b: b.record_decision("extension", float(stats.tokens), seconds))
+        self.release(stats.dropped)
         return stats
 
     def drop_overstale(self, version: int) -> int:
         """Unfinished probes already past S missed rounds (e.g. a controller outage): dropped and reported."""
-        return drop_overstale(self, version)
+        return self.expiry.drop_overstale(version, self.staleness_limit)
+
+    def drop_probes(self, probe_ids: Sequence[str], version: int) -> int:
+        """Report probes that will never complete dropped (a resumed AsyncOPD run's in flight); how many."""
+        return self.expiry.drop(probe_ids, version)
 
     def evict(self, version: int) -> int:
         """Forget complete probes past S: the controller expires them, no batch will name them."""
-        return evict_expired(self, version)
+        return self.expiry.evict(version, self.staleness_limit, self.probe_batch_size)
 
-    def _release(self, probes: int) -> None:
+    def release(self, probes: int) -> None:
+        """Probes that left without an audit (dropped, expired, closed unaudited), for the decision budget."""
         if probes:
-            self._spend(lambda b: b.release(probes))
+            self.spend(lambda b: b.release(probes))
 
     @property
-    def _gating(self) -> bool:
+    def gating(self) -> bool:
         """A budget that limits offers and pools audits (``audit.budget: null`` only counts)."""
         return self.budget is not None and self.budget.enabled
 
@@ -269,9 +264,9 @@ class ProbeClient:
             yield
         finally:
             dt = self.clock() - t0
-            self._spend(lambda b: b.record_learner(dt))
+            self.spend(lambda b: b.record_learner(dt))
 
-    def _spend(self, call: Callable[[DecisionBudget], T]) -> T | None:
+    def spend(self, call: Callable[[DecisionBudget], T]) -> T | None:
         """``call`` on the decision budget, one thread at a time; None without one."""
         if self.budget is None:
             return None
@@ -282,16 +277,14 @@ class ProbeClient:
 
     def record_train(self, tokens: float, seconds: float) -> None:
         """One learner update: its training rollouts' prompt + response tokens and its measured seconds."""
-        self._spend(lambda b: b.record_train(tokens, seconds))
+        self.spend(lambda b: b.record_train(tokens, seconds))
 
     def decision_metrics(self) -> dict[str, float]:
         """``decision/*`` (``DecisionBudget.metrics``); none without a budget."""
-        return self._spend(lambda b: b.metrics()) or {}
+        return self.spend(lambda b: b.metrics()) or {}
 
     def _report(self, reports: Sequence[ProbeReportIn]) -> None:
-        for rep in reports:
-            key = f"{self.run_id}-probe-{rep.probe_id}-{rep.version}-{next(self._keys)}"
-            self.controller.report_probe(self.run_id, rep, idempotency_key=key)
+        self.link.report(reports)
         self.counts["reported"] += len(reports)
 
     def _check_staleness(self, stale: Sequence[int], version: int, what: str) -> None:
@@ -324,7 +317,7 @@ class ProbeClient:
         """A run's end outside a training step (an adapter's ``close``): with a decision budget, close the held and
         ready batches unaudited, their probes released, after the audits in flight are back; without one,
         nothing: no audit is started once training is over."""
-        if not self._gating:
+        if not self.gating:
             return {}
         return self.audit(version, wait=True, release=True)
 
@@ -332,23 +325,20 @@ class ProbeClient:
                release: bool) -> dict[str, float]:
         m: dict[str, float] = {}
         self._collect(m, version, block=False)
-        if self._gating:
-            dispatch_held(self, m, version, runner, flush=flush, release=release)
+        if self.gating:
+            self.held.dispatch(self, m, version, runner, flush=flush, release=release)
         else:
             for _ in range(max_batches):
-                ready = self._next_batch(version)
+                ready = self.next_batch(version)
                 if ready is None:
                     break
-                self._dispatch(m, version, runner, [ready])
+                self.audit_group(m, version, runner, [ready])
         self.evict(version)
         return self._collect(m, version, block=wait)  # an inline audit is back already
 
-    def _next_batch(self, version: int) -> Held | None:
+    def next_batch(self, version: int) -> Held | None:
         """The controller's next batch of P complete probes, taken out of the pool; None when none is ready."""
-        n = self._batch_calls.get(version, -1) + 1
-        self._batch_calls = {version: n}  # keys repeat nowhere: one counter per version, the current one
-        ready = self.controller.next_probe_batch(self.run_id, step=version,
-                                                 idempotency_key=f"{self.run_id}-batch-{version}-{n}")
+        ready = self.link.next_batch(version)
         if ready is None:
             return None
         missing = [pid for pid in ready.probe_ids if pid not in self.pool]
@@ -356,17 +346,13 @@ class ProbeClient:
             raise RuntimeError(f"audit {ready.audit_id} names probes this client never completed: {missing[:3]}")
         return ready, self.pool.pop(ready.probe_ids)
 
-    def _skip(self, audit_id: int, probes: int, pooled_into: int | None = None) -> None:
-        """Close a batch unaudited (its probes released), or as pooled into another batch's audit."""
-        stats = {"probes": float(probes)} | ({"pooled_into": float(pooled_into)} if pooled_into is not None else {})
-        self.controller.submit_audit(self.run_id, audit_id, AuditIn(skipped=True, stats=stats),
-                                     idempotency_key=f"{self.run_id}-audit-{audit_id}")
-        if pooled_into is None:
-            self.counts["skipped"] += 1
-            self._release(probes)
+    def close_unaudited(self, audit_id: int, probes: int) -> None:
+        """Close a batch unaudited, its probes released."""
+        self.link.skip(audit_id, probes)
+        self.counts["skipped"] += 1
+        self.release(probes)
 
-    def _dispatch(self, m: dict[str, float], version: int, runner: AuditRunner,
-                  group: Sequence[Held]) -> None:
+    def audit_group(self, m: dict[str, float], version: int, runner: AuditRunner, group: Sequence[Held]) -> None:
         """Audit the union of ``group``'s batches as one job under the last batch's ``audit_id``; the others are
         closed as skipped with ``pooled_into`` naming it (docs/decisions.md, "Decision budget")."""
         probes = [p for _, batch in group for p in batch]
@@ -374,23 +360,26 @@ class ProbeClient:
         self._check_staleness(stale, version, "audited")
         audit_id = group[-1][0].audit_id
         for ready, batch in group[:-1]:
-            self._skip(ready.audit_id, len(batch), pooled_into=audit_id)
+            self.link.skip(ready.audit_id, len(batch), pooled_into=audit_id)
         if len(group) > 1:
             m["audit/pooled_batches"] = float(len(group))
         if self.schedule is not None and not self.schedule.should_audit():
-            self._skip(audit_id, len(probes))
+            self.close_unaudited(audit_id, len(probes))
             m["audit/skipped"] = m.get("audit/skipped", 0.0) + 1.0
             return
         try:
-            job, tokens, drift = build_audit_job(self, audit_id, version, probes)
+            assert self.settings is not None  # the client audits only with settings
+            inputs = AuditInputs(self.settings, self.pad_id, self.score, self.drift, self.adam_moments, self.budget,
+                                 self.clock)
+            job, tokens, drift = build_audit_job(inputs, self.spend, audit_id, version, probes)
         except TeacherUnavailable as e:  # the window stays; the next step's scoring stops the run if it stays down
             log.warning("audit %d: closed unaudited, the teacher server did not answer (%s)", audit_id, e)
-            self._skip(audit_id, len(probes))
+            self.close_unaudited(audit_id, len(probes))
             m["audit/teacher_unavailable"] = m.get("audit/teacher_unavailable", 0.0) + 1.0
             return
         m |= drift
-        self._spend(lambda b: b.record_decision("audit", tokens, probes=len(probes)))  # seconds: ``_submit``
-        self.pending.append(_Pending(audit_id, version, stale, float(job.batch.response_mask.sum()),
+        self.spend(lambda b: b.record_decision("audit", tokens, probes=len(probes)))  # seconds: ``_submit``
+        self.pending.append(Pending(audit_id, version, stale, float(job.batch.response_mask.sum()),
                                      runner.submit_audit(job)))
 
     def drain(self, version: int) -> dict[str, float]:
@@ -407,16 +396,16 @@ class ProbeClient:
         m["audit/in_flight"] = float(len(self.pending))
         return m
 
-    def _overdue(self, p: _Pending, version: int) -> bool:
+    def _overdue(self, p: Pending, version: int) -> bool:
         """An audit whose weights are S versions old is waited for: no decision rests on older weights."""
         return version - p.version >= self.staleness_limit
 
     def submit_now(self, audit_id: int, outcome: Future[AuditOutcome], version: int, staleness: list[int],
                    probe_tokens: float) -> dict[str, float]:
         """Submit an audit computed outside ``audit`` (a loop that builds its own batch) like any other."""
-        return self._submit(_Pending(audit_id, version, staleness or [0], probe_tokens, outcome), version)
+        return self._submit(Pending(audit_id, version, staleness or [0], probe_tokens, outcome), version)
 
-    def _submit(self, p: _Pending, version: int) -> dict[str, float]:
+    def _submit(self, p: Pending, version: int) -> dict[str, float]:
         """Send one finished audit to the controller; an audit refused for NaN/Inf leaves the window as it was."""
         try:
             outcome = p.future.result()
@@ -426,21 +415,20 @@ class ProbeClient:
                 outcome = dataclasses.replace(outcome, result=self._evidence.apply(outcome.result, outcome.version,
                                                                                    version))
             res = outcome.result
-            out = self.controller.submit_audit(
-                self.run_id, p.audit_id,
+            out = self.link.submit(
+                p.audit_id,
                 AuditIn(cosines=res.cosines, macro_cosines=res.macro_cosines or None, cosine_ci=res.cosine_ci or None,
                         stats={"elapsed_s": res.elapsed_s, "probes": float(len(p.staleness)),
                                "weights_version": float(outcome.version)}
                         | {f"noise_cos_{c}": v for c, v in res.noise_floor.items()}
-                        | ({"signal_z": res.extra["signal_z"]} if "signal_z" in res.extra else {})),
-                idempotency_key=f"{self.run_id}-audit-{p.audit_id}")
+                        | {k: res.extra[k] for k in RESOLUTION_STATS if k in res.extra}))
         except Exception as e:
             if not is_non_finite_audit(e):
                 raise
             log.warning("audit %d rejected: %s", p.audit_id, e)
             self.counts["rejected"] += 1
             return {"audit/rejected": 1.0}
-        return record_outcome(self, p, outcome, out, version)
+        return self.record.record(p, outcome, out, version, schedule=self.schedule, spend=self.spend)
 
     # --- shutdown -------------------------------------------------------------------------------------
 

@@ -69,8 +69,9 @@ class EvidencePool:
         ev = pool_evidence([v for v, _ in self.history], [version - w for _, w in self.history], self.decay,
                            result.candidates, estimator=self.estimator, level=self.level, n_boot=self.n_boot,
                            seed=self.seed + int(version))
-        extra = dict(result.extra) | {"signal_z": ev.signal_z, "evidence_samples": float(ev.samples),
-                                      "evidence_audits": float(len(self.history))}
+        stale = ("noise_scale", "effective_dim")  # this audit's alone: the pool's replace them, or are infinite
+        extra = {k: v for k, v in result.extra.items() if k not in stale} | ev.measures \
+            | {"evidence_audits": float(len(self.history))}
         if self.estimator == "debiased":
             extra["debiased_fallbacks"] = float(ev.fallbacks)
         return dataclasses.replace(result, cosines=ev.cosines, cosine_ci=ev.cosine_ci, noise_floor=ev.noise_floor,

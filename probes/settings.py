@@ -19,6 +19,7 @@ from adwin.audit.budget import DecisionBudget, FlopsModel
 from adwin.audit.drift import teacher_drift
 from adwin.audit.job import AuditSettings
 from adwin.audit.schedule import AuditSchedule
+from adwin.audit.sizing import EvidenceSizer
 from adwin.config import AuditConfig, ProbeConfig, TrainConfig
 from adwin.probes.client import ProbeClient
 from adwin.student.lora import trainable_parameters
@@ -71,18 +72,28 @@ def trainable_count(model: Any) -> int | None:
 
 def decision_budget(audit: AuditConfig, *, probe_batch: int, staleness_limit: int, offers_per_step: int, n_student: int,
                     n_teacher: int, max_prompt_len: int, max_response_len: int, min_window: int,
-                    drift: bool, n_trainable: int | None = None) -> DecisionBudget:
+                    drift: bool, n_trainable: int | None = None, sizer: EvidenceSizer | None = None) -> DecisionBudget:
     """``audit.budget`` / ``audit.pool_max`` as the probe client's ``DecisionBudget`` (with ``audit.budget: null``
     one that only counts: ``decision/*`` is reported, offers and audits are as without it).
 
     The priors are upper bounds (an underestimate lets the rounds before the first audit overspend): a probe
     is at most the longest prompt plus the horizon, and its extension adds at most the horizon minus the
-    smallest window."""
+    smallest window. ``sizer``: the evidence a decision needs to resolve (``adwin.audit.sizing``), which sizes the
+    rounds once an audit has measured its noise scale."""
     return DecisionBudget(audit.budget, FlopsModel(n_student, n_teacher, n_trainable), probe_batch=probe_batch,
                           staleness_limit=staleness_limit, offer_cap=max(1, offers_per_step),
                           prior_probe_tokens=float(max_prompt_len + max_response_len),
                           prior_extension_tokens=float(max(0, max_response_len - min_window)),
-                          pool_max=audit.pool_max, drift=drift, gate_seconds=audit.budget_seconds)
+                          pool_max=audit.pool_max, drift=drift, gate_seconds=audit.budget_seconds, sizer=sizer)
+
+
+def evidence_sizer(cfg: TrainConfig) -> EvidenceSizer | None:
+    """The run's evidence target: ``window.signal_z`` and ``window.resolve_samples`` over ``audit.evidence_audits``
+    audits of ``P``; None for the paper's rule (``window.unresolved: decide``: one batch of P a decision)."""
+    if cfg.window.unresolved == "decide" or cfg.audit.budget is None:
+        return None
+    return EvidenceSizer(cfg.probes.batch_size, cfg.window.signal_z, cfg.window.resolve_samples,
+                         cfg.audit.evidence_audits)
 
 
 def run_decision_budget(cfg: TrainConfig, student: Any, teachers: Any, *, drift: bool) -> DecisionBudget:
@@ -97,7 +108,8 @@ def run_decision_budget(cfg: TrainConfig, student: Any, teachers: Any, *, drift:
     return decision_budget(cfg.audit, probe_batch=p.batch_size, staleness_limit=p.staleness_limit,
                            offers_per_step=p.offers_per_step, n_student=n_s, n_teacher=max(counts, default=n_s),
                            max_prompt_len=cfg.data.max_prompt_len, max_response_len=cfg.rollout.max_response_len,
-                           min_window=min(cfg.window.candidates), drift=drift, n_trainable=trainable_count(student))
+                           min_window=min(cfg.window.candidates), drift=drift, n_trainable=trainable_count(student),
+                           sizer=evidence_sizer(cfg))
 
 
 def configure_audits(client: ProbeClient, cfg: TrainConfig, teachers: Any, *, pad_id: int, student: Any,

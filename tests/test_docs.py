@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
-DOCS = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
+DOCS = [ROOT / "README.md", *sorted((ROOT / "docs").rglob("*.md"))]
 SOURCES = [p for d in ("adwin", "controller", "probes", "trainer_adapters", "tests", "configs", "docs")
            for p in sorted((ROOT / d).rglob("*")) if p.suffix in (".py", ".md", ".yaml", ".html")]
 
@@ -142,8 +142,8 @@ def test_every_cited_section_of_a_doc_exists() -> None:
 
 def test_the_readme_and_the_benchmarks_page_stay_readable_in_length() -> None:
     assert len((ROOT / "README.md").read_text().splitlines()) <= 200
-    # the benchmarks page carries the suite's per-task headline tables (five of them) beside every bench's result
-    assert len((ROOT / "docs" / "benchmarks.md").read_text().splitlines()) <= 815
+    # the current result of each bench, tables first; regression checks and earlier runs live in docs/dev/
+    assert len((ROOT / "docs" / "benchmarks.md").read_text().splitlines()) <= 700
 
 
 def test_no_table_is_cut_in_two_by_a_blank_line() -> None:

@@ -59,3 +59,25 @@ def without_cache(model: torch.nn.Module) -> torch.nn.Module:
             return out
 
     return NoCache()
+
+
+def padded_copy(model: LlamaForCausalLM, rows: int, seed: int = 99) -> LlamaForCausalLM:
+    """``model`` with its embedding and output layer padded to ``rows`` rows (Qwen2.5-7B pads past its tokenizer).
+
+    The first ``model``'s-vocabulary rows are the original's, so every real token scores as it did; the padding
+    rows of the output layer are large, so a softmax over them takes most of the mass from the real columns."""
+    n = int(model.config.vocab_size)
+    cfg = model.config.to_dict() | {"vocab_size": rows}
+    with torch.random.fork_rng():  # the caller's random stream (sampling) is left as it was
+        torch.manual_seed(seed)
+        wide = LlamaForCausalLM(type(model.config)(**cfg)).eval()
+    state = model.state_dict()
+    with torch.no_grad():
+        for name, param in wide.state_dict().items():
+            if param.shape == state[name].shape:
+                param.copy_(state[name])
+                continue
+            param[:n].copy_(state[name])
+            if "lm_head" in name:
+                param[n:].copy_(state[name][: rows - n] * 20.0)
+    return wide

@@ -40,7 +40,6 @@ from adwin.controller.api import ControllerAPI
 from adwin.controller.schemas import AuditOut, ProbeOut, ProbePlanOut, ProbeReportIn, RunIn, StepMetricsIn
 from adwin.decode.generate import generate
 from adwin.decode.static_cache import CompileSetting
-from adwin.objectives.losses import token_logprobs
 from adwin.probes.async_executor import AsyncProbeExecutor
 from adwin.probes.client import InlineAuditor, ProbeClient
 from adwin.probes.offers import OFFER_FINISHED
@@ -49,6 +48,7 @@ from adwin.probes.settings import audit_schedule, audit_settings, decision_budge
 from adwin.probes.workers import InlineWorker
 from adwin.runtime.resilient_controller import controller_metrics, drain_controller
 from adwin.teacher.client import ClientSettings
+from adwin.teacher.scoring import score_rows
 from adwin.teacher.served import ServedTeachers
 from adwin.trainer_adapters.registration import check_feasible, register, resilient
 
@@ -140,7 +140,7 @@ class WindowClient:
     def stats(self) -> ClientStats:
         c, pc = self.probe_client.counts, self.probe_client
         return ClientStats(c["offered"], c["accepted"], self.probe_tokens, c["completed"], c["forced"], c["audits"],
-                           c["expired"], pc.audit_s, dict(pc.last_cosines))
+                           c["expired"], pc.record.audit_s, dict(pc.record.last_cosines))
 
     # --- window -----------------------------------------------------------------------------------
 
@@ -148,7 +148,7 @@ class WindowClient:
         """The response-token cap for ``step``; cached by the controller, never blocks on probes."""
         self.last_window = self.controller.get_window(self.run_id, step).window
         self.last_step = step
-        self.probe_client.window = self.last_window
+        self.probe_client.record.window = self.last_window
         return self.last_window
 
     # --- probes -----------------------------------------------------------------------------------
@@ -254,10 +254,10 @@ class WindowClient:
         job = AuditJob(audit_id, version, probe_batch, self._settings(audit_kwargs))
         tags = probe_batch.versions
         stale = [] if tags is None or not (tags >= 0).any() else [version - int(tags[tags >= 0].min())]
-        self.probe_client.last_out = None
+        self.probe_client.record.last_out = None
         self.probe_client.submit_now(audit_id, InlineAuditor(model, optimizer).submit_audit(job), version, stale,
                                      float(probe_batch.response_mask.sum()))
-        return self.probe_client.last_out
+        return self.probe_client.record.last_out
 
     def maybe_audit(self, model: torch.nn.Module, score: Score, *, pad_id: int, **audit_kwargs: Any) -> AuditOut | None:
         """If the controller has a complete probe batch, audit it and submit; else None (also when the audit
@@ -266,9 +266,9 @@ class WindowClient:
         pc.auditor = InlineAuditor(model, audit_kwargs.pop("optimizer", None))
         pc.settings = self._settings(audit_kwargs)
         pc.score, pc.pad_id = (lambda ids, mask, routes: score(ids, mask)), pad_id
-        pc.last_out = None
+        pc.record.last_out = None
         self.audit_metrics = pc.audit(self.last_step if self.last_step is not None else 0, wait=True)
-        return pc.last_out
+        return pc.record.last_out
 
     def _settings(self, audit_kwargs: dict[str, Any]) -> AuditSettings:
         """``audit_config`` with ``audit_kwargs`` over it (``audit.*`` fields; ``micro_batch``/``autocast``; the
@@ -378,15 +378,15 @@ def build_probe_batch(probes: Sequence[Probe], score: Score, *, pad_id: int) -> 
     return probe_batch(probes, pad_id, lambda ids, mask, routes: score(ids, mask))
 
 
-def teacher_scorer(teacher: torch.nn.Module, *, temperature: float = 1.0) -> Score:
-    """``Score`` from an HF causal LM: log q(token) at each column, logits divided by ``temperature``."""
+def teacher_scorer(teacher: torch.nn.Module, *, vocab: int | None = None, temperature: float = 1.0) -> Score:
+    """``Score`` from an HF causal LM: log q(token) at each column, logits divided by ``temperature``.
+
+    ``vocab``: the student's output width (``student.config.vocab_size``). A teacher padded wider (Qwen2.5-7B
+    teaching 1.5B) is read on those columns only, as the built-in trainer reads it; without it the teacher's
+    whole output is the support (``adwin.teacher.scoring``)."""
 
     def score(input_ids: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
-        device = next(teacher.parameters()).device
-        ids, am = input_ids.to(device), attention_mask.to(device)
-        with torch.no_grad():
-            logits = teacher(input_ids=ids, attention_mask=am, position_ids=(am.cumsum(1) - 1).clamp_min(0)).logits
-        return token_logprobs(logits / temperature, ids).cpu()  # (B, L)
+        return score_rows(teacher, input_ids, attention_mask, vocab=vocab, temperature=temperature).realized  # (B, L)
 
     return score
 

@@ -265,7 +265,7 @@ class ControllerWindowHooks:
         with self._lock:
             self._window, self._version = int(win.window), version
             self._offered, self._exhausted = 0, False
-        self.client.window = int(win.window)  # the window in use, for window/changes_per_audit
+        self.client.record.window = int(win.window)  # the window in use, for window/changes_per_audit
         return SyncDecision(version, int(win.window), forced, metrics)
 
     def plan_request(self, request_id: str, prompt_id: str, version: int) -> RequestPlan:

@@ -52,8 +52,9 @@ trainer's rollouts per step (``controller/feasibility.py``); a reused run id wit
 ``windows[t]``.
 
 TRL's ``AsyncDistillationTrainer`` built with ``AdwinRolloutWorker`` (``trl_async``) is driven another way: the
-worker generates at the controller's window and sends full-length probes, and the callback's events call its
-``AsyncDriver`` (``trl_async_driver``: probe reports, the audit on the trainer's side, the next window).
+worker sends TRL's own requests to TRL's servers with the controller's window as ``max_tokens`` and full-length
+probes, and the callback's events call its ``AsyncDriver`` (``trl_async_driver``: probe reports, the audit on the
+trainer's side, the next window).
 
 Single process only: ``RunIn.world_size`` > 1 would need every rank to audit its shard and submit a
 sketch; the callback refuses ``num_processes > 1``.
@@ -101,9 +102,10 @@ class AdwinCallback(TrainerCallback):
     decision budget charges; default: counted from ``teacher_model``, or the student's count for a server (which
     cannot report one; logged at ``attach``).
 
-    TRL's ``AsyncDistillationTrainer`` is driven when it was built with ``AdwinRolloutWorker`` (``trl_async``): its
-    worker's teacher scores the probes, the worker sends up to ``probe_count`` full-length probes a step
-    (``probe_every`` does not apply), and ``self.driver`` holds that run (``trl_async_driver``).
+    TRL's ``AsyncDistillationTrainer`` is driven when it was built with ``AdwinRolloutWorker`` (``trl_async``): TRL's
+    teacher servers score the probes, the worker sends up to ``probe_count`` full-length probes a weight sync
+    (``probe_every`` does not apply), and ``self.driver`` holds that run (``trl_async_driver``). The decision budget
+    charges ``teacher_params`` for the teacher's forwards, else the student's count (a server reports none).
     """
 
     def __init__(
@@ -178,14 +180,14 @@ class AdwinCallback(TrainerCallback):
         return self
 
     def _attach_async(self, trainer: Any) -> AdwinCallback:
-        """An ``AsyncDistillationTrainer`` with ``AdwinRolloutWorker``: its teacher scores the probes (``trl_async``)."""
-        worker = trainer.rollout_worker
+        """An ``AsyncDistillationTrainer`` with ``AdwinRolloutWorker``: TRL's teacher servers score the probes."""
         student = trainer.accelerator.unwrap_model(trainer.model)
+        urls = ", ".join(trainer.args.teacher_server_urls.values())
         self.driver = AsyncDriver.connect(
             trainer, self.controller, self.run, candidates=self.candidates, threshold=self.threshold,
             probe_count=self.probe_count, audit=self.audit, report_steps=self.report_steps,
             offer_finished=self.offer_finished, resume=self.resume, resilient_controller=self.resilient_controller,
-            model_params=model_params(student, self.teacher_params or param_count(worker.teacher) or 1))
+            model_params=self._model_params(student, None, urls))
         self.trainer = trainer
         trainer.add_callback(self)
         return self
@@ -207,7 +209,8 @@ class AdwinCallback(TrainerCallback):
         self.client = WindowClient(
             self.controller, run, offer_finished=self.offer_finished, resume=self.resume,
             resilient_controller=self.resilient_controller, audit=self.audit,
-            model_params=self._model_params(trainer.accelerator.unwrap_model(trainer.model), teacher),
+            model_params=self._model_params(trainer.accelerator.unwrap_model(trainer.model), teacher.params,
+                                            teacher.url),
             rollouts_per_step=min(rollouts, self.probe_count) if self.probe_count > 0 else 0,
         )
         if self.client.max_len != trainer.args.max_completion_length:
@@ -216,14 +219,15 @@ class AdwinCallback(TrainerCallback):
                 self.client.run_id, self.client.max_len, trainer.args.max_completion_length,
             )
 
-    def _model_params(self, student: Any, teacher: ProbeTeacher) -> tuple[int, ...]:
-        """The decision budget's counts; a teacher nobody can count (a server) is charged the student's count."""
-        n_teacher = self.teacher_params or teacher.params
+    def _model_params(self, student: Any, teacher_params: int | None, url: str | None) -> tuple[int, ...]:
+        """The decision budget's counts; a teacher nobody can count (a server at ``url``) is charged the student's
+        count."""
+        n_teacher = self.teacher_params or teacher_params
         if n_teacher is None:
             n_teacher = param_count(student) or 1
             logger.warning("audit.budget: the teacher server %s cannot report its parameters; the decision budget "
                            "charges the student's count (%d) for its forwards (pass AdwinCallback(teacher_params=N))",
-                           teacher.url, n_teacher)
+                           url, n_teacher)
         return model_params(student, n_teacher)
 
     def _client(self) -> WindowClient:

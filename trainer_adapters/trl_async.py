@@ -1,47 +1,44 @@
 """adwin's rollout worker for TRL's ``AsyncDistillationTrainer`` (``trl.experimental.async_distillation``, trl 1.16).
 
 TRL's async trainer takes a ``rollout_worker`` (its ``RolloutWorkerProtocol``: ``rollout_buffer``, ``metrics_queue``,
-``start``, ``stop``, ``update_model_version``, ``check_health``) and a ``weight_transfer`` (``pause``,
-``send_weights``, ``resume``, ...). Its own worker generates in a spawned child against the student's vLLM server with
-``max_tokens`` fixed when the child starts, so no window can reach it. ``AdwinRolloutWorker`` is one that can:
+``start``, ``stop``, ``update_model_version``, ``check_health``). Its own worker runs TRL's rollout loop
+(``_AsyncRolloutLoop``) in a spawned child with ``max_tokens`` fixed when the child starts, so no window can reach
+it. ``AdwinRolloutWorker`` runs the same TRL loop object in the trainer's process, on a thread, and issues every
+request itself:
 
-- it runs in the trainer's process, on a thread, generating with adwin's decode engine (``adwin.decode.engine.HFEngine``)
-  on its own copy of the student (the *generator*); ``worker.weight_transfer`` is TRL's weight sync into that copy
-  (``pause`` waits for the batch being generated, ``send_weights`` loads the streamed tensors, ``resume`` lets the
-  thread go on), so generation overlaps training as with TRL's worker, without a server;
+- generation and scoring are TRL's own per-sample path (``_generate_and_score_one``): the chat template, the
+  request to the student's vLLM server (``args.vllm_server_base_url``, ``/v1/completions``: sampling settings,
+  per-request seed, the LoRA adapter name TRL syncs), the teacher request to TRL's teacher servers
+  (``args.teacher_server_urls``, ``prompt_logprobs = teacher_top_k``, MOPD routing by the row's ``teacher_id``),
+  TRL's retries and rollout metrics. Weights reach the student's server through TRL's own ``weight_transfer``
+  (its default NCCL client, which pauses and resumes the server): the worker holds no model and no teacher;
 - each request is planned by the one fresh-probe driver (``adwin.trainer_adapters.hooks.ControllerWindowHooks``,
-  ``plan_request``): a training request gets ``max_tokens`` = the controller's current window, a probe the full
-  horizon. Training rows go to ``rollout_buffer`` as TRL's ``RolloutSample`` (teacher top-k scored by the local
-  ``teacher``, the layout TRL's server scoring produces); probe rows are never trained on: they go, full length and
-  marked ``is_probe``, to ``probe_rows``, which ``AdwinCallback`` drains after each optimizer step and audits on the
-  trainer's side (``trainer_adapters.trl_async_driver``);
-- versions: a row carries the optimizer step whose weights generated it (adwin's version) and TRL's
-  ``model_version`` of the same weights (TRL's staleness filter reads it).
+  ``plan_request``) just before TRL's loop builds it: ``max_tokens`` = the controller's window for a training
+  request, the full horizon for a probe. TRL's request reads the loop's ``max_tokens`` while it builds the payload,
+  before its first suspension, so concurrent requests each carry their own cap. Training rows go to
+  ``rollout_buffer`` as TRL's ``RolloutSample`` (``window/rollout`` stamped in its per-sample metrics); probe rows
+  are never trained on: they go, full length and with the teacher's realized-token logprobs read off TRL's top-k
+  scoring, to ``probe_rows``, which ``AdwinCallback`` drains after each optimizer step
+  (``trainer_adapters.trl_async_driver``);
+- versions are counted in weight syncs, TRL's unit: adwin's version of a row is TRL's ``model_version`` at dispatch
+  minus one (TRL's cold sync at train begin is version 0, the initial weights), so TRL's ``max_staleness`` and
+  adwin's ``staleness_limit`` compare the same numbers.
 
-``AdwinCallback.attach(trainer)`` binds the worker to the trainer (dataset, tokenizer, sampling settings, the
-generator copy) and to the run; before that, ``start`` refuses to run.
-
-Not supported (refused at ``attach``, before the run is registered, naming the field): TRL's ``top_k``, ``min_p`` and ``repetition_penalty``
-(adwin's sampler implements temperature and top-p), and several teacher servers (MOPD): the teacher is one local
-module. A vLLM-backed generator is not provided.
+``AdwinCallback.attach(trainer)`` binds the worker to the trainer and the run; before that, ``start`` refuses.
 """
 
 from __future__ import annotations
 
-import copy
+import asyncio
 import logging
 import queue
 import threading
 import time
-from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
-import torch
 
-from adwin.decode.engine import HFEngine
-from adwin.decode.static_cache import CompileSetting, without_compiled
-from adwin.sampling.rollout import layout
 from adwin.trainer_adapters.asyncopd.items import StreamItem
 
 log = logging.getLogger(__name__)
@@ -51,109 +48,87 @@ class RolloutWorkerFailed(RuntimeError):
     """The rollout thread stopped with an error (chained) or stopped ticking; raised where TRL checks its health."""
 
 
-class EngineWeights:
-    """TRL's ``WeightTransferProtocol`` into the worker's generator: the trainer's weight sync, in process."""
+class UnsupportedSetting(ValueError):
+    """A trainer or audit setting the worker cannot honour; ``field`` names it. Raised at ``attach``, before any
+    run is registered or any request sent."""
 
-    def __init__(self, worker: AdwinRolloutWorker) -> None:
-        self.worker = worker
+    def __init__(self, field: str, message: str) -> None:
+        super().__init__(f"{field}: {message}")
+        self.field = field
 
-    def init_weight_transfer(self) -> None:
-        return None  # the generator is a copy of the student in this process: nothing to connect
 
-    def pause(self) -> None:
-        self.worker._gate.acquire()  # waits for the batch being generated: no row mixes two weight versions
+class TeacherMissedToken(ValueError):
+    """A teacher server's top-k answer for a probe lacks the realized token (vLLM always lists it)."""
 
-    def send_weights(self, iterator: Iterator[tuple[str, torch.Tensor]]) -> None:
-        self.worker.load_weights(iterator)
 
-    def resume(self) -> None:
-        self.worker._gate.release()
+@dataclass
+class _Value:
+    """The ``.value`` holder TRL's loop reads its shared version and heartbeat from (an ``mp.Value`` in its child)."""
 
-    def destroy(self) -> None:
-        return None
+    value: Any
 
 
 class AdwinRolloutWorker:
-    """A TRL ``RolloutWorkerProtocol`` that generates at the controller's window (module docstring).
+    """A TRL ``RolloutWorkerProtocol`` that generates on TRL's servers at the controller's window (module docstring).
 
-    ``teacher``: the local teacher module scoring the training rows (top ``args.teacher_top_k`` per position at
-    ``args.teacher_temperature``) and, through ``AdwinCallback``, the probe batches. ``requests_per_batch``: requests
-    one generation call decodes together (default: the rollouts of one optimizer step,
-    ``per_device_train_batch_size x gradient_accumulation_steps``). ``compile``: decode on a static
-    cache with transformers' compiled step (``adwin.decode.static_cache``; off by default). ``seed``: every request
-    samples with its own seed derived from it, so rows do not depend on the thread's timing. Pass
-    ``weight_transfer=worker.weight_transfer`` to the trainer with ``rollout_worker=worker``.
+    Pass it as ``rollout_worker=`` to ``AsyncDistillationTrainer``; leave ``weight_transfer`` to TRL (its default
+    streams the student's weights into the vLLM server). ``args.max_inflight_tasks`` bounds the requests in flight,
+    ``args.queue_maxsize`` the rows waiting for the trainer, as with TRL's worker.
     """
 
-    def __init__(self, teacher: torch.nn.Module, *, requests_per_batch: int | None = None,
-                 compile: CompileSetting = False, seed: int = 0) -> None:
-        if requests_per_batch is not None and requests_per_batch < 1:
-            raise ValueError(f"requests_per_batch must be >= 1, got {requests_per_batch}")
-        self.teacher = teacher.eval()
-        self.requests_per_batch = requests_per_batch
-        self.compile = compile
-        self.seed = seed
+    def __init__(self) -> None:
         self.rollout_buffer: queue.Queue = queue.Queue()  # TRL's RolloutSample rows, drained by the trainer
         self.metrics_queue: queue.Queue = queue.Queue(maxsize=4096)  # drained by the trainer's log()
         self.probe_rows: queue.Queue[StreamItem] = queue.Queue()  # full-length probes, drained by AdwinCallback
-        self.weight_transfer = EngineWeights(self)
-        self.version = 0  # optimizer steps behind the generator's weights (adwin's version)
-        self.trl_version = 0  # TRL's model_version of the same weights
         self.hooks: Any = None  # ControllerWindowHooks, set by bind
-        self.engine: HFEngine | None = None
-        self._gate = threading.Lock()  # held while a batch generates, and by the trainer's weight sync
+        self.loop: Any = None  # TRL's _AsyncRolloutLoop, built by bind
+        self._version = _Value(0)  # TRL's model_version (weight syncs)
+        self._heartbeat = _Value(time.time())
+        self._failed = threading.Event()
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self._error: BaseException | None = None
-        self._heartbeat = time.time()
-        self._served = 0  # requests planned so far: request ids and per-request seeds
 
     # --- wiring (AdwinCallback.attach) --------------------------------------------------------------
 
-    def check(self, trainer: Any) -> None:
-        """Refuse (``ValueError``, naming the field) what this worker cannot do for ``trainer``."""
-        args = trainer.args
-        for name, default in (("top_k", 0), ("min_p", None), ("repetition_penalty", 1.0)):
-            if getattr(args, name) != default:
-                raise ValueError(f"AdwinRolloutWorker samples with temperature and top_p only: {name}="
-                                 f"{getattr(args, name)!r} is not supported (leave it at {default!r})")
-        if len(args.teacher_server_urls) != 1:
-            raise ValueError(f"AdwinRolloutWorker scores with one local teacher: teacher_server_urls names "
-                             f"{len(args.teacher_server_urls)} teachers (MOPD is not supported)")
-        if trainer.train_dataset is None or len(trainer.train_dataset) == 0:
-            raise ValueError("AdwinRolloutWorker needs a non-empty train_dataset with a 'prompt' column")
-
     def bind(self, trainer: Any, hooks: Any) -> None:
-        """Take the trainer's dataset, tokenizer and sampling settings, copy its student as the generator, and plan
-        requests with ``hooks`` (a ``ControllerWindowHooks`` that has read its first window)."""
-        from trl.experimental.async_distillation.async_rollout_worker import RolloutSample
+        """Build TRL's rollout loop from the trainer's arguments, exactly as TRL's trainer builds its own worker's,
+        and plan requests with ``hooks`` (a ``ControllerWindowHooks`` that has read its first window)."""
+        from trl.experimental.async_distillation.async_rollout_worker import _AsyncRolloutLoop
+        from trl.trainer.utils import get_config_model_id
 
-        self.check(trainer)
         args = trainer.args
-        self._sample_cls = RolloutSample
+        if trainer.train_dataset is None or len(trainer.train_dataset) == 0:
+            raise UnsupportedSetting("train_dataset", "AdwinRolloutWorker needs a non-empty dataset with a "
+                                     "'prompt' column")
         self.trainer, self.hooks = trainer, hooks
-        self.tokenizer = trainer.processing_class
-        self.pad_id = int(self.tokenizer.pad_token_id)
-        student = trainer.accelerator.unwrap_model(trainer.model)
-        self.engine = HFEngine(_generator_of(student), set(trainer.eos_token_ids), self.pad_id, compile=self.compile)
-        self.teacher_id = next(iter(args.teacher_server_urls))  # the trainer's single teacher id
-        self.requests = self.requests_per_batch or int(args.per_device_train_batch_size) * int(
-            args.gradient_accumulation_steps)
-        # rows queued or being generated ahead of the trainer: TRL's bound for its own worker's requests in flight
-        # (max_staleness x samples per step), beyond which rows reach the trainer older than it accepts
-        per_step = int(args.per_device_train_batch_size) * int(args.gradient_accumulation_steps)
-        self.ahead = max(self.requests, min(int(args.max_inflight_tasks), max(1, int(args.max_staleness)) * per_step))
+        self.rollout_buffer.maxsize = max(0, int(args.queue_maxsize))  # TRL's own worker's bound
+        model = trainer.accelerator.unwrap_model(trainer.model)
+        self.loop = _AsyncRolloutLoop(
+            model_name=get_config_model_id(model.config),
+            lora_name=trainer._lora_name if getattr(trainer, "_lora_sync", False) else None,
+            dataset=trainer.train_dataset, processing_class=trainer.processing_class,
+            eos_token_ids=trainer.eos_token_ids, rollout_buffer=self.rollout_buffer,
+            model_version_value=self._version, heartbeat_value=self._heartbeat, failed_event=self._failed,
+            exception_info_queue=queue.Queue(maxsize=1), metrics_queue=self.metrics_queue,
+            max_inflight_tasks=max(1, int(args.max_inflight_tasks)), queue_maxsize=int(args.queue_maxsize),
+            vllm_server_url=args.vllm_server_base_url, teacher_server_urls=args.teacher_server_urls,
+            teacher_top_k=args.teacher_top_k, teacher_temperature=args.teacher_temperature,
+            max_tokens=hooks.window, temperature=args.temperature, top_p=args.top_p, top_k=args.top_k,
+            min_p=args.min_p, repetition_penalty=args.repetition_penalty, request_timeout=args.request_timeout,
+            chat_template_kwargs=args.chat_template_kwargs, log_completions=False)
+        self.loop._loop.close()  # TRL's loop made an event loop for its own run(); the thread runs its coroutines
 
     # --- RolloutWorkerProtocol ----------------------------------------------------------------------
 
     def start(self) -> None:
-        if self.hooks is None:
+        if self.loop is None:
             raise RuntimeError("AdwinRolloutWorker is bound by AdwinCallback.attach(trainer) before training")
         if self._thread is not None:
             return
         self._stop.clear()
         self._error = None
-        self._heartbeat = time.time()
+        self._heartbeat.value = time.time()
         self._thread = threading.Thread(target=self._run, name="adwin-rollout-worker", daemon=True)
         self._thread.start()
 
@@ -166,150 +141,101 @@ class AdwinRolloutWorker:
             self._thread = None
 
     def update_model_version(self, model_version: int) -> None:
-        self.trl_version = int(model_version)
+        self._version.value = int(model_version)
 
     def check_health(self, stale_after_s: float) -> None:
         if self._error is not None:
             raise RolloutWorkerFailed(f"the rollout thread failed: {type(self._error).__name__}: {self._error}") \
                 from self._error
-        age = time.time() - self._heartbeat
+        age = time.time() - self._heartbeat.value
         if self._thread is not None and age > stale_after_s:
             raise RolloutWorkerFailed(f"the rollout thread has not ticked for {age:.0f} s (> {stale_after_s:.0f} s)")
 
-    # --- weights --------------------------------------------------------------------------------------
-
-    def load_weights(self, named: Iterator[tuple[str, torch.Tensor]]) -> None:
-        """Load the trainer's streamed tensors (TRL's base-checkpoint names) into the generator (gate held)."""
-        if self.engine is None:
-            raise RuntimeError("AdwinRolloutWorker received weights before AdwinCallback.attach bound it")
-        params = dict(self.engine.model.named_parameters())
-        with torch.no_grad():
-            for name, tensor in named:
-                if name not in params:
-                    raise KeyError(f"weight sync: the generator has no parameter {name!r}")
-                params[name].copy_(tensor)
-        self.version = int(self.trainer.state.global_step)
-        # TRL bumps model_version right after resume() and then calls update_model_version with it: rows the thread
-        # generates from here on are of that version (none can start before resume releases the gate)
-        self.trl_version = int(self.trainer.model_version) + 1
+    @property
+    def version(self) -> int:
+        """adwin's version of the weights the server generates with now: weight syncs after the cold one."""
+        return max(0, int(self._version.value) - 1)
 
     # --- the rollout thread -------------------------------------------------------------------------
 
     def _run(self) -> None:
         try:
-            while not self._stop.is_set():
-                self._heartbeat = time.time()
-                if self.rollout_buffer.qsize() + self.requests > self.ahead:  # more would only age in the queue
-                    time.sleep(0.01)
-                    continue
-                with self._gate:
-                    self._one_batch()
+            asyncio.run(self._serve())
         except BaseException as e:  # reported by check_health, where TRL's dataset polls the worker
             self._error = e
             log.exception("AdwinRolloutWorker: the rollout thread failed")
 
-    def _one_batch(self) -> None:
-        """Plan, generate and emit ``requests`` requests: training rows to TRL, probe rows to ``probe_rows``."""
-        assert self.engine is not None  # bound
-        version, trl_version = self.version, self.trl_version
-        ds = self.trainer.train_dataset
-        ids = list(range(self._served, self._served + self.requests))
-        self._served += self.requests
-        rows = [ds[i % len(ds)] for i in ids]
-        plans = [self.hooks.plan_request(f"trl-{i}", f"p{i % len(ds)}", version) for i in ids]
-        prompts = [encode_prompt(self.tokenizer, r["prompt"], self.trainer.args.chat_template_kwargs) for r in rows]
-        args = self.trainer.args
-        gen = self.engine.generate(prompts, [p.max_tokens for p in plans], temperature=args.temperature,
-                                   top_p=args.top_p, with_logprobs=True,
-                                   row_seeds=[self.seed * 1_000_003 + i for i in ids])
-        train = [b for b, p in enumerate(plans) if not p.is_probe]
-        scored = teacher_topk(self.teacher, [prompts[b] for b in train], [gen.response_ids[b] for b in train],
-                              k=int(args.teacher_top_k), temperature=float(args.teacher_temperature), pad_id=self.pad_id)
-        for b, (top_ids, top_lps) in zip(train, scored, strict=True):
-            self.rollout_buffer.put(self._sample(rows[b], ids[b], prompts[b], gen.response_ids[b], top_ids, top_lps,
-                                                 trl_version, plans[b].window))
-        for b, p in enumerate(plans):
-            if p.is_probe:
-                self.probe_rows.put(_probe_row(f"trl-{ids[b]}", f"p{ids[b] % len(ds)}", prompts[b],
-                                               gen.response_ids[b], gen.logprobs[b] if gen.logprobs else [],
-                                               version, p.window, p.max_tokens, gen.finished[b]))
-        n_tokens = sum(len(gen.response_ids[b]) for b in train)
-        self._push({"completions/mean_length": (float(n_tokens), float(len(train)))})  # TRL's own key, as a rate
+    async def _serve(self) -> None:
+        import aiohttp
 
-    def _sample(self, row: dict, prompt_id: int, prompt: list[int], completion: list[int], top_ids: np.ndarray,
-                top_lps: np.ndarray, trl_version: int, window: int) -> Any:
-        """One training row in TRL's layout (``RolloutSample``): ``window`` rides along as a per-sample metric, so
-        TRL logs the window of the rows it trained on (``window/rollout``)."""
-        text = self.tokenizer.decode(completion, skip_special_tokens=False)
-        return self._sample_cls(
-            prompt=row["prompt"], completion=[{"role": "assistant", "content": text}],
-            input_ids=np.asarray(prompt + completion, dtype=np.int64),
-            completion_mask=np.asarray([0] * len(prompt) + [1] * len(completion), dtype=np.int64),
-            teacher_topk_ids=top_ids, teacher_topk_logprobs=top_lps, model_version=trl_version,
-            metrics={"window/rollout": float(window)}, teacher_id=self.teacher_id, prompt_id=prompt_id,
-            enqueued_at=time.time())
+        loop = self.loop
+        limit = loop.max_inflight_tasks
+        async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=2 * limit)) as session:
+            loop.session = session
+            await loop._resolve_teacher_model_names()  # TRL's readiness wait for the teachers
+            rows = loop._repeat_iterator()
+            inflight: set[asyncio.Task] = set()
+            while not self._stop.is_set():
+                self._heartbeat.value = time.time()
+                while len(inflight) < limit and not self._room_full():
+                    prompt_id, row = next(rows)
+                    inflight.add(asyncio.create_task(self._one(prompt_id, row)))
+                if not inflight:
+                    await asyncio.sleep(0.01)
+                    continue
+                done, inflight = await asyncio.wait(inflight, timeout=0.1, return_when=asyncio.FIRST_COMPLETED)
+                for task in done:
+                    task.result()  # a failed request stops the thread: check_health raises it where TRL polls
+            for task in inflight:
+                task.cancel()
+            await asyncio.gather(*inflight, return_exceptions=True)
 
-    def _push(self, values: dict[str, Any]) -> None:
-        try:
-            self.metrics_queue.put_nowait(values)
-        except queue.Full:
-            pass  # a trainer that stops logging must never block generation
+    def _room_full(self) -> bool:
+        """The trainer's queue holds as many rows as TRL's bound allows: more would only age in it."""
+        bound = self.rollout_buffer.maxsize or self.loop.max_inflight_tasks
+        return self.rollout_buffer.qsize() >= bound
 
-
-def _generator_of(student: torch.nn.Module) -> torch.nn.Module:
-    """The worker's own copy of the student, under the names TRL streams (a PEFT student: merged, base names)."""
-    gen = without_compiled(copy.deepcopy(student))
-    if hasattr(gen, "merge_and_unload"):  # TRL merges the adapter for the sync and streams base-checkpoint names
-        gen = gen.merge_and_unload()
-    return gen.eval().requires_grad_(False)
+    async def _one(self, prompt_id: int, row: dict[str, Any]) -> None:
+        """Plan one request, run TRL's generate-and-score path with its cap, route the row."""
+        loop = self.loop
+        version = self.version
+        request, prompt = f"trl-{prompt_id}", f"p{prompt_id % len(loop.dataset)}"
+        plan = self.hooks.plan_request(request, prompt, version)
+        loop.max_tokens = plan.max_tokens  # read by TRL's request before its first await: this request's cap
+        sample = await loop._generate_and_score_one(prompt_id, row)
+        if plan.is_probe:
+            self.probe_rows.put(probe_row(sample, request, prompt, version, plan.window, plan.max_tokens,
+                                          loop.eos_token_ids))
+            return
+        sample.metrics["window/rollout"] = float(plan.window)  # TRL logs the window of the rows it trained on
+        while not self._stop.is_set():
+            try:
+                sample.enqueued_at = time.time()
+                self.rollout_buffer.put_nowait(sample)
+                return
+            except queue.Full:
+                await asyncio.sleep(0.05)
 
 
-def _probe_row(request_id: str, prompt_id: str, prompt: list[int], tokens: list[int], logprobs: list[float],
-               version: int, window: int, max_tokens: int, finished: bool) -> StreamItem:
-    """A full-length probe as the fresh-probe driver's completed item (``hooks.StampedItem``), marked ``is_probe``."""
-    item = StreamItem(request_id, 0, prompt_id, list(prompt), "default", window, max_tokens, True, version)
-    item.tokens, item.logprobs, item.token_versions = list(tokens), list(logprobs), [version] * len(tokens)
-    item.finish_reason = "eos" if finished else "horizon"
+def probe_row(sample: Any, request_id: str, prompt_id: str, version: int, window: int, max_tokens: int,
+              eos_ids: list[int]) -> StreamItem:
+    """A TRL ``RolloutSample`` generated as a probe, as the fresh-probe driver's completed item: its tokens all of
+    ``version`` (the dispatch version, the oldest weights a keep-mode sync can leave in it), the teacher's logprob of
+    each realized token read off TRL's top-k scoring (vLLM lists the realized token at every position), no behavior
+    logprobs (TRL's request asks for none)."""
+    n_prompt = int(len(sample.completion_mask) - sample.completion_mask.sum())
+    prompt = [int(t) for t in sample.input_ids[:n_prompt]]
+    tokens = [int(t) for t in sample.input_ids[n_prompt:]]
+    ids, lps = sample.teacher_topk_ids[n_prompt:], sample.teacher_topk_logprobs[n_prompt:]  # (C, k + 1)
+    hit = ids == np.asarray(tokens, dtype=np.int64)[:, None]  # (C, k + 1)
+    if len(tokens) and not hit.any(axis=1).all():
+        j = int(np.flatnonzero(~hit.any(axis=1))[0])
+        raise TeacherMissedToken(f"probe {request_id}: the teacher {sample.teacher_id!r} did not score "
+                                 f"the realized token at completion position {j}")
+    teacher = [float(lps[j][hit[j]][0]) for j in range(len(tokens))]
+    item = StreamItem(request_id, 0, prompt_id, prompt, "default", window, max_tokens, True, version)
+    item.tokens, item.token_versions, item.teacher_logprobs = tokens, [version] * len(tokens), teacher
+    item.logprobs = None  # type: ignore[assignment]  # unknown: the audit refuses an is_method that needs them
+    at_cap = len(tokens) >= max_tokens
+    item.finish_reason = "horizon" if at_cap and (not tokens or tokens[-1] not in eos_ids) else "eos"
     return item
-
-
-def encode_prompt(tokenizer: Any, prompt: Any, chat_kwargs: dict | None = None) -> list[int]:
-    """Token ids of a dataset prompt: a conversation through the chat template (as TRL's worker), text as is."""
-    if isinstance(prompt, str):
-        ids = tokenizer(prompt)["input_ids"]
-    else:
-        ids = tokenizer.apply_chat_template(prompt, return_dict=False, add_generation_prompt=True, **(chat_kwargs or {}))
-    if not ids:
-        raise ValueError(f"prompt {str(prompt)[:40]!r} encodes to no tokens")
-    return [int(i) for i in ids]
-
-
-@torch.no_grad()
-def teacher_topk(teacher: torch.nn.Module, prompts: Sequence[Sequence[int]], completions: Sequence[Sequence[int]], *,
-                 k: int, temperature: float, pad_id: int) -> list[tuple[np.ndarray, np.ndarray]]:
-    """Per row, TRL's sparse teacher scoring of ``prompt + completion``: ``(len, k + 1)`` ids and logprobs, row ``i``
-    the teacher's top ``k`` candidates for token ``i`` (rank order, at ``temperature``) plus the realized token when it
-    is outside them; prompt rows and unused slots padded with id -1 / logprob -inf (what TRL's server scoring gives)."""
-    if not prompts:
-        return []
-    rows = layout(prompts, completions, pad_id)
-    device = next(teacher.parameters()).device
-    ids, am = rows.input_ids.to(device), rows.attention_mask.to(device)  # (B, L)
-    logits = teacher(input_ids=ids, attention_mask=am, position_ids=(am.cumsum(1) - 1).clamp_min(0)).logits
-    logp = torch.log_softmax(logits.float() / temperature, dim=-1).cpu()  # (B, L, V): column j predicts token j + 1
-    out = []
-    for b, (p, c) in enumerate(zip(prompts, completions, strict=True)):
-        n_p, n_c = len(p), len(c)
-        top_ids = np.full((n_p + n_c, k + 1), -1, dtype=np.int64)
-        top_lps = np.full((n_p + n_c, k + 1), -np.inf, dtype=np.float32)
-        if n_c:
-            pos = logp[b, n_p - 1 : n_p - 1 + n_c]  # (C, V): the distributions the completion tokens were drawn at
-            lps, cand = pos.topk(k, dim=-1)  # (C, k) rank order
-            real = torch.as_tensor(list(c), dtype=torch.long)  # (C,)
-            outside = ~(cand == real[:, None]).any(dim=-1)  # (C,) the realized token is not a top-k candidate
-            real_lp = pos.gather(-1, real[:, None]).squeeze(-1)  # (C,)
-            top_ids[n_p:, :k], top_lps[n_p:, :k] = cand.numpy(), lps.numpy()
-            top_ids[n_p:, k] = torch.where(outside, real, -1).numpy()
-            top_lps[n_p:, k] = torch.where(outside, real_lp, float("-inf")).numpy()
-        out.append((top_ids, top_lps))
-    return out

@@ -3,7 +3,7 @@
 Two teachers, found on the trainer (trl 1.16):
 
 - ``DistillationTrainer``'s local ``teacher_model``: probes are scored in process (``teacher_scorer``, logits
-  divided by the trainer's ``temperature``), the decision budget counts its parameters;
+  divided by the trainer's ``temperature``, on the student's columns), the decision budget counts its parameters;
 - ``trl.experimental.server_distillation.ServerDistillationTrainer``: no local teacher; ``args.teacher_model_server_url``
   is the root of a vLLM-compatible server (``vllm serve``, ``adwin teacher serve``) that TRL's ``VLLMClient``
   reaches at ``{root}/v1``. The callback scores its probes at the same ``{root}/v1``, naming the model TRL names
@@ -14,11 +14,11 @@ Two teachers, found on the trainer (trl 1.16):
   trainer's rule for a teacher it cannot count.
 
 ``trl.experimental.async_distillation.AsyncDistillationTrainer`` is driven when it was built with adwin's rollout
-worker (``trainer_adapters.trl_async.AdwinRolloutWorker``: it generates at the controller's window and scores with
-its local teacher, which also scores the probe batches). With TRL's own worker it is refused: that worker generates
-in a spawned child process against the student's vLLM server with ``max_tokens`` fixed when the child starts, so no
-attribute of the trainer sets the next step's cap, and its rollouts stream out of a queue rather than a step's
-buffer the callback can offer as probes.
+worker (``trainer_adapters.trl_async.AdwinRolloutWorker``: TRL's own generation and teacher requests, on TRL's
+servers, with the controller's window as each request's ``max_tokens``); its probes arrive scored by TRL's teacher
+servers (``args.teacher_server_urls``), so no probe teacher is built here. With TRL's own worker it is refused: that
+worker runs TRL's rollout loop in a spawned child with ``max_tokens`` fixed when the child starts, so no attribute
+of the trainer sets the next step's cap.
 """
 
 from __future__ import annotations
@@ -72,10 +72,10 @@ def check_trainer(trainer: Any) -> bool:
         if isinstance(getattr(trainer, "rollout_worker", None), AdwinRolloutWorker):
             return True
         raise UnsupportedTrainer(
-            f"AdwinCallback cannot drive {name} with TRL's rollout worker: it generates in a spawned child process "
-            "against the student's vLLM server with max_tokens fixed at start, so no window can be set per step; "
-            "build the trainer with rollout_worker=AdwinRolloutWorker(teacher) and weight_transfer=its "
-            "weight_transfer, or use DistillationTrainer / ServerDistillationTrainer (docs/adapters.md)")
+            f"AdwinCallback cannot drive {name} with TRL's rollout worker: it runs TRL's rollout loop in a spawned "
+            "child process with max_tokens fixed at start, so no window can be set per request; build the trainer "
+            "with rollout_worker=AdwinRolloutWorker(), which runs the same loop in process with the window as each "
+            "request's max_tokens, or use DistillationTrainer / ServerDistillationTrainer (docs/trl-async.md)")
     raise UnsupportedTrainer(f"AdwinCallback drives TRL's DistillationTrainer and its subclasses "
                              f"(ServerDistillationTrainer), and AsyncDistillationTrainer with AdwinRolloutWorker, "
                              f"not {name}")
@@ -96,15 +96,15 @@ def probe_teacher(trainer: Any, settings: ClientSettings | None) -> ProbeTeacher
     """The trainer's local teacher, else its teacher server, connected and checked now (``ServedTeachers.load``:
     ``TeacherUnavailable`` names an unreachable URL after ``settings``' retries); ``NoTeacher`` without either."""
     acc = trainer.accelerator
+    vocab = int(acc.unwrap_model(trainer.model).config.get_text_config().vocab_size)  # the student's columns
     if getattr(trainer, "teacher_model", None) is not None:
         teacher = acc.unwrap_model(trainer.teacher_model)
-        return ProbeTeacher(teacher_scorer(teacher, temperature=trainer.temperature), param_count(teacher), None,
-                            lambda: None)
+        return ProbeTeacher(teacher_scorer(teacher, vocab=vocab, temperature=trainer.temperature),
+                            param_count(teacher), None, lambda: None)
     url = served_url(trainer)
     if url is None:
         raise NoTeacher(f"AdwinCallback scores probes with the trainer's teacher: {type(trainer).__name__} has no "
                         "teacher_model and no args.teacher_model_server_url (ServerDistillationTrainer)")
-    vocab = int(acc.unwrap_model(trainer.model).config.get_text_config().vocab_size)
     score = served_scorer(url, trainer._tokenizer, vocab, settings=settings)
     logger.info("AdwinCallback: probe batches are scored by the teacher server %s", url)
     return ProbeTeacher(score, None, url, score.close)

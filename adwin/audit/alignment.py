@@ -32,6 +32,7 @@ from adwin.audit.estimators import (
     cross_gram,
     debiased_cosines,
 )
+from adwin.audit.evidence import signal_measures
 from adwin.audit.grams import (
     TokenLoss,
     canonical_name,
@@ -42,7 +43,7 @@ from adwin.audit.grams import (
 )
 from adwin.audit.params import audited_parameters
 from adwin.audit.sketch import Grads, countsketch, countsketch_hashes  # noqa: F401  (countsketch_hashes: public API)
-from adwin.audit.truth import noise_floor, signal_z
+from adwin.audit.truth import noise_floor
 from adwin.objectives import precision
 from adwin.objectives.losses import response_positions, reverse_kl_pg, token_logprobs  # noqa: F401  (last two: kept importable here)
 
@@ -133,7 +134,8 @@ class AuditResult:
         m |= {f"audit/batch_cos_{c}": v for c, v in self.batch_cosines.items()}
         m |= {f"audit/noise_cos_{c}": v for c, v in self.noise_floor.items()}
         for k, key in (("signal_z", "audit/signal_z"), ("evidence_samples", "audit/evidence_samples"),
-                       ("evidence_audits", "audit/evidence_audits")):
+                       ("evidence_audits", "audit/evidence_audits"), ("noise_scale", "audit/noise_scale"),
+                       ("effective_dim", "audit/effective_dim")):
             if k in self.extra:
                 m[key] = self.extra[k]
         if "debiased_fallbacks" in self.extra:
@@ -378,7 +380,7 @@ def audit(
     )
     floor = (noise_floor(sample_grams, len(cands)) if estimator == "batch" else np.zeros(len(cands))) \
         if sample_grams else None
-    evidence = {"signal_z": signal_z(h)} if h is not None else {}
+    evidence = signal_measures(h) if h is not None else {}
     macro_cos = _macro_cosines(sample_grams, cands) if macro else {}
     norms = _prefix_norms(gram, cands)
     norms[max_len] = math.sqrt(max(float(gram.sum()), 0.0))  # the full gradient

@@ -26,6 +26,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, Literal, get_args
 
+from adwin.audit.sizing import EvidenceSizer
+
 DecisionKind = Literal["extension", "scoring", "drift", "audit"]
 KINDS: tuple[str, ...] = get_args(DecisionKind)
 
@@ -144,6 +146,7 @@ class DecisionBudget:
     rounds: int = 0  # offer rounds opened (one round = the probes of one decision)
     round_size: int = 0
     round_left: int = 0  # probes of the open round still to offer
+    sizer: EvidenceSizer | None = None  # the batches a decision needs to resolve (adwin.audit.sizing); None: 1
 
     def __post_init__(self) -> None:
         if self.budget is not None and not 0.0 < self.budget < 1.0:
@@ -238,9 +241,11 @@ class DecisionBudget:
     def pool(self) -> int:
         """Batches of P per decision after the first: 1 while the budget does not bind (a budget above what
         the run spends changes nothing), else ``ceil(pressure)`` up to ``pool_limit``: the more the budget
-        thins the decisions out, the more evidence each one that is left gets."""
+        thins the decisions out, the more evidence each one that is left gets; and at least the batches the
+        ``sizer`` says the last audit's noise scale needs (the round then waits longer for its credit)."""
         r = self.pressure()
-        return 1 if r <= 1.0 else min(self.pool_limit(), math.ceil(r))
+        need = self.sizer.batches if self.sizer is not None else 1  # a rarer, larger round where B demands it
+        return min(self.pool_limit(), max(need, 1 if r <= 1.0 else math.ceil(r)))
 
     def probe_cost(self, pool: int | None = None) -> float:
         """Estimated FLOPs of one probe through a decision pooling ``pool`` batches (default ``pool()``), from
@@ -358,16 +363,19 @@ class DecisionBudget:
         }
         if self.budget is not None:
             out["decision/budget"] = self.budget
+        if self.sizer is not None and math.isfinite(self.sizer.samples):  # N* over what one decision may pool
+            out |= {"decision/samples_needed": self.sizer.samples,
+                    "decision/resolvable": float(self.sizer.batches <= self.pool_limit())}
         out |= {f"decision/flops_share_{k}": v / (t + d) if t + d > 0 else 0.0 for k, v in self.spent.items()}
         return out
 
     def state_dict(self) -> dict[str, Any]:
+        sizer = {"sizer": self.sizer.state_dict()} if self.sizer is not None else {}
         return {"steps": self.steps, "train_flops": self.train_flops, "train_seconds": self.train_seconds,
                 "learner_seconds": self.learner_seconds, "spent": dict(self.spent), "seconds": dict(self.seconds),
-                "tokens": dict(self.tokens),
-                "decisions": self.decisions, "probes_audited": self.probes_audited,
+                "tokens": dict(self.tokens), "decisions": self.decisions, "probes_audited": self.probes_audited,
                 "probes_released": self.probes_released, "in_flight": self.in_flight, "rounds": self.rounds,
-                "round_size": self.round_size, "round_left": self.round_left}
+                "round_size": self.round_size, "round_left": self.round_left} | sizer
 
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
         for name in ("steps", "decisions", "probes_audited", "probes_released", "in_flight", "rounds",
@@ -377,6 +385,8 @@ class DecisionBudget:
         self.learner_seconds = float(state.get("learner_seconds", 0.0))  # absent in checkpoints written before it
         for name in ("spent", "seconds", "tokens"):
             setattr(self, name, {k: float(state[name].get(k, 0.0)) for k in KINDS})
+        if self.sizer is not None:  # absent in checkpoints written before it: one batch until the next audit
+            self.sizer.load_state_dict(state.get("sizer", {}))
 
 
 # --- a run's decisions from token counts alone ----------------------------------------------------------

@@ -19,7 +19,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from adwin.audit.estimators import cosine_interval, cross_gram, estimator_cosines
-from adwin.audit.truth import noise_floor, per_sample_grams, signal_z
+from adwin.audit.truth import noise_floor, noise_scale, per_sample_grams, signal_z
 
 
 @dataclass(frozen=True)
@@ -31,6 +31,17 @@ class PooledEvidence:
     signal_z: float
     fallbacks: int
     samples: int
+    measures: dict[str, float]  # signal_measures: what the policy judges resolution on
+
+
+def signal_measures(h: np.ndarray) -> dict[str, float]:
+    """What decides whether samples resolve the full gradient's signal (``adwin.policies.resolution``), from their
+    (N, K+1, N, K+1) cross Gram: ``signal_z``, ``evidence_samples`` N, and, where finite, the ``noise_scale`` B
+    and ``effective_dim`` (``adwin.audit.truth.noise_scale``; B is infinite where the samples show no mean, and
+    their z is then <= 0)."""
+    scale, dim = noise_scale(h) if h.shape[0] >= 2 else (float("inf"), float("nan"))
+    out = {"signal_z": signal_z(h), "evidence_samples": float(h.shape[0])}
+    return out | {k: v for k, v in (("noise_scale", scale), ("effective_dim", dim)) if np.isfinite(v)}
 
 
 def pool_evidence(vectors: Sequence[np.ndarray], ages: Sequence[int], decay: float, candidates: Sequence[int], *,
@@ -63,4 +74,4 @@ def evidence_of_gram(h: np.ndarray, candidates: Sequence[int], *, estimator: str
     floor = noise_floor(own, k) if estimator == "batch" else np.zeros(k)
     return PooledEvidence(cosines, {c: float(x) for c, x in zip(cands, bat, strict=True)}, ci,
                           {c: float(x) for c, x in zip(cands, floor, strict=True)}, signal_z(h), fallbacks,
-                          int(h.shape[0]))
+                          int(h.shape[0]), signal_measures(h))

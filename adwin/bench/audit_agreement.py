@@ -126,6 +126,7 @@ def _code_pool(args: argparse.Namespace) -> tuple[Any, Any]:
     from transformers import LlamaConfig, LlamaForCausalLM, Qwen2Config, Qwen2ForCausalLM
 
     from adwin.audit.alignment import ProbeBatch
+    from adwin.teacher.scoring import score_rows
 
     shape = {"vocab_size": args.vocab, "hidden_size": args.hidden, "intermediate_size": 3 * args.hidden,
              "num_hidden_layers": args.layers, "num_attention_heads": 4, "num_key_value_heads": 2,
@@ -146,11 +147,9 @@ def _code_pool(args: argparse.Namespace) -> tuple[Any, Any]:
         ids = student.generate(prompt, attention_mask=torch.ones_like(prompt), do_sample=True,
                                max_new_tokens=args.response_len, min_new_tokens=args.response_len,
                                pad_token_id=0)  # (B, 16 + R)
-        logp = torch.log_softmax(teacher(input_ids=ids).logits.float(), -1)[:, :-1]  # (B, L-1, V)
+    t = score_rows(teacher, ids, torch.ones_like(ids)).realized  # (B, L), 0 at position 0
     resp = torch.zeros_like(ids)
     resp[:, 16:] = 1
-    t = torch.zeros(ids.shape)
-    t[:, 1:] = logp.gather(2, ids[:, 1:, None])[..., 0]
     return student, ProbeBatch(ids, torch.ones_like(ids), resp, t * resp)
 
 

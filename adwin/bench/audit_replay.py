@@ -4,7 +4,10 @@
 the same draws, beside the *noise-reading rule*: after each audit, the shortest candidate whose pure-noise reading
 ``sqrt(N_w / N_F)`` over that audit's own samples clears the threshold (from their response lengths when the pool
 has them, ``adwin.audit.truth.token_floor``; else from their same-sample energies, ``noise_floor``). It reads no
-cross-sample product, so a rule that decides as it does decides on the response lengths.
+cross-sample product, so a rule that decides as it does decides on the response lengths. A rule whose audit the
+policy judges unresolved (``adwin.policies.resolution``: too little signal z, or too few samples for the noise scale
+it measured) follows its fallback (``Rule.unresolved``, ``window.unresolved``) exactly as the product's does, and
+``held_out`` reports the share of such audits per rule.
 
 ``held_out`` splits the pool (``adwin.audit.truth.split_pool``): the truth (population cosines, the truth's window) is
 read from one half, the rules replayed on the other, and every rule is scored (``adwin.bench.audit_scores``) beside
@@ -40,13 +43,20 @@ class Rule:
     signal_z: float = 3.0  # window.signal_z
     pool: int = 1  # audit.evidence_audits
     decay: float = 0.7  # audit.evidence_decay
+    unresolved: str = "decide"  # window.unresolved: the paper's rule decides whatever the evidence resolves
+    resolve_samples: float = 1.0  # window.resolve_samples
 
 
 SHIPPED = "batch, point, 8 audits pooled (decay 0.9)"  # the rule the presets ship: the one the goals judge
 RULES: tuple[Rule, ...] = (
     Rule("paper (batch, point)", "batch", confidence=False),
     Rule("batch, point, 4 audits pooled", "batch", confidence=False, pool=4),
-    Rule(SHIPPED, "batch", confidence=False, pool=8, decay=0.9),
+    Rule(SHIPPED, "batch", confidence=False, pool=8, decay=0.9, unresolved="hold"),
+    Rule("batch, point, 8 audits pooled (decay 0.9), no fallback", "batch", confidence=False, pool=8, decay=0.9),
+    Rule("batch, point, 8 audits pooled (decay 0.9), unresolved: horizon", "batch", confidence=False, pool=8,
+         decay=0.9, unresolved="horizon"),
+    Rule("batch, point, 8 audits pooled (decay 0.9), unresolved: noise rule", "batch", confidence=False, pool=8,
+         decay=0.9, unresolved="noise_rule"),
     Rule("debiased, point", "debiased", confidence=False),
     Rule("batch, confidence", "batch", confidence=True),
     Rule("debiased, confidence", "debiased", confidence=True),
@@ -69,6 +79,8 @@ class _Audit:
     cosine_ci: Mapping[int, tuple[float, float]]
     noise_floor: Mapping[int, float]
     signal_z: float
+    noise_scale: float | None  # B, what the policy judges resolution on with samples (None: infinite)
+    samples: float
 
 
 def noise_reading(h: np.ndarray, candidates: Sequence[int], idx: np.ndarray,
@@ -83,14 +95,15 @@ def noise_reading(h: np.ndarray, candidates: Sequence[int], idx: np.ndarray,
 def decisions(h: np.ndarray, candidates: Sequence[int], horizon: int, threshold: float, rules: Sequence[Rule], *,
               p: int, audits: int, runs: int, rng: np.random.Generator, lengths: np.ndarray | None = None,
               initial: int | None = None, cadence: int = 1, max_age: int | None = None,
-              level: float = 0.9) -> dict[str, np.ndarray]:
+              level: float = 0.9, marks: dict[str, np.ndarray] | None = None) -> dict[str, np.ndarray]:
     """The window after each audit, per rule and for the noise-reading rule (``NOISE_RULE``): ``{name: (runs,
     audits)}``. ``runs`` runs of ``audits`` audits of ``p`` probes drawn from the pool (the weights held fixed, so
     the right window never moves; within a run no sample is drawn twice), the same draws for every rule. ADWIN's
     policy decides on the estimators the product computes (``adwin.audit.evidence``; a pooled rule weights the last
     ``rule.pool`` audits' samples by ``rule.decay ** age``, ``cadence`` steps between audits, none older than
     ``max_age`` steps: the staleness limit the product's pool keeps to). ``lengths``: the samples' response lengths,
-    for the noise-reading rule."""
+    for the noise-reading rule. ``marks``, when given, receives per rule a (runs, audits) bool array: the audits
+    the policy judged unresolved (``adwin.policies.resolution``), whose window followed the rule's fallback."""
     from adwin.audit.evidence import evidence_of_gram
     from adwin.policies.adaptive import AdaptiveWindow
 
@@ -101,6 +114,7 @@ def decisions(h: np.ndarray, candidates: Sequence[int], horizon: int, threshold:
         raise ValueError(f"{len(lengths)} response lengths for a pool of {n} samples")
     segs = np.arange(len(cands) + 1)
     out = {name: np.empty((runs, audits), dtype=np.int64) for name in [r.name for r in rules] + [NOISE_RULE]}
+    unresolved = {r.name: np.zeros((runs, audits), dtype=bool) for r in rules}
     for run in range(runs):
         order = rng.permutation(n)
         seeds = rng.integers(1 << 30, size=audits)
@@ -110,7 +124,8 @@ def decisions(h: np.ndarray, candidates: Sequence[int], horizon: int, threshold:
         for rule in rules:
             policy = AdaptiveWindow(cands, threshold=threshold, max_len=horizon, initial=initial,
                                     confidence=rule.confidence, noise_hold=rule.noise_hold, grow_to=rule.grow_to,
-                                    signal_z=rule.signal_z)
+                                    signal_z=rule.signal_z, unresolved=rule.unresolved,
+                                    resolve_samples=rule.resolve_samples)
             for a in range(audits):
                 first = max(0, a - rule.pool + 1)
                 if max_age is not None:  # the product drops an audit older than the staleness limit from the pool
@@ -122,8 +137,12 @@ def decisions(h: np.ndarray, candidates: Sequence[int], horizon: int, threshold:
                 sub = sub * weights[:, None, None, None] * weights[None, None, :, None]
                 ev = evidence_of_gram(sub, cands, estimator=rule.estimator, level=level if rule.confidence else None,
                                       n_boot=100, seed=int(seeds[a]))
-                policy.observe(_Audit(ev.cosines, ev.cosine_ci, ev.noise_floor, ev.signal_z))
+                policy.observe(_Audit(ev.cosines, ev.cosine_ci, ev.noise_floor, ev.signal_z,
+                                      ev.measures.get("noise_scale"), float(ev.samples)))
                 out[rule.name][run, a] = policy.window(0)
+                unresolved[rule.name][run, a] = policy.resolution.resolved is False
+    if marks is not None:
+        marks.update(unresolved)
     return out
 
 
@@ -161,11 +180,13 @@ def held_out(h: np.ndarray, candidates: Sequence[int], horizon: int, threshold: 
         "surely_admissible_window": sure, "noise_reading": {str(c): float(v) for c, v in zip(cands, floor, strict=True)},
         "noise_source": "token counts" if lengths is not None else "same-sample energies",
         "noise_window": noise_window, "direction": sc.direction(window, noise_window), "replay": {},
-        "versus_noise": {}}
+        "versus_noise": {}, "unresolved": {}}
     lens = None if lengths is None else np.asarray(lengths)[replay_idx]
     for p in p_run:
+        marks: dict[str, np.ndarray] = {}
         chosen = decisions(h_replay, cands, horizon, threshold, rules, p=int(p), audits=audits, runs=runs, rng=rng,
-                           lengths=lens, **replay_kw)
+                           lengths=lens, marks=marks, **replay_kw)
+        fold["unresolved"][str(p)] = {name: float(m.mean()) for name, m in marks.items()}  # share of audits
         chosen = {NOISE_RULE: chosen.pop(NOISE_RULE)} | baselines(cands, horizon, window, (runs, audits)) | chosen
         fold["replay"][str(p)] = {name: sc.score(w, truth, horizon) for name, w in chosen.items()}
         if truth is not None:

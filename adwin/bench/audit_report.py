@@ -40,11 +40,14 @@ def fold_markdown(fold: Mapping[str, Any], candidates: Sequence[int], i: int, n_
         decisions = next(iter(scores.values()))["decisions"]
         lines += [f"Replay at P = {p} ({decisions} decisions per rule):", "",
                   "| rule | exact | admissible | unsafe (below the truth's) | cost (window / horizon) | within one rung "
-                  "(secondary) | windows chosen (share) |", "|---|---|---|---|---|---|---|"]
+                  "(secondary) | unresolved audits (fallback) | windows chosen (share) |",
+                  "|---|---|---|---|---|---|---|---|"]
+        unresolved = fold.get("unresolved", {}).get(p, {})  # a rule's audits whose window followed its fallback
         for name, s in scores.items():
             ws = ", ".join(f"{w}: {100 * v:.0f} %" for w, v in s["windows"].items())
+            marked = f"{100 * unresolved[name]:.0f} %" if name in unresolved else "n/a"
             lines.append(f"| {name} | {_cell(s['exact'])} | {_cell(s['admissible'])} | {_cell(s['unsafe'])} | "
-                         f"{_cell(s['cost'], cost=True)} | {_cell(s['within_one_rung'])} | {ws} |")
+                         f"{_cell(s['cost'], cost=True)} | {_cell(s['within_one_rung'])} | {marked} | {ws} |")
         lines.append("")
     return lines
 

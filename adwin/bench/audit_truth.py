@@ -46,7 +46,11 @@ log = logging.getLogger(__name__)
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--task", default="chain-long", help="built-in task (default chain-long)")
-    p.add_argument("--at", default="0", help="checkpoints: steps of full-rollout OPD, comma-separated (default 0)")
+    p.add_argument("--at", default="0", help="checkpoints: steps of training, comma-separated (default 0)")
+    p.add_argument("--trajectory", default="full", metavar="METHOD",
+                   help="the method whose training reaches the checkpoints: 'full' (full-rollout OPD, default) or "
+                        "a method of `adwin bench compare` (e.g. adwin-0.7: the truth on ADWIN's own student, "
+                        "beside the windows that run chose)")
     p.add_argument("--rollouts", type=int, default=256, help="full rollouts in each checkpoint's pool (default 256)")
     p.add_argument("--sizes", default="2,8,32,64", help="probe batch sizes P the estimators are read at")
     p.add_argument("--draws", type=int, default=200, help="random probe batches per P (default 200)")
@@ -111,7 +115,8 @@ def main(args: argparse.Namespace) -> int:
                                                         cadence=args.cadence,
                                                         # pools saved before S was recorded: the suite's S = 5
                                                         max_age=ck.get("meta", meta).get("staleness_limit", 5))
-                                     | {"step": ck["step"], "pool": ck["pool"]})
+                                     | {"step": ck["step"], "pool": ck["pool"],
+                                        "trained_windows": ck.get("trained_windows", [])})
     cases = [f | {"where": f"step {ck['step']}" + (f", fold {i + 1}" if len(ck["folds"]) > 1 else "")}
              for ck in report["checkpoints"] for i, f in enumerate(ck["folds"])]
     report["goals"] = [g for r in RULES for g in goals(cases, r.name)]
@@ -181,7 +186,9 @@ def truth_markdown(report: Mapping[str, Any]) -> str:
              f"Validation: the truth is read from one half of each pool and the rules are replayed on audits drawn from "
              f"the other (`--split {split}`, seed {meta.get('split_seed')}"
              + ("; and again with the halves swapped" if split == "cross" else "") + "). Shares are of decisions, "
-             "[90 % interval] over the replayed runs, taking the held-out truth as given.", ""]
+             "[90 % interval] over the replayed runs, taking the held-out truth as given.", "",
+             f"Trajectory: checkpoints reached by `{meta.get('trajectory', 'full')}` training (seed "
+             f"{meta.get('seed')}).", ""]
     for ck in report["checkpoints"]:
         cands, tau = ck["candidates"], ck["threshold"]
         pool = ck["pool"]
@@ -197,6 +204,7 @@ def truth_markdown(report: Mapping[str, Any]) -> str:
                   f"{100 * pool['at_horizon']:.0f} % at the horizon", "",
                   f"Noise scale tr(Sigma)/|mu|^2 {ck['noise_scale']:.1f}, effective dimension "
                   f"{ck['effective_dim']:.0f}. {verdict}", ""]
+        lines += trained_windows_line(ck)
         sizes = list(ck["readings"])
         tokens = ck.get("token_floor")
         head = ["window", "population cosine [90 %]", "pure-noise reading"] + (["token reading"] if tokens else [])
@@ -220,6 +228,19 @@ def truth_markdown(report: Mapping[str, Any]) -> str:
         lines.append("")
     lines += goals_markdown(report.get("goals", []), SHIPPED)
     return "\n".join(lines)
+
+
+def trained_windows_line(ck: Mapping[str, Any], last: int = 5) -> list[str]:
+    """What the trajectory's own run chose in the ``last`` steps that led to the checkpoint, against its truth: the
+    on-trajectory reading of an adaptive method's decisions (full OPD always trains at the horizon)."""
+    won = [int(w) for w in ck.get("trained_windows", [])][-last:]
+    if not won:
+        return []
+    text = f"Windows the run trained under in its last {len(won)} steps: {', '.join(f'{w:,}' for w in won)}"
+    if ck.get("truth_window") is not None:
+        below = sum(w < int(ck["truth_window"]) for w in won)
+        text += f"; below the truth's window on {below} of {len(won)}"
+    return [text + ".", ""]
 
 
 # ---------------------------------------------------------------------------------------------
@@ -254,9 +275,9 @@ def _sample_checkpoints(args: argparse.Namespace, at: list[int], out_dir: Path) 
 
     curve_args = argparse.Namespace(task=args.task, profile=args.profile, config=args.config, set=args.set,
                                     max_steps=max(at[-1], 1), eval_every=10**6, confirm=1, budget_min=1e9,
-                                    seed=args.seed, assets_seed=args.assets_seed)
+                                    seed=args.seed, assets_seed=args.assets_seed, method=args.trajectory)
     cfg = curve_config(curve_args)
-    cfg = cfg.model_copy(update={"name": "full", "out_dir": str(out_dir / "runs")})
+    cfg = cfg.model_copy(update={"name": args.trajectory, "out_dir": str(out_dir / "runs")})
     if not args.probe_batch:  # the replay's default P, the run's and 8, is known once the config is: check it now
         check_replay_fits(args, max(int(cfg.probes.batch_size), 8))
     meta = {"command": command_line(), "task": args.task, "profile": args.profile, "commit": git_commit(),
@@ -265,13 +286,14 @@ def _sample_checkpoints(args: argparse.Namespace, at: list[int], out_dir: Path) 
             "probe_batch": int(cfg.probes.batch_size), "initial": cfg.window.initial,
             "staleness_limit": int(cfg.probes.staleness_limit), "rollouts_per_step": cfg.rollout.prompts_per_step
             * cfg.rollout.samples_per_prompt, "lr": cfg.optim.lr, "seed": args.seed, "cpus": os.cpu_count(),
-            "cpu_capability": torch.backends.cpu.get_cpu_capability()}
+            "cpu_capability": torch.backends.cpu.get_cpu_capability(), "trajectory": args.trajectory}
     parts = load_run_parts(cfg, args.profile, args.assets_seed)
     meta["models"] = parts.models
     checkpoints: list[dict] = []
+    windows: list[int] = []  # the window each training step ran under: the trajectory's own decisions
 
     def take(step: int) -> None:
-        ck = _checkpoint(parts, cfg, args, step)
+        ck = _checkpoint(parts, cfg, args, step) | {"trained_windows": list(windows)}
         np.savez_compressed(out_dir / f"gram-{step}.npz", h=ck["h"], lengths=ck["lengths"], meta=json.dumps(
             meta | {k: v for k, v in ck.items() if k not in ("h", "lengths")}))
         checkpoints.append(ck)
@@ -280,7 +302,8 @@ def _sample_checkpoints(args: argparse.Namespace, at: list[int], out_dir: Path) 
         take(0)
     later = [s for s in at if s > 0]
     if later:
-        def on_step(t: int, _m: Mapping[str, Any]) -> None:
+        def on_step(t: int, m: Mapping[str, Any]) -> None:
+            windows.append(int(m.get("window/current", cfg.rollout.max_response_len)))
             if t + 1 in later:  # after the optimizer step of step t: t + 1 steps of training
                 take(t + 1)
             if t + 1 >= later[-1]:
@@ -339,4 +362,4 @@ def _load_npz(path: Path) -> dict[str, Any]:
         lengths = z["lengths"] if "lengths" in z.files else None
         return {"h": z["h"], "lengths": lengths, "step": int(meta["step"]), "candidates": meta["candidates"],
                 "horizon": int(meta["horizon"]), "threshold": float(meta["threshold"]), "pool": meta["pool"],
-                "meta": meta}
+                "trained_windows": meta.get("trained_windows", []), "meta": meta}

@@ -118,11 +118,28 @@ def _window_fits_horizon(cfg: TrainConfig) -> None:
         raise ValueError(f"window.confidence: policy {w.policy!r} does not decide from audits; unset it")
     if w.confidence and cfg.audit.ci_level is None:
         raise ValueError("window.confidence needs audit.ci_level (e.g. 0.9): the interval it decides on")
+    _unresolved_is_judged(cfg)
     if not w.confidence:
-        for name, default in (("noise_hold", False), ("grow_to", "sure"), ("signal_z", 3.0)):
+        for name, default in (("noise_hold", False), ("grow_to", "sure")):
             if getattr(w, name) != default:
                 raise ValueError(f"window.{name} refines window.confidence's rule: set window.confidence: true, "
                                  f"or leave window.{name} at {default!r}")
+
+
+def _unresolved_is_judged(cfg: TrainConfig) -> None:
+    """A fallback that moves the window (``horizon``, ``noise_rule``) needs audits that measure their resolution
+    (per-sample vectors), and the noise rule the batch estimator's pure-noise readings (the debiased estimator's
+    are 0). ``hold``, the default, is allowed without them: such audits are not judged, and the rule decides."""
+    w, a = cfg.window, cfg.audit
+    if w.unresolved in ("hold", "decide") or not is_audited(w.policy):
+        return
+    if a.ci_level is None and a.estimator == "batch":
+        raise ValueError(f"window.unresolved: {w.unresolved!r} judges audits on their signal z and noise scale, which "
+                         "only per-sample vectors measure: set audit.ci_level (e.g. 0.9) or audit.estimator: "
+                         "debiased, or window.unresolved: decide")
+    if w.unresolved == "noise_rule" and a.estimator != "batch":
+        raise ValueError("window.unresolved: 'noise_rule' reads the batch estimator's pure-noise readings; with "
+                         f"audit.estimator: {a.estimator!r} use hold, horizon or decide")
 
 
 def _round_fits_active(cfg: TrainConfig) -> None:

@@ -12,7 +12,8 @@ from adwin.config.base import ISHighField, ISLowField, ISMethodField, OffWord, _
 from adwin.config.teacher_server import TeacherServerConfig
 from adwin.decode.static_cache import CompileSetting
 from adwin.policies.fields import DEFAULT_CANDIDATES, Candidates, PolicyKnobs
-from adwin.policies.registry import PolicyName
+from adwin.policies.registry import PolicyName, is_audited
+from adwin.policies.resolution import UNRESOLVED
 from adwin.tasks.suite import DEFAULT_TASK, TASK_NAMES
 
 DEFAULT_VLLM_GPU_MEMORY = 0.3  # ModelConfig.vllm_gpu_memory's default
@@ -178,8 +179,20 @@ class WindowSection(_Strict, PolicyKnobs):
     grow_to: Literal["sure", "point"] = Field("sure", description="with confidence, where a growth goes: the "
                                               "shortest longer candidate whose interval clears the threshold "
                                               "(sure) or whose point cosine does (point); else the horizon")
-    signal_z: float = Field(3.0, ge=0.0, le=100.0, description="with noise_hold: the full-gradient signal z "
-                            "(adwin.audit.truth.signal_z) an audit needs to move the window")
+    signal_z: float = Field(3.0, ge=0.0, le=100.0, description="the full-gradient signal z "
+                            "(adwin.audit.truth.signal_z) an audit needs to be resolved (window.unresolved), and, "
+                            "with noise_hold, to move the window")
+    unresolved: Literal["hold", "horizon", "noise_rule", "decide"] = Field(
+        "hold", description="where the window goes after an audit whose evidence cannot resolve the full "
+        "gradient's signal (its signal z below window.signal_z, or its pooled samples below "
+        "window.resolve_samples x the noise scale it measured): hold (keep the window), horizon (the full "
+        "horizon), noise_rule (the shortest candidate whose pure-noise reading clears the threshold; "
+        "audit.estimator: batch), decide (the paper's rule on the cosines, the audit still marked unresolved). "
+        "Judged only on audits with per-sample vectors (audit.ci_level or audit.estimator: debiased); "
+        "docs/decisions.md, 'Unresolved audits'")
+    resolve_samples: float = Field(1.0, ge=0.0, le=1000.0, description="the samples a decision must read, in units "
+                                   "of the full gradient's noise scale B it measured (N >= resolve_samples x B: "
+                                   "the batch Gram's signal share N / (N + B) then at least 1/2 at 1); 0 = off")
 
     def policy_options(self) -> dict[str, float]:
         """Policy-specific numbers for ``build_policy(options=...)``: the sub-section named after the policy
@@ -187,6 +200,9 @@ class WindowSection(_Strict, PolicyKnobs):
         section = getattr(self, self.policy, None)
         opts = {k: float(v) for k, v in section.model_dump().items() if v is not None} \
             if isinstance(section, BaseModel) else {}
+        if is_audited(self.policy):
+            opts |= {"unresolved": float(UNRESOLVED.index(self.unresolved)), "signal_z": self.signal_z,
+                     "resolve_samples": self.resolve_samples}
         if not self.confidence:
             return opts
         return opts | {"confidence": 1.0, "noise_hold": float(self.noise_hold),

@@ -118,7 +118,7 @@ class ProbeSide:
     def account(self, batch: Batch, window: int, learner_s: float) -> dict[str, float]:
         """The step's tokens; its training compute (``batch``'s prompt + response tokens, ``learner_s`` the
         learner's rollout, teacher and update seconds) to the decision budget, and ``decision/*``."""
-        self.client.window = window
+        self.client.record.window = window
         self.client.record_train(float(sum(map(len, batch.prompt_ids)) + sum(map(len, batch.response_ids))), learner_s)
         return self.ledger.record(batch, window, self.pool.tokens_generated) | self.client.decision_metrics() | {
             "rollout/decode_steps": float(batch.decode_steps)}

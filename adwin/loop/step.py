@@ -22,7 +22,7 @@ from adwin.loop.reduce import Reducer
 from adwin.objectives.loss_table import (
     SAMPLED_TOKEN_LOSSES,  # need only the teacher's realized-token logprobs
 )
-from adwin.objectives.losses import opd_loss, token_logprobs, topk_logprobs
+from adwin.objectives.losses import opd_loss, token_logprobs
 from adwin.sampling.batch import Batch
 from adwin.sampling.rollout import response_values
 from adwin.teacher.load import AnyTeachers
@@ -41,7 +41,7 @@ def score_teacher(teachers: AnyTeachers, batch: Batch, cfg: TrainConfig) -> Teac
 
     The teacher runs one micro-batch of ``optim.micro_batch_size`` rows at a time and only what the loss
     reads is kept: (B, L) logprobs for the sampled-token losses, plus (B, L, k) top-k for
-    ``forward_kl_topk``. The dense losses (``forward_kl``, ``reverse_kl``, ``jsd``) need every row's
+    ``forward_kl_topk`` (taken by the scorer, ``adwin.teacher.scoring``: no (B, L, V) log-softmax here). The dense losses (``forward_kl``, ``reverse_kl``, ``jsd``) need every row's
     (L, V) logits: they are kept in host memory, B x L x V float32 (docs/design.md, "Memory options").
     """
     ids, attn, routes = batch.rows.input_ids, batch.rows.attention_mask, [p.route for p in batch.prompts]
@@ -54,7 +54,7 @@ def score_teacher(teachers: AnyTeachers, batch: Batch, cfg: TrainConfig) -> Teac
         if name in SAMPLED_TOKEN_LOSSES:
             logprobs.append(teachers.score(ids[sl], attn[sl], routes[sl]))  # (b, L)
             continue
-        if name == "forward_kl_topk" and not teachers.dense:  # a server sends the top-k itself
+        if name == "forward_kl_topk":  # taken by the scorer (on the teacher's device, or by the server)
             realized, idx, values = teachers.topk(ids[sl], attn[sl], routes[sl], cfg.loss.topk)  # (b, L), (b, L, k) x2
             logprobs.append(realized)
             topk_lp.append(values)
@@ -62,11 +62,6 @@ def score_teacher(teachers: AnyTeachers, batch: Batch, cfg: TrainConfig) -> Teac
             continue
         logits = teachers.logits(ids[sl], attn[sl], routes[sl])  # (b, L, V) float32 on the host
         logprobs.append(token_logprobs(logits, ids[sl]))
-        if name == "forward_kl_topk":
-            values, idx = topk_logprobs(logits, cfg.loss.topk)  # (b, L, k)
-            topk_lp.append(values)
-            topk_ids.append(idx)
-            continue
         if dense is None:
             dense = torch.empty((ids.shape[0], *logits.shape[1:]), dtype=logits.dtype)  # (B, L, V)
         dense[sl] = logits

@@ -17,6 +17,15 @@ from adwin.policies.base import (
     validate_candidates,
     validate_threshold,
 )
+from adwin.policies.resolution import (
+    UNRESOLVED,
+    Resolution,
+    check_criteria,
+    evidence_of,
+    fallback_window,
+    judge,
+    unresolved_option,
+)
 
 # window.grow_to, in the order the controller's float options encode them (0.0, 1.0)
 GROW_TO: tuple[str, ...] = ("sure", "point")
@@ -51,6 +60,12 @@ class AdaptiveWindow:
     point cosine clears it (else the horizon). With ``noise_hold`` an audit whose full-gradient signal ``z``
     (``adwin.audit.truth.signal_z``) is below ``signal_z`` (``window.signal_z``) moves nothing: its samples show
     no shared direction to align with. docs/decisions.md, "The shortest admissible window".
+
+    ``unresolved`` (``window.unresolved``), ``signal_z`` and ``resolve_samples`` (``window.resolve_samples``): an
+    audit whose evidence cannot resolve the full gradient's signal (its z below ``signal_z``, or its samples below
+    ``resolve_samples`` times the noise scale it measured) is marked (``resolution``) and the window follows the
+    fallback instead of the rule (``adwin.policies.resolution``). The default here, ``decide``, is the paper's rule
+    (the audit only marked); a run's config defaults to ``hold`` (``window.unresolved``).
     """
 
     name: ClassVar[str] = "adwin"
@@ -67,6 +82,8 @@ class AdaptiveWindow:
         noise_hold: bool = False,
         grow_to: str = "sure",
         signal_z: float = 3.0,
+        unresolved: str = "decide",
+        resolve_samples: float = 1.0,
     ) -> None:
         self.max_len = check_positive_int("max_len", max_len)
         self.confidence = bool(confidence)
@@ -74,9 +91,11 @@ class AdaptiveWindow:
         if grow_to not in GROW_TO:
             raise WindowConfigError(f"grow_to must be one of {GROW_TO}, got {grow_to!r}")
         self.grow_to = grow_to
-        if not math.isfinite(signal_z) or signal_z < 0:
-            raise WindowConfigError(f"signal_z must be a finite number >= 0, got {signal_z}")
+        check_criteria(unresolved, signal_z, resolve_samples)
         self.signal_z = float(signal_z)
+        self.unresolved = unresolved
+        self.resolve_samples = float(resolve_samples)
+        self.resolution = Resolution(None)  # the last audit's (the controller marks its decision with it)
         self.changes = 0
         self.candidates = validate_candidates(candidates, self.max_len)
         self.threshold = validate_threshold(threshold)
@@ -94,13 +113,17 @@ class AdaptiveWindow:
                    confidence=bool(f.options.get("confidence", 0.0)),
                    noise_hold=bool(f.options.get("noise_hold", 0.0)),
                    grow_to=_grow_to_option(f.options.get("grow_to", 0.0)),
-                   signal_z=float(f.options.get("signal_z", 3.0)))
+                   signal_z=float(f.options.get("signal_z", 3.0)),
+                   unresolved=unresolved_option(f.options.get("unresolved", float(UNRESOLVED.index("decide")))),
+                   resolve_samples=float(f.options.get("resolve_samples", 1.0)))
 
     @classmethod
     def from_state(cls, state: Mapping[str, Any]) -> AdaptiveWindow:
         policy = cls(state["candidates"], state["threshold"], int(state["max_len"]), int(state["initial"]),
                      confidence=bool(state.get("confidence", False)), noise_hold=bool(state.get("noise_hold", False)),
-                     grow_to=str(state.get("grow_to", "sure")), signal_z=float(state.get("signal_z", 3.0)))
+                     grow_to=str(state.get("grow_to", "sure")), signal_z=float(state.get("signal_z", 3.0)),
+                     unresolved=str(state.get("unresolved", "decide")),
+                     resolve_samples=float(state.get("resolve_samples", 1.0)))
         policy.load_state_dict(state)
         return policy
 
@@ -147,19 +170,30 @@ class AdaptiveWindow:
         bad = [c for c, v in cos.items() if not math.isfinite(v)]
         if bad:
             raise ValueError(f"audit cosines are not finite for candidates {sorted(bad)}")
-        if self.confidence:
-            ci = intervals_of(result)
-            missing = sorted(set(cos) - set(ci))
-            if missing:
-                raise ValueError(f"window.confidence needs a cosine interval per candidate (audit.ci_level); "
-                                 f"the audit has none for {missing}")
-            nxt = self.decide_on_evidence(ci, cos, noise_floors_of(result), signal_z_of(result))
-        else:
-            nxt = self.decide(cos)
+        self.resolution = judge(*evidence_of(result), min_z=self.signal_z, resolve_samples=self.resolve_samples)
+        nxt = self._fallback(result) if self.resolution.resolved is False else None
+        if nxt is None:
+            nxt = self._rule(result, cos)
         previous, self.current = self.current, nxt
         self.decisions += 1
         self.changes += self.current != previous
         return self.current != previous
+
+    def _fallback(self, result: Any) -> int | None:
+        """Where an unresolved audit sends the window (``window.unresolved``); None: the rule decides."""
+        return fallback_window(self.unresolved, current=self.current, max_len=self.max_len,
+                               candidates=self.candidates, threshold=self.threshold, noise=noise_floors_of(result))
+
+    def _rule(self, result: Any, cos: dict[int, float]) -> int:
+        """The configured rule on the audit's cosines: the paper's point rule, or ``confidence``'s."""
+        if not self.confidence:
+            return self.decide(cos)
+        ci = intervals_of(result)
+        missing = sorted(set(cos) - set(ci))
+        if missing:
+            raise ValueError(f"window.confidence needs a cosine interval per candidate (audit.ci_level); "
+                             f"the audit has none for {missing}")
+        return self.decide_on_evidence(ci, cos, noise_floors_of(result), signal_z_of(result))
 
     def state_dict(self) -> dict[str, Any]:
         return {
@@ -175,6 +209,8 @@ class AdaptiveWindow:
             "noise_hold": self.noise_hold,
             "grow_to": self.grow_to,
             "signal_z": self.signal_z,
+            "unresolved": self.unresolved,
+            "resolve_samples": self.resolve_samples,
         }
 
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
@@ -189,3 +225,5 @@ class AdaptiveWindow:
         self.noise_hold = bool(state.get("noise_hold", False))
         self.grow_to = str(state.get("grow_to", "sure"))
         self.signal_z = float(state.get("signal_z", 3.0))
+        self.unresolved = str(state.get("unresolved", "decide"))
+        self.resolve_samples = float(state.get("resolve_samples", 1.0))

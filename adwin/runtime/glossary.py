@@ -89,7 +89,8 @@ KEYS: dict[str, str] = {
     "optim/consecutive_skipped": "non-finite steps skipped in a row (the run stops at `optim.max_bad_steps`)",
     # window
     "window/current": "the window (response-token cap) the step trained under",
-    "window/reason": "why the controller answered that window (`initial`, `audit`, `schedule`, `fallback`, ...)",
+    "window/reason": "why the controller answered that window (`initial`, `audit`, `unresolved`, `schedule`, "
+                     "`fallback`)",
     "window/cos_<c>": "the cosine at candidate c of the audit that decided the current window",
     "window/changes_per_audit": "audits whose decision changed the window, over all decisions so far",
     "window/size": "the window the TRL callback / generic client / verl adapter applied at this step",
@@ -170,9 +171,16 @@ KEYS: dict[str, str] = {
                            "sqrt(N_w / N_F) for the batch cosine, 0 for the debiased one (needs per-sample "
                            "gradients: `audit.ci_level`, `debiased` or `audit.macro`)",
     "audit/signal_z": "how surely the audited samples share a full-gradient direction (cross-sample sum over its "
-                      "standard error with no signal); `window.noise_hold` moves nothing below `window.signal_z`",
-    "audit/evidence_samples": "probe samples the decision read, this audit's and earlier ones' "
-                              "(`audit.evidence_audits` > 1)",
+                      "standard error with no signal); below `window.signal_z` the audit is unresolved",
+    "audit/noise_scale": "the full gradient's noise scale B = tr(Sigma) / |mu|^2 over the samples the decision read "
+                         "(absent where they show no mean: B infinite); needs per-sample vectors",
+    "audit/effective_dim": "the effective dimension tr(Sigma)^2 / tr(Sigma^2) of the full gradient's noise over "
+                           "those samples",
+    "audit/unresolved": "1 when the decision's evidence could not resolve the full gradient's signal (signal z "
+                        "below `window.signal_z`, or samples below `window.resolve_samples` x B) and the window "
+                        "followed `window.unresolved`; 0 when resolved (absent: not judged, no per-sample vectors)",
+    "audit/evidence_samples": "probe samples the decision read: this audit's, and earlier ones' with "
+                              "`audit.evidence_audits` > 1",
     "audit/evidence_audits": "audits whose samples the decision read (`audit.evidence_audits` > 1)",
     "audit/is_<q>": "percentile q (p50, p90, p99) or the max of the stale-probe importance weight of the audited "
                     "tokens (`probes.is_method`)",
@@ -238,6 +246,11 @@ KEYS: dict[str, str] = {
     "decision/decisions": "audits run so far (a pooled audit counts once)",
     "decision/in_flight": "probes offered and accepted, not yet audited or released",
     "decision/budget": "`audit.budget` (absent with `audit.budget: null`)",
+    "decision/samples_needed": "samples N* a decision needs to resolve the full gradient's signal at the last "
+                               "audit's noise scale and effective dimension (adwin.audit.sizing; not with "
+                               "`window.unresolved: decide`)",
+    "decision/resolvable": "1 when the budget may pool N* over `audit.evidence_audits` audits (`audit.pool_max`, "
+                           "half the staleness limit's offers), 0 when it cannot: its audits stay unresolved",
     # pipeline
     "pipeline/overlap": "sum of the stages' busy seconds over the wall: above 1 when stages overlap",
     "pipeline/wall_s": "seconds of the pipeline run measured for the overlap",

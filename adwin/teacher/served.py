@@ -17,7 +17,6 @@ this is a sample: two tokenizers that agree on the probe's ids but differ elsewh
 from __future__ import annotations
 
 import logging
-import math
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -28,6 +27,7 @@ from adwin.teacher.checkpoints import TokenizerMismatch, one_per_checkpoint
 from adwin.teacher.client import ClientSettings, TeacherClient, TeacherRefused, collect
 from adwin.teacher.protocol import ScoredRow, unpadded
 from adwin.teacher.routing import RoutedTeachers, check_row_routes, route_of
+from adwin.teacher.scoring import ListedRow, ScoredTokens, listed_scores
 
 log = logging.getLogger(__name__)
 
@@ -138,26 +138,22 @@ class ServedTeachers(RoutedTeachers):
     @torch.no_grad()
     def score(self, input_ids: torch.Tensor, attention_mask: torch.Tensor, routes: Sequence[str]) -> torch.Tensor:
         """As ``Teachers.score``: (B, L) right-padded rows -> (B, L) float32, 0 at position 0 and padding."""
-        out = torch.zeros(input_ids.shape, dtype=torch.float32)
-        for b, row in enumerate(self._rows(input_ids, attention_mask, routes, 0)):
-            out[b, 1 : 1 + len(row.realized)] = torch.tensor(row.realized, dtype=torch.float32)
-        return out
+        return self._scored(input_ids, attention_mask, routes, 0).realized
 
     @torch.no_grad()
     def topk(self, input_ids: torch.Tensor, attention_mask: torch.Tensor, routes: Sequence[str],
              k: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """Realized logprobs (B, L) and the top-``k`` ids (B, L, k) and logprobs (B, L, k), aligned with
         ``input_ids``; slots the server did not fill (position 0, padding, fewer than k) hold id 0 and ``-inf``."""
-        B, L = input_ids.shape
-        realized = torch.zeros(B, L)
-        ids = torch.zeros(B, L, k, dtype=torch.long)
-        lps = torch.full((B, L, k), -math.inf)
-        for b, row in enumerate(self._rows(input_ids, attention_mask, routes, k)):
-            realized[b, 1 : 1 + len(row.realized)] = torch.tensor(row.realized, dtype=torch.float32)
-            for j, (row_ids, row_lp) in enumerate(zip(row.topk_ids, row.topk_logprobs, strict=True), start=1):
-                ids[b, j, : len(row_ids)] = torch.tensor(row_ids, dtype=torch.long)
-                lps[b, j, : len(row_lp)] = torch.tensor(row_lp, dtype=torch.float32)
-        return realized, ids, lps
+        scored = self._scored(input_ids, attention_mask, routes, k)
+        assert scored.topk_ids is not None and scored.topk_logprobs is not None
+        return scored.realized, scored.topk_ids, scored.topk_logprobs
+
+    def _scored(self, input_ids: torch.Tensor, attention_mask: torch.Tensor, routes: Sequence[str],
+                k: int) -> ScoredTokens:
+        rows = self._rows(input_ids, attention_mask, routes, k)
+        return listed_scores([ListedRow(1, r.realized, r.topk_ids, r.topk_logprobs) for r in rows],
+                             input_ids.shape[1], k)
 
     def logits(self, input_ids: torch.Tensor, attention_mask: torch.Tensor, routes: Sequence[str]) -> torch.Tensor:
         raise ValueError("model.teacher_backend: 'server' gives realized-token logprobs and top-k, no full logits; "

@@ -28,6 +28,7 @@ from adwin.decode.vllm import engine_kwargs
 from adwin.teacher.checkpoints import check_tokenizers, one_per_checkpoint, teacher_tokenizers
 from adwin.teacher.protocol import unpadded
 from adwin.teacher.routing import RoutedTeachers, check_row_routes, rows_per_model
+from adwin.teacher.scoring import ListedRow, listed_scores
 
 
 @dataclass
@@ -66,19 +67,10 @@ def scores_to_tensors(scores: Sequence[TeacherScores], n_prompts: Sequence[int],
     """Right-padded tensors aligned with ``input_ids`` of width ``width``:
     realized (B, L), top-k ids (B, L, k) and top-k logprobs (B, L, k). Unfilled top-k slots get id 0 and
     logprob ``-inf`` (``forward_kl_topk`` counts them as q = 0); non-response positions are 0."""
-    B = len(scores)
-    realized = torch.zeros(B, width)
-    ids = torch.zeros(B, width, k, dtype=torch.long)
-    lps = torch.full((B, width, k), -math.inf)
-    for b, (s, n_p) in enumerate(zip(scores, n_prompts, strict=True)):
-        n = len(s.realized)
-        if n_p + n > width:
-            raise ValueError(f"sample {b}: {n_p} + {n} tokens exceed width {width}")
-        realized[b, n_p : n_p + n] = torch.tensor(s.realized)
-        for j, (row_ids, row_lp) in enumerate(zip(s.topk_ids, s.topk_logprobs, strict=True)):
-            ids[b, n_p + j, : len(row_ids)] = torch.tensor(row_ids, dtype=torch.long)
-            lps[b, n_p + j, : len(row_lp)] = torch.tensor(row_lp)
-    return realized, ids, lps
+    listed = listed_scores([ListedRow(n_p, s.realized, s.topk_ids, s.topk_logprobs)
+                            for s, n_p in zip(scores, n_prompts, strict=True)], width, k)
+    assert listed.topk_ids is not None and listed.topk_logprobs is not None
+    return listed.realized, listed.topk_ids, listed.topk_logprobs
 
 
 class VLLMTeacher:
@@ -112,13 +104,11 @@ class VLLMTeacher:
         ``log q(input_ids[b, i] | input_ids[b, :i])``; position 0 (no predictor) and padding hold 0.
         """
         seqs = unpadded(input_ids, attention_mask)
-        out = torch.zeros(input_ids.shape, dtype=torch.float32)
-        scoreable = [b for b, s in enumerate(seqs) if len(s) > 1]
-        if scoreable:  # position 0 has no predictor: a one-token row has nothing to score
-            scores = self.score([seqs[b][:1] for b in scoreable], [seqs[b][1:] for b in scoreable])
-            for b, sc in zip(scoreable, scores, strict=True):
-                out[b, 1 : len(seqs[b])] = torch.tensor(sc.realized, dtype=torch.float32)
-        return out
+        scoreable = [b for b, s in enumerate(seqs) if len(s) > 1]  # position 0 has no predictor
+        scores = self.score([seqs[b][:1] for b in scoreable], [seqs[b][1:] for b in scoreable]) if scoreable else []
+        by_row = dict(zip(scoreable, scores, strict=True))
+        return listed_scores([ListedRow(1, by_row[b].realized if b in by_row else []) for b in range(len(seqs))],
+                             input_ids.shape[1]).realized
 
 
 class EngineTeachers(RoutedTeachers):

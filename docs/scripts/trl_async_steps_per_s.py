@@ -3,9 +3,9 @@ policy, with and without the decision budget (tiny model, CPU).
 
     .venv/bin/python docs/scripts/trl_async_steps_per_s.py --steps 20 --repeats 3 --max-len 16
 
-Each repeat trains a fresh tiny Llama student (saved, TRL loads it by path) and teacher (built in code,
-tests/tiny_models.py) with the same seed, prompts and ``AsyncDistillationConfig`` (4 rollouts a step, one per
-micro-batch, ``max_staleness=1``), ``AdwinRolloutWorker`` generating: once at a fixed window of ``max_len`` with no
+Each repeat trains a fresh tiny Llama student (saved, TRL loads it by path) and teacher (saved, served) with the same seed, prompts and ``AsyncDistillationConfig`` (4 rollouts a step, one per
+micro-batch, ``max_staleness=1``), ``AdwinRolloutWorker`` sending TRL's requests to a stand-in of the student's
+vLLM server and to a teacher server (``adwin teacher serve``), both on 127.0.0.1 in this process: once at a fixed window of ``max_len`` with no
 probes, once under the adwin policy (candidates max_len/4 and max_len/2, ``probe_count=4``) with the callback's
 default decision budget, once with ``AuditConfig(budget=None)`` (every ready batch audited). Prints one JSON line
 per run: TRL's ``train_steps_per_second`` and ``train_runtime``, the seconds the callback spent deciding on the
@@ -35,14 +35,13 @@ ROOT = Path(__file__).resolve().parents[2]
 # after adwin is imported: tests/ has a folder named adwin that would otherwise shadow the package
 sys.path += [str(ROOT / "tests"), str(ROOT / "tests" / "trainer_adapters")]
 
-from tiny_models import make_tiny_llama  # noqa: E402
-from trl_fixtures import make_async_trainer, rows  # noqa: E402
+from trl_fixtures import async_servers, make_async_trainer, rows  # noqa: E402
 
 
 def one(steps: int, max_len: int, mode: str) -> dict[str, object]:
-    with tempfile.TemporaryDirectory() as tmp:
-        worker = AdwinRolloutWorker(make_tiny_llama(seed=1))
-        trainer = make_async_trainer(Path(tmp), steps, worker, max_len=max_len, max_staleness=1)
+    with tempfile.TemporaryDirectory() as tmp, async_servers(Path(tmp)) as servers:
+        worker = AdwinRolloutWorker()
+        trainer = make_async_trainer(Path(tmp), steps, servers, worker, max_len=max_len, max_staleness=1)
         trainer.remove_callback(PrinterCallback)  # one JSON line per run on stdout, not TRL's rows
         if mode == "fixed":
             run = RunIn(run_id="fixed", policy=PolicyIn(name="fixed", window=max_len, max_len=max_len),
@@ -53,6 +52,7 @@ def one(steps: int, max_len: int, mode: str) -> dict[str, object]:
             cb = AdwinCallback(Controller(), "bench", candidates=[max_len // 4, max_len // 2], probe_count=4,
                                audit=audit).attach(trainer)
         out = trainer.train()
+        worker.stop()
     last = rows(trainer)[-1]
     runtime = out.metrics["train_runtime"]
     assert cb.driver is not None

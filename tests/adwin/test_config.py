@@ -87,6 +87,23 @@ def test_every_window_policy_spec_loads_on_the_default_preset(spec: str) -> None
     with pytest.raises(ValidationError, match="window.confidence"):  # set by hand on a non-audited policy: refused
         load_config("configs/default.yaml", {"window.policy": "full", "window.confidence": True})
 
+def test_window_unresolved_is_validated_before_compute_naming_the_field() -> None:
+    with pytest.raises(ValidationError, match="window.unresolved"):
+        load_config(None, {"window.unresolved": "shrink"})
+    with pytest.raises(ValidationError, match="resolve_samples"):
+        load_config(None, {"window.resolve_samples": -1})
+    # a fallback that moves the window needs audits that measure their signal z and noise scale
+    with pytest.raises(ValidationError, match="window.unresolved: 'horizon' .* audit.ci_level"):
+        load_config(None, {"window.unresolved": "horizon"})
+    with pytest.raises(ValidationError, match="window.unresolved: 'noise_rule' .* audit.estimator"):
+        load_config(None, {"window.unresolved": "noise_rule", "audit.estimator": "debiased"})
+    cfg = load_config(None, {"window.unresolved": "noise_rule", "audit.ci_level": 0.9, "window.resolve_samples": 2})
+    opts = cfg.window.policy_options()
+    assert (opts["unresolved"], opts["resolve_samples"], opts["signal_z"]) == (2.0, 2.0, 3.0)
+    assert "unresolved" not in load_config(None, {"window.policy": "full"}).window.policy_options()
+    assert load_config(None, {"window.unresolved": "horizon", "window.policy": "full"}).window.policy == "full"
+
+
 def test_asyncopd_knobs_load_under_their_scheduler_and_a_sync_run_reloads_its_own_dump() -> None:
     cfg = load_config(None, {"scheduler": "asyncopd", "asyncopd.queue_depth": 2})
     assert cfg.asyncopd.queue_depth == 2

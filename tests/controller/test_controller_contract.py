@@ -253,6 +253,27 @@ def test_a_noise_hold_policy_decides_on_the_audits_signal_z_and_noise_readings_i
     assert api.telemetry(rid).audits[-1]["stats"]["noise_cos_4"] == 0.85
 
 
+@pytest.mark.parametrize("fallback, window", [("hold", max(CANDIDATES)), ("horizon", MAX_LEN), ("decide", 4)])
+def test_an_audit_whose_samples_are_far_below_its_noise_scale_is_marked_unresolved_and_follows_the_fallback(
+        api, fallback, window):
+    from adwin.policies.resolution import UNRESOLVED
+
+    opts = {"unresolved": float(UNRESOLVED.index(fallback))}
+    rid = api.register_run(run_spec(policy={"candidates": CANDIDATES, "max_len": MAX_LEN, "options": opts})).run_id
+    cos = {4: 0.9, 8: 0.95, 16: 0.99}  # the paper's rule: 4
+    first = _batch(api, rid)
+    noisy = {"signal_z": 4.0, "noise_scale": 400.0, "evidence_samples": 16.0}  # z enough, but N far below B
+    out = api.submit_audit(rid, first.audit_id, AuditIn(cosines=cos, stats=noisy))
+    assert (out.decision.reason, out.decision.window) == ("unresolved", window)
+    second = _batch(api, rid, step=1)
+    strong = {"signal_z": 12.0, "noise_scale": 3.0, "evidence_samples": 16.0}
+    out = api.submit_audit(rid, second.audit_id, AuditIn(cosines=cos, stats=strong))
+    assert (out.decision.reason, out.decision.window) == ("audit", 4)  # resolved: the rule, unchanged
+    reasons = [(d["reason"], d["audit_id"]) for d in api.telemetry(rid).decisions]
+    assert reasons[-2:] == [("unresolved", first.audit_id), ("audit", second.audit_id)]
+    assert api.telemetry(rid).audits[0]["stats"] == noisy  # the measured z, B and N, as the dashboard reads them
+
+
 def test_no_candidate_clearing_the_threshold_falls_back_to_the_full_horizon(api):
     rid = api.register_run(run_spec()).run_id
     batch = _batch(api, rid)

@@ -39,7 +39,9 @@ def _seed(ctrl: Controller) -> str:
             cos = cosines[step // 4]
             ci = {c: (max(-1.0, v - 0.05), min(1.0, v + 0.05)) for c, v in cos.items()}  # audit.ci_level intervals
             noise = {f"noise_cos_{c}": (c / 32) ** 0.5 for c in cos}  # each candidate's pure-noise reading
-            ctrl.submit_audit(rid, batch.audit_id, AuditIn(cosines=cos, cosine_ci=ci, stats=noise))
+            # the last audit's samples are far below the noise scale they measure: unresolved, the window holds
+            signal = {"signal_z": 0.4, "noise_scale": 90.0, "evidence_samples": 2.0} if step == 11 else {}
+            ctrl.submit_audit(rid, batch.audit_id, AuditIn(cosines=cos, cosine_ci=ci, stats=noise | signal))
     return rid
 
 
@@ -71,6 +73,9 @@ def test_run_page_draws_all_charts_in_headless_chromium(tmp_path):
         assert 'class="yerror"' in cos_block  # each audit's cosine interval as an error bar
         assert "w=4 pure noise" in cos_block  # each candidate's pure-noise reading beside its cosine
         assert re.search(r"changes per audit \d\.\d\d", html)
+        assert "unresolved audits 1 of 3" in html  # the mark: audits whose evidence could not resolve the signal
+        window_block = html.split('id="chart-window"', 1)[1].split('class="chart"', 1)[0]
+        assert "unresolved (fallback)" in window_block
         assert "loss/total" in html and "eval/accuracy" in html  # the legends of the two new charts
         assert "— browser-run-name" in html  # the run's name ...
         assert re.search(r"policy adwin \(candidates=\[4, 8, 16\], threshold=0\.7, max_len=32", html)  # ... and policy

@@ -4,6 +4,7 @@ type on every path (audit math, in-process controller, HTTP), and one mapping fr
 from __future__ import annotations
 
 import dataclasses
+import math
 from collections.abc import Iterator
 from concurrent.futures import Future
 from dataclasses import dataclass, field
@@ -70,6 +71,7 @@ class Fixed:
     cosines: dict[int, float]
     error: Exception | None = None
     jobs: list[AuditJob] = field(default_factory=list)
+    extra: dict[str, float] = field(default_factory=dict)  # what the audit measured of its evidence
 
     def submit_audit(self, job: AuditJob) -> Future[AuditOutcome]:
         self.jobs.append(job)
@@ -77,7 +79,8 @@ class Fixed:
         if self.error is not None:
             out.set_exception(self.error)
         else:
-            out.set_result(AuditOutcome(job.audit_id, job.version, AuditResult(list(self.cosines), self.cosines), {}))
+            out.set_result(AuditOutcome(job.audit_id, job.version,
+                                        AuditResult(list(self.cosines), self.cosines, extra=dict(self.extra)), {}))
         return out
 
 
@@ -97,6 +100,27 @@ def test_fresh_probes_are_audited_with_the_run_settings_and_an_interval_moves_a_
     assert client.counts["audits"] == 1 and client.counts["rejected"] == 0
     assert m["audit/next_window"] in (4.0, 8.0, float(MAX_LEN))  # decided (a confidence run needs the interval)
     assert len(client.pool) == 0, "the audited probes are consumed"
+
+
+@pytest.mark.parametrize("scale, unresolved", [(400.0, 1.0), (1.5, 0.0)])
+def test_an_audit_too_small_for_its_noise_scale_is_logged_unresolved_holds_and_sizes_the_next_pool(
+        api, scale: float, unresolved: float) -> None:
+    from adwin.audit.budget import DecisionBudget, FlopsModel
+    from adwin.audit.sizing import EvidenceSizer
+
+    run = api.register_run(RunIn(policy=PolicyIn(name="adwin", candidates=CANDS, max_len=MAX_LEN, threshold=0.5,
+                                                 options={"unresolved": 0.0}),  # hold
+                                 probe_batch_size=2, offers_per_step=4, staleness_limit=3)).run_id
+    client = ProbeClient(api, run, ProbePool(MAX_LEN), 3)
+    client.budget = DecisionBudget(None, FlopsModel(10, 10), probe_batch=2, staleness_limit=3, offer_cap=4,
+                                   prior_probe_tokens=10.0, prior_extension_tokens=5.0,
+                                   sizer=EvidenceSizer(probe_batch=2, min_z=3.0, resolve_samples=1.0))
+    measured = {"signal_z": 5.0, "noise_scale": scale, "evidence_samples": 2.0, "effective_dim": 50.0}
+    _ready(client, Fixed({4: 0.9, 8: 0.95}, extra=measured))
+    m = client.audit(1, wait=True)
+    assert m["audit/unresolved"] == unresolved and m["audit/noise_scale"] == scale
+    assert m["audit/next_window"] == (CANDS[-1] if unresolved else 4.0)  # held, or the rule's 4
+    assert client.budget.sizer.batches == math.ceil(max(scale, 3 * scale * 0.2) / 2)  # N* = B here, in batches of 2
 
 
 def test_a_teacher_stage_score_on_every_probe_is_used_as_is() -> None:
@@ -164,3 +188,23 @@ def test_the_audit_settings_are_the_config_s_and_the_defaults_agree() -> None:
     from_config = dataclasses.asdict(audit_settings(AuditConfig(), CANDS))
     differ = {k for k in defaults if k not in ("candidates", "extra", "sketch_dim") and defaults[k] != from_config[k]}
     assert not differ, f"AuditSettings defaults drifted from AuditConfig's: {sorted(differ)}"
+
+
+def test_no_probes_module_reaches_into_another_objects_private_members() -> None:
+    """The client's collaborators (conversation, decision record, expiry, held batches) keep their own state: no
+    module of the package reads or writes another object's ``_private`` members, or imports a ``_private`` name."""
+    import ast
+    from pathlib import Path
+
+    import adwin.probes
+
+    reaches = []
+    for f in sorted(Path(adwin.probes.__file__).parent.glob("*.py")):
+        for node in ast.walk(ast.parse(f.read_text())):
+            if isinstance(node, ast.Attribute) and node.attr.startswith("_") and not node.attr.startswith("__") \
+                    and not (isinstance(node.value, ast.Name) and node.value.id in ("self", "cls")):
+                reaches.append(f"{f.name}:{node.lineno} {ast.unparse(node)}")
+            if isinstance(node, ast.ImportFrom) and (node.module or "").startswith("adwin"):
+                reaches += [f"{f.name}:{node.lineno} imports {a.name}" for a in node.names
+                            if a.name.startswith("_") and not a.name.startswith("__")]
+    assert reaches == []

@@ -116,7 +116,7 @@ def test_a_changed_reading_setting_reads_the_kept_vectors_the_new_way(name: str,
     assert len(pool.history) == 2
     s = client.settings
     want = pool_evidence(runner.vectors, [1, 0], s.evidence_decay, CANDS, estimator=s.estimator, level=None)
-    assert client.last_cosines == pytest.approx(want.cosines)
+    assert client.record.last_cosines == pytest.approx(want.cosines)
 
 
 @pytest.mark.parametrize(("name", "value"), [("seed", 1), ("sketch_dim", 32), ("method", "sketch"),
@@ -133,6 +133,6 @@ def test_a_setting_that_makes_other_vectors_empties_the_pool_with_a_warning(
     assert name in caplog.text and "2 earlier audits are dropped" in caplog.text
     v = runner.vectors[-1]
     want, _ = cosine_array(np.einsum("isd,jtd->st", v, v), len(CANDS))  # this audit alone
-    assert client.last_cosines == pytest.approx(dict(zip(CANDS, want.tolist(), strict=True)))
+    assert client.record.last_cosines == pytest.approx(dict(zip(CANDS, want.tolist(), strict=True)))
     _audit(client, 3)
     assert len(client._evidence.history) == 2  # and the new kind pools again

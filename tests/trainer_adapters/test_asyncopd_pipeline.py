@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import copy
 import math
 from collections.abc import Sequence
 from pathlib import Path
@@ -9,7 +10,8 @@ from pathlib import Path
 import pytest
 import torch
 from asyncopd_stubs import Recorder
-from tiny_models import make_tiny_llama
+from softmax_widths import softmax_widths
+from tiny_models import make_tiny_llama, padded_copy
 
 from adwin.config import AsyncOPDSection, load_config
 from adwin.controller import Controller
@@ -17,6 +19,7 @@ from adwin.loop.parts import Parts
 from adwin.objectives.losses import opd_loss
 from adwin.sampling.data import Prompt, PromptStream
 from adwin.tasks.tokenizer import build_tokenizer
+from adwin.teacher import scoring
 from adwin.teacher.local import Teachers
 from adwin.trainer_adapters.asyncopd.hf import HFLearner, HFRolloutEngine, HFTeacherScorer
 from adwin.trainer_adapters.asyncopd.items import StreamItem, TokenOut
@@ -152,6 +155,36 @@ def test_learner_loss_is_reverse_kl_mc_with_unclipped_is_and_fixed_width(tmp_pat
                           teacher_logprobs=tea, behavior_logprobs=beh, action_ids=acts)
     assert m["loss/total"] == pytest.approx(float(ref), rel=1e-5)
     assert m["loss/is_ratio_p50"] != pytest.approx(1.0, abs=1e-3)
+
+
+def test_a_padded_teacher_scores_and_trains_the_learner_as_the_unpadded_one(tmp_path: Path,
+                                                                           monkeypatch: pytest.MonkeyPatch) -> None:
+    """Qwen2.5-7B teaching 1.5B through the teacher stage: a teacher with 32 large padding rows past the student's
+    64 columns gives the unpadded teacher's realized and MC-action logprobs, and the same update; the stage never
+    normalises more than one chunk of positions at once (here one position of the two rows)."""
+    monkeypatch.setattr(scoring, "CHUNK_ELEMENTS", 2 * 64)
+    teacher = make_tiny_llama(seed=10)
+    eng = HFRolloutEngine(make_tiny_llama(seed=3), eos={2}, pad_id=0, mc_samples=4, seed=0)
+    items = [StreamItem(f"r{i}", i, "p", [1, 5 + i, 7], "default", 4, 4, False, 0) for i in range(2)]
+    for _ in range(4):
+        for it, o in zip(items, eng.step(items), strict=True):
+            it.append(o, 0)
+    runs = []
+    for teachers in (Teachers({"default": teacher}), Teachers({"default": padded_copy(teacher, 96)}, vocab=64)):
+        scored = copy.deepcopy(items)
+        with softmax_widths() as seen:
+            HFTeacherScorer(teachers, 0).score(scored)
+        assert max(seen.sizes) == 2 * 64
+        student = make_tiny_llama(seed=0)
+        learner = HFLearner(student, torch.optim.SGD(student.parameters(), lr=0.1), None, tiny_cfg(tmp_path),
+                            pad_id=0, width=16)
+        runs.append((scored, learner.update(scored, 0)["loss/total"], student.lm_head.weight.detach().clone()))
+    (narrow, loss, weight), (wide, wide_loss, wide_weight) = runs
+    for a, b in zip(narrow, wide, strict=True):
+        assert b.teacher_logprobs == pytest.approx(a.teacher_logprobs, abs=1e-5)
+        assert torch.allclose(torch.tensor(b.teacher_mc_logprobs), torch.tensor(a.teacher_mc_logprobs), atol=1e-5)
+    assert wide_loss == pytest.approx(loss, rel=1e-5)
+    assert torch.allclose(wide_weight, weight, atol=1e-5)  # one SGD step: the update is linear in the gradient
 
 
 def test_learner_pg_variant_uses_realized_tokens_without_mc_cache(tmp_path: Path) -> None:

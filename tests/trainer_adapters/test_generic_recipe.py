@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from tiny_models import make_tiny_llama
+from tiny_models import make_tiny_llama, padded_copy
 
 from adwin.controller import Controller
 from adwin.controller.schemas import PolicyIn, RunIn
@@ -32,9 +32,11 @@ def test_recipe_block_is_at_most_30_lines() -> None:
     assert len(lines) <= 30, f"the generic recipe grew to {len(lines)} lines"
 
 
-def _namespace(steps: int) -> dict:
+def _namespace(steps: int, teacher_rows: int = 64) -> dict:
     student = make_tiny_llama(seed=0)
     teacher = make_tiny_llama(seed=1)
+    if teacher_rows != 64:
+        teacher = padded_copy(teacher, teacher_rows)
     student.train()
     gen = torch.Generator().manual_seed(0)
     batches = [[torch.randint(3, 64, (3 + (i + b) % 3,), generator=gen).tolist() for i in range(4)] for b in range(steps)]
@@ -71,6 +73,25 @@ def test_generic_recipe_runs_verbatim_embedded() -> None:
     ns = _namespace(steps=4)
     exec(compile(recipe_source(), str(DOC), "exec"), ns)
     _check_recipe_ran(ns)
+
+
+def test_a_teacher_padded_wider_than_the_student_trains_the_recipe_as_the_unpadded_teacher() -> None:
+    """Qwen2.5-7B teaching 1.5B: the teacher's output layer has padding rows past the shared tokenizer. Read on the
+    student's columns, a teacher with 32 large padding rows scores, audits and trains exactly as without them."""
+    runs = []
+    for rows in (64, 96):
+        ns = _namespace(steps=4, teacher_rows=rows)
+        exec(compile(recipe_source(), str(DOC), "exec"), ns)
+        _check_recipe_ran(ns)
+        decided = [(d["step"], d["window"], d["cosines"]) for d in ns["client"].controller.telemetry("recipe").decisions]
+        losses = [s["metrics"]["loss"] for s in ns["client"].controller.telemetry("recipe").steps]
+        runs.append((ns["windows"], decided, losses))
+    (windows, decided, losses), (wide_windows, wide_decided, wide_losses) = runs
+    assert wide_windows == windows
+    assert [d[:2] for d in wide_decided] == [d[:2] for d in decided]
+    for (_, _, cos), (_, _, wide_cos) in zip(decided, wide_decided, strict=True):
+        assert {k: pytest.approx(v, abs=1e-4) for k, v in (cos or {}).items()} == (wide_cos or {})
+    assert wide_losses == pytest.approx(losses, rel=1e-4)
 
 
 def test_generic_recipe_runs_verbatim_against_remote_controller(remote_url: str) -> None:

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import contextlib
+from collections.abc import Iterator
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -79,25 +82,69 @@ def rows(trainer: Any) -> list[dict]:
     return [r for r in trainer.state.log_history if "loss" in r]
 
 
+CHAT_TEMPLATE = "{% for m in messages %}{{ m['content'] }} {% endfor %}"  # the words, as the plain tokenizer reads them
 
 
-def make_async_trainer(tmp_path: Path, steps: int, worker: Any, *, batch: int = 4, max_len: int = MAX_LEN,
-                       **overrides: Any):
+def chat_tokenizer():
+    """``tokenizer()`` with a chat template: TRL's async rollout loop encodes every prompt as a conversation."""
+    tok = tokenizer()
+    tok.chat_template = CHAT_TEMPLATE
+    return tok
+
+
+def chat_prompts(n: int) -> Any:
+    """``prompts(n)`` as one-turn conversations (TRL's async trainer's dataset form)."""
+    import datasets
+
+    return datasets.Dataset.from_dict({"prompt": [[{"role": "user", "content": p}] for p in prompts(n)["prompt"]]})
+
+
+@dataclass
+class AsyncServers:
+    """The student's stand-in vLLM server and a teacher server (``adwin teacher serve``), both on 127.0.0.1; URLs are
+    roots, as TRL's config takes them."""
+
+    student: Any  # vllm_standin.StandInServer
+    student_url: str
+    teacher_url: str
+
+
+@contextlib.contextmanager
+def async_servers(tmp_path: Path, *, max_model_len: int = 64) -> Iterator[AsyncServers]:
+    import teacher_servers
+    from vllm_standin import StandInServer, serving
+
+    standin = StandInServer(make_tiny_llama(seed=0), [2], 0, max_model_len=max_model_len)
+    teacher = save_teacher(tmp_path / "teacher")
+    with serving(standin) as url, teacher_servers.in_thread(teacher) as t:
+        yield AsyncServers(standin, url, t.removesuffix("/v1"))
+
+
+def make_async_trainer(tmp_path: Path, steps: int, servers: AsyncServers, worker: Any = None, *, batch: int = 4,
+                       max_len: int = MAX_LEN, **overrides: Any):
     """TRL's ``AsyncDistillationTrainer`` on the tiny student (saved under ``tmp_path``: it loads from a path) with
-    ``worker`` (``AdwinRolloutWorker``) as its rollout worker and weight transfer, on CPU: one rollout per micro-batch
-    (``batch`` micro-batches a step), so TRL's padding-free packing never puts two sequences in one SDPA row."""
+    ``worker`` (default ``AdwinRolloutWorker()``) as its rollout worker, generating on ``servers``' stand-in and
+    scoring on its teacher server, on CPU: one rollout per micro-batch (``batch`` micro-batches a step), so TRL's
+    padding-free packing never puts two sequences in one SDPA row. Weights reach the stand-in through
+    ``StandInWeights`` (TRL's NCCL transfer needs a GPU)."""
     from trainer_fixtures import save_tiny
     from trl.experimental.async_distillation import async_distillation_trainer as adt
+    from vllm_standin import StandInWeights
+
+    from adwin.trainer_adapters.trl_async import AdwinRolloutWorker
 
     adt.get_peak_flops_per_device = lambda *args: None  # CUDA-only query; the MFU metrics are skipped without it
     fields = dict(output_dir=str(tmp_path / "out"), per_device_train_batch_size=1, gradient_accumulation_steps=batch,
                   max_steps=steps, max_completion_length=max_len, logging_steps=1, report_to=[], save_strategy="no",
                   gradient_checkpointing=False, bf16=False, use_cpu=True, learning_rate=1e-3, seed=0,
-                  disable_tqdm=True, token_budget=0, model_init_kwargs={"attn_implementation": "sdpa"})
+                  disable_tqdm=True, token_budget=0, model_init_kwargs={"attn_implementation": "sdpa"},
+                  vllm_server_base_url=servers.student_url, teacher_server_urls={"default": servers.teacher_url},
+                  request_timeout=30)
     args = adt.AsyncDistillationConfig(**(fields | overrides))
     student = tmp_path / "student"
     if not student.exists():
         save_tiny(student, seed=0, with_tokenizer=False)
-    return adt.AsyncDistillationTrainer(model=str(student), args=args, train_dataset=prompts(32),
-                                        processing_class=tokenizer(), rollout_worker=worker,
-                                        weight_transfer=worker.weight_transfer)
+    return adt.AsyncDistillationTrainer(model=str(student), args=args, train_dataset=chat_prompts(32),
+                                        processing_class=chat_tokenizer(),
+                                        rollout_worker=AdwinRolloutWorker() if worker is None else worker,
+                                        weight_transfer=StandInWeights(servers.student, servers.student_url))

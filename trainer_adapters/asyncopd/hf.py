@@ -28,7 +28,7 @@ from adwin.backends.logprob_gap import logprob_gap
 from adwin.config import TrainConfig
 from adwin.loop.learner import learner_step
 from adwin.objectives.loss_table import ASYNCOPD_TOKEN_LOSSES as LEARNER_LOSSES
-from adwin.objectives.losses import action_logprobs, opd_loss, token_logprobs
+from adwin.objectives.losses import opd_loss
 from adwin.sampling.rollout import Rows, layout, response_values
 from adwin.student.lora import trained_state
 from adwin.teacher.local import Teachers
@@ -61,9 +61,15 @@ def item_values(items: Sequence[StreamItem], rows: Rows, field: str) -> torch.Te
     return response_values(rows, [getattr(it, field) for it in items])
 
 
+class McActionsNeedLocalTeacher(ValueError):
+    """Items carry MC actions but the teacher is behind a server, which scores realized tokens only."""
+
+
 class HFTeacherScorer:
-    """Teacher logprobs of realized tokens and cached MC actions, one teacher pass per batch. Without MC actions
-    (``reverse_kl_pg``, OAPL, probes) only the realized tokens are scored, which a teacher server can answer too."""
+    """Teacher logprobs of realized tokens and cached MC actions, one teacher pass per batch, through the one
+    scoring path (``adwin.teacher.scoring``: the student's columns, no (B, L, V) log-softmax on the host).
+    Without MC actions (``reverse_kl_pg``, OAPL, probes) only the realized tokens are scored, which a teacher
+    server can answer too."""
 
     def __init__(self, teachers: Teachers | ServedTeachers, pad_id: int) -> None:
         self.teachers, self.pad_id = teachers, pad_id
@@ -73,10 +79,11 @@ class HFTeacherScorer:
         routes = [it.route for it in items]
         mc = None
         if any(it.mc_actions for it in items):
-            logits = self.teachers.logits(rows.input_ids, rows.attention_mask, routes)  # (B, L, V)
-            realized = token_logprobs(logits, rows.input_ids)  # (B, L)
+            if not isinstance(self.teachers, Teachers):
+                raise McActionsNeedLocalTeacher("the teacher logprobs of MC actions need an in-process teacher "
+                                                "(model.teacher_backend: hf); a server scores realized tokens only")
             acts = _per_action(items, rows, "mc_actions", -1)  # (B, L, m)
-            mc = action_logprobs(logits, acts)  # (B, L, m)
+            realized, mc = self.teachers.actions(rows.input_ids, rows.attention_mask, routes, acts)  # (B, L), (B, L, m)
         else:
             realized = self.teachers.score(rows.input_ids, rows.attention_mask, routes)  # (B, L)
         for b, it in enumerate(items):

@@ -34,7 +34,6 @@ from adwin.decode.static_cache import without_compiled
 from adwin.loop.parts import Parts, load_parts
 from adwin.loop.shell import RunShell, open_shell
 from adwin.probes.client import InlineAuditor, ProbeClient
-from adwin.probes.expiry import drop_probes
 from adwin.probes.settings import configure_audits
 from adwin.runtime.resume import read_state
 from adwin.sampling.rollout import encode_prompts, eos_ids, pad_id_of
@@ -84,7 +83,7 @@ class RequestState:
 
     def load_state_dict(self, state: dict[str, Any], start: int) -> None:
         self.scheduler.requests.load_state_dict(state)
-        dropped = drop_probes(self.client, state["dropped_probes"], start)
+        dropped = self.client.drop_probes(state["dropped_probes"], start)
         log.info("asyncopd resumes at update %d: %d request(s) to generate again, %d in-flight probe(s) dropped",
                  start, len(state["replay"]), dropped)
 

@@ -8,8 +8,11 @@ fields go back in the sample's ``extra_fields``, so the driver can tell probe co
 output batch, and which prompt each row came from (``adwin_prompt``, verl's ``uid``), whatever verl's reward
 setup. A row without them is generated as ``SingleTurnAgentLoop`` does. A cap that is not an integer in
 ``[1, response_length]`` is a ``BadWindow`` before any request is sent. A trainer config adwin cannot run under is
-refused by name when the loop is built (``support.check_verl_config``): under verl's v1 trainer, which builds no
-adwin driver, this loop is the one piece of adwin that runs, so ``trainer.use_v1=true`` is refused here.
+refused by name when the loop is built (``support.check_verl_config``).
+
+Under verl's v1 trainer a prompt row is sent once and verl runs its ``rollout.n`` sessions (``session_id``) in the
+agent-loop worker; the row's ``adwin_sessions`` says how many are training rows, and a session at or past it is a
+probe copy (``trainer_v1.py`` raises verl's per-prompt ``__rollout_n__`` by the prompt's copies).
 """
 
 from __future__ import annotations
@@ -24,6 +27,7 @@ from adwin.trainer_adapters.verl.fields import (
     PROBE,
     PROMPT,
     REQUEST,
+    SESSIONS,
     WINDOW,
     check_window,
     scalar,
@@ -47,6 +51,9 @@ class AdwinAgentLoop(SingleTurnAgentLoop):
         window = scalar(kwargs.pop(WINDOW, None))
         request = scalar(kwargs.pop(REQUEST, None))
         prompt = scalar(kwargs.pop(PROMPT, None))
+        sessions = scalar(kwargs.pop(SESSIONS, None))
+        if sessions is not None and int(kwargs.get("session_id", 0)) >= int(sessions):
+            probe = True  # a v1 probe copy (module docstring)
         params = dict(sampling_params)  # verl reuses the dict across rows: never change the caller's
         if probe:
             params["max_tokens"] = self.response_length  # the horizon: what the audit compares the window against

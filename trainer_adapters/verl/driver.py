@@ -168,7 +168,7 @@ class VerlWindowDriver:
         out = {"probe/audits": float(c.counts["audits"])}
         if self.last_window is not None:
             out["window/size"] = float(self.last_window)
-        out |= {f"window/cos@{k}": float(v) for k, v in c.last_cosines.items()}
+        out |= {f"window/cos@{k}": float(v) for k, v in c.record.last_cosines.items()}
         return out | self.hooks.metrics()
 
     def on_step(self, step: int, metrics: dict[str, float]) -> None:

@@ -20,6 +20,9 @@ REQUEST = "adwin_request"  # the row's request id (a probe copy's is its probe i
 # the row's prompt (verl's ``uid``): verl copies the input's own fields to its output only without a reward loop,
 # and its default setup (no reward model) has one, so the prompt travels as one of adwin's fields
 PROMPT = "adwin_prompt"
+# verl's v1 trainer sends each prompt once and its agent-loop worker runs ``__rollout_n__`` sessions of it: sessions
+# ``0 .. adwin_sessions - 1`` are training rows, the ones after them the prompt's probe copies
+SESSIONS = "adwin_sessions"
 
 
 # one type for a window no request can be capped at, whether the controller answered it (the hooks refuse it) or

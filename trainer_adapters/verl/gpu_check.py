@@ -15,7 +15,8 @@ Six checks, in this order, one ``PASS`` / ``FAIL`` / ``SKIP`` line each (exit st
 6. ``step_time``: seconds per step (and in generation) with a probe step every step and with probe copies on the
    first step only.
 
-2, 4 and 6 run verl end to end and need two GPUs (the teacher has its own resource pool); 5 needs two; with one GPU
+2, 4 and 6 run verl end to end with the trainer ``--trainer`` names (``v1``, verl's default: its v1 trainer in the
+synchronous mode; ``legacy``: the DataProto trainer) and need two GPUs (the teacher has its own resource pool); 5 needs two; with one GPU
 they are skipped, and 3 runs on one rank. The models are random-initialised Qwen2 models and a word-level tokenizer
 written to ``--workdir`` (nothing is downloaded). Not yet run on a GPU: docs/adapters.md ("verl") says what has.
 """
@@ -36,6 +37,7 @@ from typing import Any
 CHECKS = ("devices", "one_step", "first_audit", "update_and_sync", "ranks_agree", "step_time")
 VERL_RUNS = {"one_step", "update_and_sync", "step_time"}  # read the recorded verl run(s)
 HORIZON, PROMPT_LEN, VOCAB = 64, 32, 128
+TRAINERS = {"v1": ["trainer.use_v1=true", "trainer.v1.trainer_mode=sync"], "legacy": ["trainer.use_v1=false"]}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -59,6 +61,8 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     p.add_argument("--steps", type=int, default=3, help="steps of each verl run (at least 3: step 1 probes in "
                    "both step-time runs, and a step's seconds are known when the next one starts)")
     p.add_argument("--timeout", type=float, default=600.0, help="seconds each verl run or audit may take")
+    p.add_argument("--trainer", choices=TRAINERS, default="v1", help="verl's trainer for checks 2, 4 and 6 (v1: "
+                   "verl's default, the v1 trainer's sync mode; legacy: the DataProto trainer)")
     args = p.parse_args(argv)
     args.only = [c.strip() for c in args.only.split(",") if c.strip()]
     unknown = sorted(set(args.only) - set(CHECKS))
@@ -229,11 +233,12 @@ def check_ranks_agree(args: argparse.Namespace, assets: dict[str, Path]) -> Outc
 # --- checks that read a recorded verl run --------------------------------------------------------------------------
 
 
-def verl_overrides(assets: dict[str, Path], gpus: int, steps: int, record: Path, probe_every: int) -> list[str]:
+def verl_overrides(assets: dict[str, Path], gpus: int, steps: int, record: Path, probe_every: int,
+                   trainer: str = "v1") -> list[str]:
     """The recipe's overrides (trainer_adapters/verl/gpu_recipe.sh) at a tiny size: half the GPUs each side."""
     half = max(1, gpus // 2)
     return [
-        "trainer.use_v1=false", "algorithm.adv_estimator=grpo", "critic.enable=false",
+        *TRAINERS[trainer], "algorithm.adv_estimator=grpo", "critic.enable=false",
         f"data.train_files={assets['data'] / 'train.parquet'}", f"data.val_files={assets['data'] / 'test.parquet'}",
         "data.train_batch_size=8", f"data.max_prompt_length={PROMPT_LEN}", f"data.max_response_length={HORIZON}",
         f"actor_rollout_ref.model.path={assets['student']}", "actor_rollout_ref.actor.strategy=fsdp2",
@@ -260,7 +265,8 @@ def run_verl(args: argparse.Namespace, assets: dict[str, Path], name: str, probe
     record = args.workdir / f"{name}.jsonl"
     record.unlink(missing_ok=True)
     code = ("import sys; from adwin.trainer_adapters.verl import gpu_check_runner as r; r.main()")
-    argv = verl_overrides(assets, args.gpus, args.steps, record, probe_every) + [f"hydra.run.dir={args.workdir / name}"]
+    argv = verl_overrides(assets, args.gpus, args.steps, record, probe_every, args.trainer)
+    argv += [f"hydra.run.dir={args.workdir / name}"]
     with open(args.workdir / f"{name}.log", "w") as log:
         subprocess.run([sys.executable, "-c", code, *argv], stdout=log, stderr=subprocess.STDOUT, check=True,
                        timeout=args.timeout)

@@ -1,5 +1,5 @@
 """The GPU check's verl run (``gpu_check``, checks 2, 4 and 6): adwin's main with a TaskRunner whose trainer, an
-``AdwinRayPPOTrainer``, records what each step did as JSON lines in the file ``+gpu_check.record`` names: each
+``AdwinRayPPOTrainer`` (verl's v1 trainer: ``gpu_check_runner_v1``'s ``AdwinPPOTrainerSync``), records what each step did as JSON lines in the file ``+gpu_check.record`` names: each
 training generation (window, probe copies' lengths, seconds), each ``update_actor`` batch (row lengths, probe copies
 in it, teacher logprobs, ``uid``), each weight sync, each audit, and each step's seconds."""
 
@@ -16,6 +16,7 @@ from verl.trainer.main_ppo import run_ppo
 from adwin.trainer_adapters.verl.fields import MAX_TOKENS, PROBE, scalar
 from adwin.trainer_adapters.verl.main import VERL_CONFIG, prepare
 from adwin.trainer_adapters.verl.rows import split
+from adwin.trainer_adapters.verl.support import uses_v1
 from adwin.trainer_adapters.verl.task_runner import _AdwinTaskRunner
 from adwin.trainer_adapters.verl.trainer import AdwinRayPPOTrainer
 
@@ -88,4 +89,9 @@ RecordingTaskRunner = ray.remote(_RecordingTaskRunner)
 @hydra.main(config_path=VERL_CONFIG, config_name="ppo_trainer", version_base=None)
 def main(config: Any) -> None:
     prepare(config)
-    run_ppo(config, task_runner_class=RecordingTaskRunner)
+    if uses_v1(config):
+        from adwin.trainer_adapters.verl.gpu_check_runner_v1 import RecordingTaskRunnerV1
+
+        run_ppo(config, task_runner_class=RecordingTaskRunnerV1)
+    else:
+        run_ppo(config, task_runner_class=RecordingTaskRunner)

@@ -6,6 +6,8 @@
 # up to where verl starts Ray).
 #
 # Distillation trains no critic: grpo as the estimator (verl's default, gae, would build one) and the critic off.
+# TRAINER=v1 (the default, as verl's): verl's v1 trainer in its synchronous mode (TransferQueue, PPOTrainerSync);
+# TRAINER=legacy: verl's DataProto trainer (trainer.use_v1=false), which verl 0.9.1 calls deprecated.
 #
 # One node, 8 GPUs: the student (actor + vLLM rollout, FSDP2) on 4, the teacher (vLLM, prompt logprobs) on 4.
 # Needs: verl==0.9.1 with vLLM, transformers<5.11, adwin installed in the same environment, and a gsm8k parquet
@@ -18,10 +20,16 @@ TEACHER=${TEACHER:-Qwen/Qwen3-4B}
 HORIZON=${HORIZON:-2048}
 STEPS=${STEPS:-20}
 CONTROLLER=${CONTROLLER:-}  # e.g. http://127.0.0.1:8470 (adwin controller serve); empty: embedded in the driver
+TRAINER=${TRAINER:-v1}
+case "$TRAINER" in
+  v1) TRAINER_ARGS=(trainer.use_v1=true trainer.v1.trainer_mode=sync) ;;
+  legacy) TRAINER_ARGS=(trainer.use_v1=false) ;;
+  *) echo "TRAINER must be v1 or legacy, got $TRAINER" >&2; exit 2 ;;
+esac
 
 # adwin's main: verl's own main_ppo command line and checks, then verl's run_ppo with adwin's TaskRunner
 python3 -m adwin.trainer_adapters.verl.main \
-    trainer.use_v1=false algorithm.adv_estimator=grpo critic.enable=false \
+    "${TRAINER_ARGS[@]}" algorithm.adv_estimator=grpo critic.enable=false \
     data.train_files="$DATA/train.parquet" data.val_files="$DATA/test.parquet" \
     data.train_batch_size=64 data.max_prompt_length=512 data.max_response_length="$HORIZON" \
     actor_rollout_ref.model.path="$STUDENT" \

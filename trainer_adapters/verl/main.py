@@ -5,7 +5,9 @@ installed verl) with the same overrides, plus an ``adwin`` section. ``launch`` r
 field (``support.check_verl_config``), does what verl's ``main`` does (``auto_set_device``, ``validate_config``),
 both before Ray starts, points verl's agent-loop workers at the ``adwin`` loop
 (``actor_rollout_ref.rollout.agent.agent_loop_config_path``: ``agent_loops.yaml`` beside this file, unless the config
-names a file, which must then register ``adwin``) and calls verl's ``run_ppo`` with ``AdwinTaskRunner``.
+names a file, which must then register ``adwin``) and calls verl's ``run_ppo`` with adwin's TaskRunner for the trainer
+the config names, as verl's main does: ``AdwinTaskRunnerV1`` for verl's v1 trainer (``trainer.use_v1=true``, verl's
+default; ``trainer_v1.py``), ``AdwinTaskRunner`` for the legacy DataProto trainer (``task_runner.py``).
 """
 
 from __future__ import annotations
@@ -22,8 +24,7 @@ from verl.utils.config import validate_config
 from verl.utils.device import auto_set_device
 
 from adwin.trainer_adapters.verl.agent_loop import AGENT_NAME
-from adwin.trainer_adapters.verl.support import UnsupportedVerlSetting, check_verl_config
-from adwin.trainer_adapters.verl.task_runner import AdwinTaskRunner
+from adwin.trainer_adapters.verl.support import UnsupportedVerlSetting, check_verl_config, uses_v1
 
 VERL_CONFIG = str(Path(verl.__file__).parent / "trainer" / "config")
 AGENT_LOOPS = Path(__file__).with_name("agent_loops.yaml")
@@ -48,10 +49,21 @@ def prepare(config: Any) -> None:
                                      f"through this file: add its entry ({AGENT_LOOPS}), or leave the field unset")
 
 
+def task_runner(config: Any) -> Any:
+    """adwin's TaskRunner (a Ray actor class) for the trainer ``config`` names (module docstring)."""
+    if uses_v1(config):  # imported only for the trainer that runs: v1's needs verl's TransferQueue
+        from adwin.trainer_adapters.verl.trainer_v1 import AdwinTaskRunnerV1
+
+        return AdwinTaskRunnerV1
+    from adwin.trainer_adapters.verl.task_runner import AdwinTaskRunner
+
+    return AdwinTaskRunner
+
+
 def launch(config: Any) -> None:
     """``prepare``, then verl's ``run_ppo`` with adwin's TaskRunner."""
     prepare(config)
-    run_ppo(config, task_runner_class=AdwinTaskRunner)
+    run_ppo(config, task_runner_class=task_runner(config))
 
 
 @hydra.main(config_path=VERL_CONFIG, config_name="ppo_trainer", version_base=None)

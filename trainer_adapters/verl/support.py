@@ -3,15 +3,17 @@ name (``UnsupportedVerlSetting``) before the first step, not at the first audit.
 
 verl-free: the checks read a verl config (an OmegaConf ``DictConfig`` or a plain mapping) by dotted path.
 
-* ``check_verl_config`` (the whole trainer config): called by adwin's main before Ray starts, by adwin's TaskRunner
-  and trainer before verl builds its workers, and by the ``adwin`` agent loop, the one piece of adwin that verl's v1 trainer reaches (``trainer.use_v1``).
+* ``check_verl_config`` (the whole trainer config): called by adwin's main before Ray starts, by adwin's TaskRunners
+  and trainers (both of verl's: ``trainer.use_v1``) before verl builds its workers, and by the ``adwin`` agent loop.
 * ``check_actor_rollout_ref`` (the ``actor_rollout_ref`` section a worker is given): called by adwin's actor worker
   before verl builds its model.
 
 Why each is refused: the audit differentiates every parameter of the actor's module through its own Hugging Face
 forward at temperature 1 (``adwin.audit``), so the actor must be an FSDP2 module whose forward returns logits,
 whole sequences per rank, a rollout sampling at T = 1, and verl's distillation loss; the window reaches requests only
-through the ``adwin`` agent loop; and only verl's DataProto trainer (``trainer.use_v1=false``) is wired.
+through the ``adwin`` agent loop. Of verl's v1 trainer only the synchronous mode is wired (``trainer.v1.trainer_mode``
+``sync``, one weight sync per step): the asynchronous modes generate under weights several updates old and sync
+them on their own schedule, which the driver's one-version-per-step bookkeeping does not model.
 """
 
 from __future__ import annotations
@@ -73,11 +75,26 @@ def check_distillation(distillation: Any, field: str = "distillation.enabled") -
                                      "adwin audits verl's distillation loss: set it true")
 
 
+def uses_v1(config: Any) -> bool:
+    """Whether ``config`` runs verl's v1 (TransferQueue) trainer: verl 0.9.1's default, ``trainer.use_v1``."""
+    return bool(_get(config, "trainer.use_v1", True))
+
+
+def check_v1_trainer(v1: Any, prefix: str = "trainer.v1") -> None:
+    """Refuse a v1 trainer mode the driver cannot follow (module docstring), naming the field."""
+    mode = _get(v1, "trainer_mode", "sync")
+    if mode != "sync":
+        raise UnsupportedVerlSetting(f"{prefix}.trainer_mode", mode, "adwin wires the v1 trainer's synchronous mode "
+                                     "(one weights version per step); the asynchronous ones are not wired: use sync")
+    steps = int(_get(v1, "sync.parameter_sync_step", 1))
+    if steps != 1:
+        raise UnsupportedVerlSetting(f"{prefix}.sync.parameter_sync_step", steps, "adwin audits after each update "
+                                     "and plans each generation at one weights version: set it to 1")
+
+
 def check_verl_config(config: Any) -> None:
     """Refuse a verl trainer config the adapter cannot run under, naming the first unsupported field."""
-    use_v1 = bool(_get(config, "trainer.use_v1", True))  # verl 0.9.1's default is the v1 trainer
-    if use_v1:
-        raise UnsupportedVerlSetting("trainer.use_v1", use_v1, "adwin wires verl's DataProto trainer; the v1 "
-                                     "(TransferQueue) trainer is not wired: set trainer.use_v1=false")
+    if uses_v1(config):
+        check_v1_trainer(_get(config, "trainer.v1"))
     check_distillation(_get(config, "distillation"))
     check_actor_rollout_ref(_get(config, "actor_rollout_ref"))

@@ -75,12 +75,14 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                         "evaluation problems per task (adwin.bench.compare.plan.SIZING); --quick: its smoke run; "
                         "--tasks: a subset of the five")
     p.add_argument("--quick", action="store_true", help="smoke run: one seed, fewer steps, six methods")
+    p.add_argument("--plan", action="store_true",
+                   help="print the plan (runs, sizing, estimated minutes per task and in all) and exit: runs nothing")
     p.add_argument("--methods", help="comma-separated method keys or families (full, linear, fixed, fixed-64, adwin, "
                                      "adwin-0.7, surprise, iw-opd; opt-in: asyncopd-is, asyncopd-oapl, e.g. "
                                      "asyncopd-oapl-L4); default: all but the opt-in ones for one task, the goal's "
                                      "set (full, linear, fixed, adwin-0.7) for several; quick: one per family")
     p.add_argument("--seeds", help="number of seeds (N: 0..N-1) or a comma-separated list (default 2; quick 1; the "
-                   "suite's long tasks 1), for every task")
+                   "suite's long tasks 3), for every task")
     p.add_argument("--steps", type=int, help=f"optimizer steps per run (default {STEPS['default']}; "
                                              f"quick {STEPS['quick']}; tiny {STEPS['tiny']})")
     p.add_argument("--config", metavar="YAML", help="base config: preset name or YAML path (default: the 'default' preset)")
@@ -126,6 +128,12 @@ def main(args: argparse.Namespace) -> int:
     console = Console(width=200)  # the command's own output, like its tables: what the user started
     for line in run.plan_lines(args.profile):
         console.print(line, markup=False)
+    if args.plan:
+        for task, cfg, chosen in shaped:
+            console.print(f"{task}: {cfg.steps} steps of {cfg.rollout.prompts_per_step * cfg.rollout.samples_per_prompt} "
+                          f"rollouts x {len(seeds_of[task])} seed(s), {len(chosen)} methods, {cfg.eval.n_problems} "
+                          "problems", markup=False)
+        return 0
     stamp = dt.datetime.now().strftime("%Y-%m-%d")
     out_dir = Path(args.out) / (stamp + ("" if mode == "default" else f"-{mode}"))
     out_dir.mkdir(parents=True, exist_ok=True)

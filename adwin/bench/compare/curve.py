@@ -62,8 +62,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def curve_config(args: argparse.Namespace) -> Any:
-    """The run's config: the suite's preset shaped and sized for the task (compare_plan), full-rollout OPD,
-    ``--max-steps`` steps evaluated every ``--eval-every``; the user's ``--set`` wins."""
+    """The run's config: the suite's preset shaped and sized for the task (compare_plan), full-rollout OPD (or the
+    method ``args.method`` names, a key of ``all_methods``), ``--max-steps`` steps evaluated every ``--eval-every``;
+    the user's ``--set`` wins."""
     from adwin.bench.compare.command import run_config
     from adwin.bench.compare.methods import all_methods
     from adwin.bench.compare.plan import SIZING, SUITE_CONFIG, regime, task_config
@@ -80,8 +81,11 @@ def curve_config(args: argparse.Namespace) -> Any:
     size = SIZING[mode][regime(get_task(args.task))]
     cfg = task_config(base, args.task, args.profile, list(parse_set(args.set)), size.eval_problems,
                       size.prompts_per_step)
-    (full,) = [m for m in all_methods(cfg.rollout.max_response_len, list(cfg.window.candidates)) if m.key == "full"]
-    cfg = run_config(cfg, full, args.seed, args.assets_seed, None)
+    key = getattr(args, "method", None) or "full"
+    methods = {m.key: m for m in all_methods(cfg.rollout.max_response_len, list(cfg.window.candidates))}
+    if key not in methods:
+        raise ValueError(f"unknown method {key!r}; known: {', '.join(methods)}")
+    cfg = run_config(cfg, methods[key], args.seed, args.assets_seed, None)
     data = cfg.model_dump(mode="json")
     data["eval"]["every"] = args.eval_every
     return TrainConfig.model_validate(data)

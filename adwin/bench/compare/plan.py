@@ -1,14 +1,15 @@
 """How ``adwin bench compare`` shapes and sizes a run per task: each task's horizon and candidate ladder on
 top of the base config, the five-task suite's steps and evaluation problems per task, and the planned cost
-printed before the runs start (docs/benchmarks.md, "The five-task suite").
+printed before the runs start (``--plan`` prints it alone; docs/benchmarks.md, "The five-task suite").
 
-The cost model (seconds on one core of the reference machine, SFT step 0.080 s, two runs at a time) is
-deliberately simple: a run costs ``RUN_OVERHEAD_S`` (process start, model load) + steps x rollouts per step x
-``rollout_s`` of the window a method trains (a step generates its batch until the longest row stops or reaches
-the window, and trains on the padded batch: its cost follows the window, not the mean response; on the long
-tasks it grows faster than the window, ``LONG_GROWTH``), plus one evaluation of ``n`` problems at
-``EVAL_PROBLEM_S`` of the task's regime; a seed adds its shared start-of-run evaluation. ``--jobs`` runs share
-the cores. The long tasks' figures are measured on ``chain-long`` (docs/benchmarks.md, "Sizing").
+The cost model (seconds on one core, two runs at a time on the 2-core machine) is deliberately simple: a run costs
+``RUN_OVERHEAD_S`` (process start, model load) + steps x rollouts per step x ``rollout_s`` of the window a method
+trains (a step generates its batch until the longest row stops or reaches the window, and trains on the padded
+batch: its cost follows the window, not the mean response; on the long tasks it grows faster than the window,
+``LONG_GROWTH``), plus one evaluation of ``n`` problems at ``EVAL_PROBLEM_S`` of the task's regime; a seed adds its
+shared start-of-run evaluation. ``--jobs`` runs share the cores. The figures are the CPU seconds (process time,
+one torch thread) of the suite's own steps and evaluations at fixed windows, so a loaded machine inflates them
+less than it does wall clocks; the long tasks' are measured on ``chain-long`` (docs/benchmarks.md, "Sizing").
 """
 
 from __future__ import annotations
@@ -26,17 +27,20 @@ SUITE_TASKS = ("chain", "chain-drift", "chain-late", "chain-long", "chain-late-l
 SUITE_CONFIG = "suite"  # configs/suite.yaml
 TINY_HORIZON, TINY_CANDIDATES = 16, (4, 8, 12)  # the tiny profile's chain shape; other tasks scale it
 
-# reference figures, one idle core (docs/benchmarks.md, "make run": 65.5 s of training for 40 steps of 128
-# rollouts at a window of ~100 tokens (128 -> 64), 11.5 s for 3 x 128 evaluation problems)
-TOKEN_S = 0.13e-3  # seconds per rollout x window token on a short task (generate, score, train, its decisions)
+# CPU seconds of the suite's steps at fixed windows (commit 79622ac, the lean CPU decode step and the batched
+# per-sample audit in): chain's 128 rollouts 1.35 s a step at window 64 and 6.0 s at 320 (the batch stops near
+# its longest response), 0.15-0.17 ms per rollout x window token
+TOKEN_S = 0.155e-3  # seconds per rollout x window token on a short task (generate, score, train, its decisions)
 RUN_OVERHEAD_S = 5.0  # process start, model load, checkpoint
-# seconds per evaluation problem (T = 1, k = 1): make run's on the short tasks; on chain-long 190-270 s for 192
-# problems of a student whose responses run ~900 tokens, two runs at a time (the suite at 0a5a3b4)
-EVAL_PROBLEM_S = {"short": 0.030, "long": 1.1}
-# a long-task rollout costs TOKEN_S x w x (1 + w / a + (w / b)^2): attention and the growing KV cache over
-# 2,048 positions. Fitted to chain-long's measured step seconds per rollout at windows 64..2,048 (0.010, 0.023,
-# 0.062, 0.18, 0.61 and 3.7 s; the suite at 0a5a3b4), within 15 % of each
-LONG_GROWTH = (840.0, 680.0)
+# seconds per evaluation problem (T = 1, k = 1, eval.batch_size 64, forced lines scored): CPU seconds of one
+# evaluation of the prepared students, 256 chain problems (8.3 s) and 64 chain-long problems (78 s, responses of
+# 1,689 tokens on average): the long evaluation is no cheaper than before the lean step (1.1 s)
+EVAL_PROBLEM_S = {"short": 0.033, "long": 1.2}
+# a long-task rollout costs TOKEN_S x w x (1 + w / a + (w / b)^2): attention and the growing KV cache over 2,048
+# positions. Fitted to chain-long's CPU seconds per rollout at windows 64, 256, 1,024 and 2,048 (0.0097, 0.046,
+# 0.40 and 1.18 s: 32 rollouts a step, commit 79622ac), within 10 % of each. The fit before the lean decode step
+# (0.010 to 3.7 s, wall clocks of the suite at 0a5a3b4) was (840, 680): the quadratic term is mostly gone
+LONG_GROWTH = (920.0, 2650.0)
 
 
 @dataclass(frozen=True)
@@ -61,10 +65,12 @@ GPU_SHARING = 2.0
 
 
 # per mode and regime. Arithmetic: docs/benchmarks.md, "Sizing". A long-task step at the preset's 128 rollouts
-# costs ~8 min for full-rollout OPD on 2 CPU cores, so the long tasks run 8 prompts x 4 rollouts (P = 2, still
-# 1/16) and one seed; the short tasks keep the preset's batch and the mode's seeds
+# costs ~2.6 min for full-rollout OPD on one core, so the long tasks run 8 prompts x 4 rollouts (P = 2, still
+# 1/16) at 3 seeds (one seed gives the goals' FLOPs and wall ratios no spread to judge by); the short tasks
+# keep the preset's batch and the mode's seeds
+LONG_SEEDS = 3
 SIZING: dict[str, dict[str, Sizing]] = {
-    "default": {"short": Sizing(20, 1024), "long": Sizing(8, 128, prompts_per_step=8, seeds=1)},
+    "default": {"short": Sizing(20, 1024), "long": Sizing(8, 128, prompts_per_step=8, seeds=LONG_SEEDS)},
     "quick": {"short": Sizing(6, 64), "long": Sizing(2, 16, prompts_per_step=4)},
     "tiny": {"short": Sizing(2, 4), "long": Sizing(2, 4)},
 }
@@ -237,4 +243,4 @@ def plan_line(p: dict[str, Any], profile: str = "default") -> str:
                 f"per task: {per}; UNMEASURED: from GPU_POSITION_S = {GPU_POSITION_S * 1e3:.0f} ms per decoding "
                 f"position, adwin.bench.compare.plan)")
     return (f"{head}, estimated {math.ceil(p['wall_s'] / 60)} min at {p['jobs']} job(s) on an idle machine "
-            f"(minutes per task: {per}; reference: SFT step 0.080 s)")
+            f"(minutes per task: {per}; from CPU seconds measured on the 2-core machine, adwin.bench.compare.plan)")

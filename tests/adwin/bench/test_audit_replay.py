@@ -31,6 +31,7 @@ TOKENS = [64, 64, 128, 256, 512, 1024]  # every synthetic response runs to the h
 FULL = np.full(128, HORIZON)  # (N,) their lengths
 NOISE_HOLD = [r for r in RULES if r.noise_hold]
 (PRESETS,) = [r for r in RULES if r.name == SHIPPED]
+POOLED_POINT = dataclasses.replace(PRESETS, name="pooled point, no fallback", unresolved="decide")
 PAPER = RULES[0]
 SIGNAL = np.sqrt(sum(TOKENS) / 6)  # noise scale 6, as chain-long's prepared student
 
@@ -97,11 +98,32 @@ def test_at_small_p_the_debiased_noise_hold_rule_lands_on_the_true_window(p: int
     (8, ALIGNED, 64, 512),  # shrinks from the run's start to the truth
     (2, [0.2, 0.3, 0.5, 0.8, 0.9], 512, 128),  # grows to it, at the suite's P
 ])
-def test_the_presets_pooled_point_rule_at_small_p_lands_on_the_true_window(p: int, cosines: list[float],
-                                                                         truth_window: int, initial: int) -> None:
-    out = _replay(_h(cosines, SIGNAL), PRESETS, truth_window, cosines, p=p, audits=12, runs=6,
+def test_the_pooled_point_rule_at_small_p_lands_on_the_true_window(p: int, cosines: list[float],
+                                                                 truth_window: int, initial: int) -> None:
+    out = _replay(_h(cosines, SIGNAL), POOLED_POINT, truth_window, cosines, p=p, audits=12, runs=6,
                   rng=np.random.default_rng(0), initial=initial)
     assert out["within_one_rung"]["share"] >= 0.8
+
+
+@pytest.mark.parametrize("p, cosines, truth_window, initial", [
+    (8, ALIGNED, 64, 512),
+    (2, [0.2, 0.3, 0.5, 0.8, 0.9], 512, 128),
+])
+def test_the_presets_rule_holds_while_the_pool_is_unresolved_and_then_lands_on_the_true_window(
+        p: int, cosines: list[float], truth_window: int, initial: int) -> None:
+    marks: dict[str, np.ndarray] = {}
+    w = decisions(_h(cosines, SIGNAL), CANDS, HORIZON, 0.7, [PRESETS, POOLED_POINT], p=p, audits=12, runs=6,
+                  rng=np.random.default_rng(0), initial=initial, marks=marks)
+    held, unresolved = w[PRESETS.name], marks[PRESETS.name]  # (runs, audits)
+    assert unresolved[:, 0].all() == (p == 2)  # at P = 2 one audit's z is +-1 whatever the gradients
+    first = unresolved.argmin(axis=1)  # each run's first resolved audit
+    for run, a in enumerate(first):
+        assert (held[run, :a] == initial).all()  # unresolved: the window holds where the run starts
+        assert not unresolved[run, a:].any()  # the pool, once it resolves, stays resolved on a fixed truth
+    resolved = held[~unresolved]
+    assert (np.abs(np.log2(resolved / truth_window)) <= 1).mean() >= 0.8  # within one rung once resolved
+    # the rule without the fallback decides the same audits alike once the pool resolves
+    assert (w[POOLED_POINT.name][:, -4:] == held[:, -4:]).all()
 
 
 @pytest.mark.parametrize("preset", ["default", "long", "suite"])
@@ -112,7 +134,8 @@ def test_the_rule_the_replay_calls_the_presets_is_the_one_the_adwin_presets_ship
     cfg = load_config(preset_path(preset))
     shipped = Rule("shipped", cfg.audit.estimator, cfg.window.confidence, noise_hold=cfg.window.noise_hold,
                    grow_to=cfg.window.grow_to, signal_z=cfg.window.signal_z, pool=cfg.audit.evidence_audits,
-                   decay=cfg.audit.evidence_decay)
+                   decay=cfg.audit.evidence_decay, unresolved=cfg.window.unresolved,
+                   resolve_samples=cfg.window.resolve_samples)
     assert cfg.window.policy == "adwin" and shipped == dataclasses.replace(PRESETS, name="shipped")
 
 
@@ -120,6 +143,28 @@ def test_the_batch_estimator_at_small_p_is_held_above_the_true_window_by_its_bia
     (rule,) = [r for r in RULES if r.name == "batch, confidence"]
     out = _replay(_h(ALIGNED, SIGNAL), rule, 64, ALIGNED, p=8, audits=12, runs=6, rng=np.random.default_rng(0))
     assert out["within_one_rung"]["share"] < 0.2
+
+
+@pytest.mark.parametrize("fallback, window", [("hold", 256), ("horizon", HORIZON)])
+def test_on_a_pure_noise_pool_every_pooled_audit_is_unresolved_and_the_window_follows_the_fallback(
+        fallback: str, window: int) -> None:
+    rule = dataclasses.replace(PRESETS, unresolved=fallback)
+    marks: dict[str, np.ndarray] = {}
+    w = decisions(_h(NOISY, 0.0), CANDS, HORIZON, 0.7, [rule, POOLED_POINT], p=8, audits=12, runs=6,
+                  rng=np.random.default_rng(0), initial=256, marks=marks)
+    assert marks[rule.name].all() and (w[rule.name] == window).all()
+    assert (w[POOLED_POINT.name] != 256).any()  # the rule without it moves on the noise
+
+
+def test_the_held_out_fold_reports_each_rules_unresolved_share() -> None:
+    fold = _fold(_h(NOISY, 0.0), tr.split_pool(128, seed=0), rules=(PAPER, PRESETS), runs=2)
+    assert fold["unresolved"]["8"] == {PAPER.name: 1.0, PRESETS.name: 1.0}
+    from adwin.bench.audit_report import fold_markdown
+
+    rows = [line for line in fold_markdown(fold, CANDS, 0, 1) if line.startswith(f"| {PRESETS.name} |")]
+    assert rows and "| 100 % |" in rows[0]  # the report's unresolved column
+    strong = _fold(_h(ALIGNED, SIGNAL), tr.split_pool(128, seed=0), rules=(PRESETS,), runs=2)
+    assert strong["unresolved"]["8"][PRESETS.name] < 0.5
 
 
 # --- the noise-reading rule ----------------------------------------------------------------------------------------

@@ -102,3 +102,28 @@ def test_a_pool_without_a_truth_replays_its_decisions_without_a_share_and_says_s
     assert "not identifiable" in text and "| n/a |" in text and "**no truth**" in text
     assert text.count("n/a |") >= len(CANDS) + 1 + 4 * len(fold["replay"]["8"])  # no update view, no shares
     assert "Replay at P = 8" in text
+
+
+def test_checkpoints_on_adwins_own_trajectory_carry_the_windows_that_run_chose(tmp_path: Path) -> None:
+    args = ["bench", "audit-truth", "--task", "chain", "--profile", "tiny", "--rollouts", "24", "--sizes", "2",
+            "--draws", "5", "--update-rollouts", "8", "--replay-audits", "3", "--replay-runs", "2",
+            "--probe-batch", "2", "--at", "2", "--trajectory", "adwin-0.7", "--out", str(tmp_path)]
+    assert main(args) == 0
+    (run,) = tmp_path.iterdir()
+    report = json.loads((run / "truth.json").read_text())
+    assert report["meta"]["trajectory"] == "adwin-0.7"
+    (ck,) = report["checkpoints"]
+    assert ck["step"] == 2 and len(ck["trained_windows"]) == 2
+    assert all(1 <= w <= ck["horizon"] for w in ck["trained_windows"])
+    text = (run / "truth.md").read_text()
+    assert "reached by `adwin-0.7` training" in text and "Windows the run trained under in its last 2 steps" in text
+    # the windows travel with the saved pool
+    with np.load(run / "gram-2.npz") as z:
+        assert json.loads(str(z["meta"]))["trained_windows"] == ck["trained_windows"]
+
+
+def test_an_unknown_trajectory_is_refused(tmp_path: Path) -> None:
+    assert main(["bench", "audit-truth", "--task", "chain", "--profile", "tiny", "--rollouts", "24", "--sizes", "2",
+                 "--update-rollouts", "8", "--probe-batch", "2", "--replay-audits", "3", "--trajectory", "nope",
+                 "--out", str(tmp_path)]) == 2
+    assert not list(tmp_path.rglob("gram-*.npz"))

@@ -6,7 +6,7 @@ from __future__ import annotations
 import threading
 from concurrent.futures import Future
 
-from adwin.probes.client import ProbeClient, _Pending
+from adwin.probes.client import Pending, ProbeClient
 from adwin.probes.pool import ProbePool
 
 
@@ -14,7 +14,7 @@ def _side(limit: int) -> tuple[ProbeClient, list[int]]:
     side = ProbeClient(controller=None, run_id="r", pool=ProbePool(16), staleness_limit=limit)  # type: ignore[arg-type]
     submitted: list[int] = []
 
-    def submit(p: _Pending, version: int) -> dict[str, float]:
+    def submit(p: Pending, version: int) -> dict[str, float]:
         submitted.append(p.audit_id)
         return {"audit/submitted": 1.0}
 
@@ -22,8 +22,8 @@ def _side(limit: int) -> tuple[ProbeClient, list[int]]:
     return side, submitted
 
 
-def _pending(audit_id: int, version: int, fut: Future) -> _Pending:
-    return _Pending(audit_id, version, [0], 1.0, fut)
+def _pending(audit_id: int, version: int, fut: Future) -> Pending:
+    return Pending(audit_id, version, [0], 1.0, fut)
 
 
 def test_young_audits_in_flight_do_not_block_and_finished_ones_are_collected_in_order() -> None:

@@ -11,7 +11,14 @@ pytest.importorskip("verl.protocol")  # not "verl": without verl, this folder is
 
 from verl_fixtures import RESPONSE_LEN, LocalReplica, agent_loop  # noqa: E402
 
-from adwin.trainer_adapters.verl.fields import MAX_TOKENS, PROBE, REQUEST, WINDOW, BadWindow  # noqa: E402
+from adwin.trainer_adapters.verl.fields import (  # noqa: E402
+    MAX_TOKENS,
+    PROBE,
+    REQUEST,
+    SESSIONS,
+    WINDOW,
+    BadWindow,
+)
 
 
 def _run(replica, **fields):
@@ -51,6 +58,16 @@ def test_probe_row_goes_out_at_full_length_whatever_its_cap():
     assert replica.seen[-1]["max_tokens"] == RESPONSE_LEN
     assert len(out.response_ids) == RESPONSE_LEN
     assert out.extra_fields[PROBE] is True and out.extra_fields[WINDOW] == 4
+
+
+def test_under_verls_v1_trainer_a_session_past_the_training_ones_is_a_probe_copy():
+    """verl's v1 worker runs a prompt's sessions with one set of fields and its ``session_id``."""
+    fields = {MAX_TOKENS: 4, WINDOW: 4, PROBE: False, SESSIONS: np.int64(2)}
+    for session, probe, cap in ((0, False, 4), (1, False, 4), (2, True, RESPONSE_LEN), (3, True, RESPONSE_LEN)):
+        replica = LocalReplica()
+        out, _ = _run(replica, session_id=session, **fields)
+        assert replica.seen[-1]["max_tokens"] == cap and len(out.response_ids) == cap
+        assert out.extra_fields[PROBE] is probe and out.extra_fields[WINDOW] == 4
 
 
 @pytest.mark.parametrize("cap", [0, RESPONSE_LEN + 1, 2.5, "8"])

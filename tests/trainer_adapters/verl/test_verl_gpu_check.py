@@ -80,3 +80,27 @@ def test_the_recorded_run_checks_pass_and_fail_on_what_they_read():
     assert not gc.check_update_and_sync(_run(steps=2), 3).passed  # the run stopped early
     assert gc.check_step_time(_run(), _run()).passed
     assert not gc.check_step_time(_run(steps=2), _run()).passed  # no step past the first probe step was timed
+
+
+def test_the_trainer_is_v1_unless_asked(tmp_path: Path):
+    assert gc.parse_args(["--workdir", str(tmp_path)]).trainer == "v1"
+    assert gc.parse_args(["--workdir", str(tmp_path), "--trainer", "legacy"]).trainer == "legacy"
+    with pytest.raises(SystemExit):
+        gc.parse_args(["--workdir", str(tmp_path), "--trainer", "v2"])
+
+
+@pytest.mark.parametrize("trainer", ["v1", "legacy"])
+def test_the_checks_verl_runs_pass_verls_and_adwins_config_checks(tmp_path: Path, trainer: str):
+    """The overrides of checks 2, 4 and 6, composed with verl's Hydra config, through adwin's main up to Ray."""
+    pytest.importorskip("verl.protocol")
+    import verl
+    from hydra import compose, initialize_config_dir
+
+    from adwin.trainer_adapters.verl.main import prepare
+
+    assets = {"student": tmp_path / "student", "teacher": tmp_path / "teacher", "data": tmp_path / "data"}
+    overrides = gc.verl_overrides(assets, 2, 3, tmp_path / "run.jsonl", 1, trainer)
+    with initialize_config_dir(config_dir=str(Path(verl.__file__).parent / "trainer" / "config"), version_base=None):
+        config = compose("ppo_trainer", overrides=overrides)
+    prepare(config)  # adwin's refusals, then verl's validate_config
+    assert config.trainer.use_v1 is (trainer == "v1")

@@ -1,5 +1,6 @@
-"""The recipe users run (``trainer_adapters/verl/gpu_recipe.sh``) against verl 0.9.1's own checks: its overrides on
-verl's Hydra config pass verl's ``validate_config`` as verl's main calls it, and adwin's own checks refuse, by field,
+"""The recipe users run (``trainer_adapters/verl/gpu_recipe.sh``, for each of verl's trainers: ``TRAINER=v1``, verl's
+default, and ``TRAINER=legacy``) against verl 0.9.1's own checks: its overrides on verl's Hydra config pass verl's
+``validate_config`` as verl's main calls it, and adwin's own checks refuse, by field,
 each setting the adapter cannot run under, where verl's processes start (the trainer before it builds workers, the
 actor worker before it builds its model, the agent loop when verl builds it).
 
@@ -18,8 +19,11 @@ from verl_recipe import recipe_argv, verl_config  # noqa: E402
 
 from adwin.trainer_adapters.verl.support import UnsupportedVerlSetting, check_verl_config  # noqa: E402
 
+TRAINERS = ["v1", "legacy"]  # verl's two trainers, the recipe's TRAINER
 REFUSED = [
-    (["trainer.use_v1=true"], "trainer.use_v1"),
+    (["trainer.use_v1=true", "trainer.v1.trainer_mode=colocate_async"], "trainer.v1.trainer_mode"),
+    (["trainer.use_v1=true", "trainer.v1.trainer_mode=separate_async"], "trainer.v1.trainer_mode"),
+    (["trainer.use_v1=true", "+trainer.v1.sync.parameter_sync_step=2"], "trainer.v1.sync.parameter_sync_step"),
     (["distillation.enabled=false"], "distillation.enabled"),
     (["actor_rollout_ref.actor.strategy=fsdp"], "actor_rollout_ref.actor.strategy"),  # FSDP1, verl's default
     (["actor_rollout_ref.actor.strategy=megatron"], "actor_rollout_ref.actor.strategy"),
@@ -58,18 +62,21 @@ def run_ppo(monkeypatch):
     return recorder
 
 
-def test_adwins_main_hands_verls_run_ppo_adwins_task_runner(run_ppo, monkeypatch, tmp_path):
+@pytest.mark.parametrize("trainer", TRAINERS)
+def test_adwins_main_hands_verls_run_ppo_adwins_task_runner_for_the_trainer(run_ppo, monkeypatch, tmp_path, trainer):
     """The recipe's command line through adwin's Hydra entry point, as ``python -m`` runs it."""
     import sys
 
     from adwin.trainer_adapters.verl.main import main
     from adwin.trainer_adapters.verl.task_runner import AdwinTaskRunner
+    from adwin.trainer_adapters.verl.trainer_v1 import AdwinTaskRunnerV1
 
     monkeypatch.chdir(tmp_path)  # Hydra writes its run folder here
-    monkeypatch.setattr(sys, "argv", ["main", *recipe_argv()[2:], f"hydra.run.dir={tmp_path}"])
+    monkeypatch.setattr(sys, "argv", ["main", *recipe_argv(trainer)[2:], f"hydra.run.dir={tmp_path}"])
     main()
     (config, runner), = run_ppo.calls
-    assert runner is AdwinTaskRunner
+    assert runner is {"v1": AdwinTaskRunnerV1, "legacy": AdwinTaskRunner}[trainer]
+    assert config.trainer.use_v1 is (trainer == "v1")
     assert config.actor_rollout_ref.rollout.response_length == 2048 and config.adwin.candidates == [256, 512, 1024]
 
 
@@ -111,12 +118,17 @@ def test_adwins_main_refuses_before_ray_starts(run_ppo, overrides, field):
     assert e.value.field == field and run_ppo.calls == []
 
 
-def test_the_recipe_passes_verls_own_validate_config():
+def test_the_recipes_default_is_verls_default_trainer():
+    assert verl_config().trainer.use_v1 is True and verl_config().trainer.v1.trainer_mode == "sync"
+
+
+@pytest.mark.parametrize("trainer", TRAINERS)
+def test_the_recipe_passes_verls_own_validate_config(trainer):
     from verl.trainer.ppo.utils import need_critic, need_reference_policy
     from verl.utils.config import validate_config
     from verl.utils.device import auto_set_device
 
-    config = verl_config()
+    config = verl_config(trainer=trainer)
     auto_set_device(config)  # as verl's main, before its checks
     assert not need_critic(config)  # distillation trains no critic: verl's default estimator (gae) would build one
     validate_config(config, use_reference_policy=need_reference_policy(config), use_critic=need_critic(config))
@@ -131,7 +143,7 @@ def test_an_unsupported_setting_is_refused_naming_its_field(overrides, field):
 
 
 @pytest.mark.parametrize(("overrides", "field"), REFUSED)
-def test_the_trainer_refuses_before_verl_builds_its_workers(monkeypatch, overrides, field):
+def test_the_legacy_trainer_refuses_before_verl_builds_its_workers(monkeypatch, overrides, field):
     from verl.trainer.ppo.ray_trainer import RayPPOTrainer
 
     from adwin.trainer_adapters.verl.trainer import AdwinRayPPOTrainer
@@ -139,9 +151,24 @@ def test_the_trainer_refuses_before_verl_builds_its_workers(monkeypatch, overrid
     built = []
     monkeypatch.setattr(RayPPOTrainer, "init_workers", lambda self: built.append(self))
     trainer = object.__new__(AdwinRayPPOTrainer)
-    trainer.config = verl_config(*overrides)
+    trainer.config = verl_config(*overrides, trainer="legacy")
     with pytest.raises(UnsupportedVerlSetting) as e:
         trainer.init_workers()
+    assert e.value.field == field and built == []
+
+
+@pytest.mark.parametrize(("overrides", "field"), REFUSED)
+def test_the_v1_trainer_refuses_before_verl_builds_anything(monkeypatch, overrides, field):
+    from verl.trainer.ppo.v1 import PPOTrainer
+
+    from adwin.trainer_adapters.verl.trainer_v1 import AdwinPPOTrainerSync
+
+    built = []
+    monkeypatch.setattr(PPOTrainer, "_setup", lambda self: built.append(self))
+    trainer = object.__new__(AdwinPPOTrainerSync)
+    trainer.config = verl_config(*overrides)
+    with pytest.raises(UnsupportedVerlSetting) as e:
+        trainer.init()
     assert e.value.field == field and built == []
 
 
@@ -168,13 +195,14 @@ def test_the_actor_worker_refuses_before_verl_builds_its_model(monkeypatch, over
     assert built == [worker]
 
 
-def test_the_agent_loop_refuses_verls_v1_trainer():
+def test_the_agent_loop_refuses_an_asynchronous_v1_trainer():
     from verl_fixtures import LocalReplica, agent_loop
 
     from adwin.trainer_adapters.verl.agent_loop import AdwinAgentLoop
 
     with pytest.raises(UnsupportedVerlSetting) as e:
-        agent_loop(AdwinAgentLoop, LocalReplica(), trainer={"use_v1": True})
-    assert e.value.field == "trainer.use_v1"
-    assert isinstance(agent_loop(AdwinAgentLoop, LocalReplica()), AdwinAgentLoop)
+        agent_loop(AdwinAgentLoop, LocalReplica(), trainer={"use_v1": True, "v1": {"trainer_mode": "colocate_async"}})
+    assert e.value.field == "trainer.v1.trainer_mode"
+    for trainer in ({"use_v1": True, "v1": {"trainer_mode": "sync"}}, {"use_v1": False}):
+        assert isinstance(agent_loop(AdwinAgentLoop, LocalReplica(), trainer=trainer), AdwinAgentLoop)
 

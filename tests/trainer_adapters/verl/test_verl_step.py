@@ -172,7 +172,7 @@ def test_windows_move_on_audits_of_verls_loss(setup):
     for version in range(3):
         plan, _, _, _, metrics = _step(driver, replica, worker, version)
         windows.append(plan.window)
-        cos = dict(driver.hooks.client.last_cosines)
+        cos = dict(driver.hooks.client.record.last_cosines)
         assert metrics.get("audit/submitted", 0) or cos  # an audit ran on this step's probe copies
         decided.append(min((c for c in CANDIDATES if cos[c] >= 0.05), default=RESPONSE_LEN))
     assert windows[0] == max(CANDIDATES)  # before any audit: the largest candidate

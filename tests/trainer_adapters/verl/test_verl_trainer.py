@@ -31,7 +31,7 @@ def test_the_task_runner_gives_the_actor_role_adwins_worker():
     from adwin.trainer_adapters.verl.actor import AdwinActorRolloutRefWorker
 
     runner = _task_runner()
-    cls, _ = runner.add_actor_rollout_worker(verl_config())
+    cls, _ = runner.add_actor_rollout_worker(verl_config(trainer="legacy"))
     assert cls is AdwinActorRolloutRefWorker
     assert runner.role_worker_mapping[Role.ActorRollout].__ray_actor_class__ is AdwinActorRolloutRefWorker
 
@@ -45,7 +45,7 @@ def test_the_task_runner_builds_adwins_trainer_and_leaves_verls_name_as_it_was(m
     built = []
     monkeypatch.setattr(v0.TaskRunner.__ray_actor_class__, "run", lambda self, config: built.append(v0.RayPPOTrainer))
     verls = v0.RayPPOTrainer
-    _task_runner().run(verl_config())
+    _task_runner().run(verl_config(trainer="legacy"))
     assert built == [AdwinRayPPOTrainer] and v0.RayPPOTrainer is verls
 
 

@@ -37,7 +37,9 @@ def _estimate(short_run_min: float, long_step_min: float):
 
 @pytest.fixture
 def curve(monkeypatch) -> None:
+    """A curve, and a budget of 120 min: the arithmetic below is the sizing's, whatever the shipped budget."""
     monkeypatch.setattr(compare_sizing, "CURVE", {"chain-long": (30, 40), "chain-late-long": (None, 45)})
+    monkeypatch.setattr(compare_sizing, "CPU_BUDGET_MIN", 120.0)
 
 
 def test_the_long_tasks_run_the_curves_steps_and_the_short_tasks_the_most_seeds_that_fit(curve) -> None:
@@ -58,7 +60,7 @@ def test_steps_that_do_not_fit_are_cut_to_what_fits_and_the_plan_says_so(curve) 
     # 3 tasks x 2 seeds x 5 = 30 min; 90 min left for 2 x (30 + 45) = 150 min of long steps: cut to 3/5 of them
     assert {sizes[t].seeds for t in ("chain", "chain-drift", "chain-late")} == {SHORT_SEEDS[-1]}
     assert sizes["chain-long"].steps == 18 and sizes["chain-late-long"].steps == 27
-    assert _estimate(5.0, 2.0)(sizes)["wall_s"] <= CPU_BUDGET_MIN * 60
+    assert _estimate(5.0, 2.0)(sizes)["wall_s"] <= 120 * 60
     assert notes[-1].startswith("sizing: DOES NOT FIT") and "chain-long 18, chain-late-long 27 steps instead" in notes[-1]
 
 
@@ -89,16 +91,34 @@ def _args(**over: Any) -> argparse.Namespace:
     return argparse.Namespace(**(base | over))
 
 
-def test_the_cpu_suites_plan_fits_two_hours_or_says_what_it_runs_instead() -> None:
+def test_the_cpu_suite_gives_the_long_tasks_their_curves_steps_and_three_seeds_within_four_hours() -> None:
     run = setup(_args())
     lines = run.plan_lines("default")
-    assert run.planned["wall_s"] <= CPU_BUDGET_MIN * 60
+    assert run.planned["wall_s"] <= CPU_BUDGET_MIN * 60 <= 4 * 60 * 60
     assert lines[0].startswith(f"planned: 5 task(s), {run.planned['runs']} runs") and "2 job(s)" in lines[0]
+    assert not any("DOES NOT FIT" in line for line in lines)
+    cfg = {t: c for t, c, _ in run.shaped}
     for task in LONGS:
         assert any(line.startswith(f"sizing: {task}: ") for line in lines)
-    fits = any("the short tasks at" in line and "seeds, the most of 5" in line for line in lines)
-    assert fits != any("DOES NOT FIT" in line for line in lines)
-    assert all(len(run.seeds_of[t]) >= 2 for t in ("chain", "chain-drift", "chain-late"))
+        assert cfg[task].steps == steps_to_move(task)[0] and len(run.seeds_of[task]) >= 3
+    for task in ("chain", "chain-drift", "chain-late"):  # the short tasks as before: 20 steps, 1,024 problems
+        assert cfg[task].steps == 20 and cfg[task].eval.n_problems == 1024 and len(run.seeds_of[task]) >= 2
+    assert any("the short tasks at" in line and "seeds, the most of 5" in line for line in lines)
+
+
+def test_plan_prints_the_plan_and_runs_nothing(tmp_path, capsys) -> None:
+    from adwin.cli import main
+
+    out = tmp_path / "out"
+    assert main(["bench", "compare", "--suite", "--plan", "--out", str(out)]) == 0
+    printed = capsys.readouterr().out
+    run = setup(_args())
+    assert printed.startswith(run.plan_lines("default")[0][:40]) and "min at 2 job(s)" in printed
+    for task, cfg, chosen in run.shaped:
+        rollouts = cfg.rollout.prompts_per_step * cfg.rollout.samples_per_prompt
+        assert (f"{task}: {cfg.steps} steps of {rollouts} rollouts x {len(run.seeds_of[task])} seed(s), "
+                f"{len(chosen)} methods") in printed
+    assert not out.exists()
 
 
 def test_the_quick_suite_plans_at_most_ten_minutes() -> None:

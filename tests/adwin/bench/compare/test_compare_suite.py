@@ -6,6 +6,7 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import statistics
 from pathlib import Path
 from typing import Any
 
@@ -109,21 +110,32 @@ def test_rung_names_select_each_tasks_own_window() -> None:
     assert [m.key for m in select_methods("fixed-rung2", long, None)] == ["full", "fixed-128"]
 
 
-def _entry(acc: float, wall: float, flops: float, diff: tuple[float, float] | None = None) -> dict[str, Any]:
+def _entry(acc: float, wall: float, flops: float, diff: tuple[float, float] | None = None,
+           diffs: dict[str, tuple[float, float]] | None = None, seeds: int = 1) -> dict[str, Any]:
     """A method's results with ``acc`` as every measure (accuracy and the line measures), ``flops`` both as FLOPs
-    and as their ratio to full (full's are 1), and ``diff`` as every paired difference to full."""
-    e: dict[str, Any] = {"metrics": {f"{m}_final": {"mean": acc} for m in MEASURES} | {"flops": {"mean": flops}},
+    and as their ratio to full (full's are 1), and ``diff`` as every paired difference to full (``diffs``: per
+    measure, in its place); its FLOPs and wall carry a 10 % spread over ``seeds``."""
+    sd = 0.1 if seeds > 1 else 0.0
+    e: dict[str, Any] = {"metrics": {f"{m}_final": {"mean": acc} for m in MEASURES}
+                         | {"flops": {"mean": flops, "std": sd * flops, "n": seeds},
+                            "train_wall_s": {"mean": wall, "std": sd * wall, "n": seeds}},
                          "ratio_to_full": {"train_wall_s": wall, "flops": flops, "rollout_tokens": flops}}
     if diff is not None:
-        e["paired"] = {m: {"diff_to_full": {"mean": sum(diff) / 2, "lo": diff[0], "hi": diff[1], "halfwidth": 0.01}}
-                       for m in MEASURES}
+        e["paired"] = {m: {"diff_to_full": {"mean": sum(d) / 2, "lo": d[0], "hi": d[1], "halfwidth": 0.01, "n": 128}}
+                       for m in MEASURES for d in [(diffs or {}).get(m, diff)]}
     return e
 
 
+# chain-long's ADWIN windows that follow the truth of ``_goals`` (1,024 for steps 0-9, then the horizon)
+FOLLOWS_TRUTH = [1024] * 10 + [2048] * 10
+
+
 def _results(adwin_acc: float, adwin_wall: float, long_diff: tuple[float, float],
-             adwin_flops: float = 0.5) -> tuple[dict, dict]:
+             adwin_flops: float = 0.5, long_diffs: dict[str, tuple[float, float]] | None = None,
+             adwin_windows: list[int] | None = None, seeds: int = 1) -> tuple[dict, dict]:
     """Five tasks, full / linear / the ladder's fixed windows / ADWIN; ADWIN's accuracy, wall and FLOPs given (its
-    paired difference to full on the long task is ``long_diff``, on the others (-0.02, +0.01))."""
+    paired difference to full on the long task is ``long_diff``, per measure ``long_diffs``, on the others
+    (-0.02, +0.01)); on the long task ADWIN's runs (``seeds``) trained at ``adwin_windows`` (``FOLLOWS_TRUTH``)."""
     from adwin.bench.compare.methods import Method
 
     per_task, methods = {}, {}
@@ -133,13 +145,16 @@ def _results(adwin_acc: float, adwin_wall: float, long_diff: tuple[float, float]
         chosen = [m for m in all_methods(t.horizon, cands) if m.key in
                   ("full", "linear", "adwin-0.7", *(f"fixed-{c}" for c in cands))]
         assert all(isinstance(m, Method) for m in chosen)
-        res = {"full": _entry(0.50, 1.0, 1.0), "linear": _entry(0.45, 0.7, 0.7)}
+        res = {"full": _entry(0.50, 1.0, 1.0, seeds=seeds), "linear": _entry(0.45, 0.7, 0.7)}
         for i, c in enumerate(cands):
             res[f"fixed-{c}"] = _entry(0.40 + 0.02 * i, 0.1 * (i + 1), 0.1 * (i + 1))
-        diff = long_diff if task == "chain-long" else (-0.02, 0.01)
-        res["adwin-0.7"] = _entry(adwin_acc, adwin_wall, adwin_flops, diff)
-        per_task[task] = {"methods": res, "runs": [{"audit_overhead_frac": 0.05}],
-                          "meta": {"steps": 20, "horizon": t.horizon}}
+        long = task == "chain-long"
+        res["adwin-0.7"] = _entry(adwin_acc, adwin_wall, adwin_flops, long_diff if long else (-0.02, 0.01),
+                                  long_diffs if long else None, seeds=seeds)
+        runs = [{"audit_overhead_frac": 0.05}] + [
+            {"method": "adwin-0.7", "seed": s, "audit_overhead_frac": 0.04 + 0.01 * s,
+             "windows": adwin_windows or FOLLOWS_TRUTH} for s in range(seeds) if long]
+        per_task[task] = {"methods": res, "runs": runs, "meta": {"steps": 20, "horizon": t.horizon}}
         methods[task] = chosen
     return methods, per_task
 
@@ -188,6 +203,60 @@ def test_without_the_truth_the_cost_goal_is_not_evaluated_and_not_met() -> None:
     goals = _goals(*_results(0.49, 0.35, (-0.03, 0.01), 0.8), truth={})
     assert goals["chain_long"]["not_resolved_below"] and not goals["chain_long"]["cost_evaluated"]
     assert not goals["chain_long"]["met"] and "--truth" in goal_lines(goals)[2]
+
+
+@pytest.mark.parametrize(("windows", "met"), [
+    ([512] * 20, False),  # every step below the truth, at 0.3x full's FLOPs: the FLOPs bound alone would pass it
+    ([512] * 2 + FOLLOWS_TRUTH[2:], True),  # 2 of 20 below: 0.10, the bound
+    ([512] * 3 + FOLLOWS_TRUTH[3:], False),  # 3 of 20: 0.15
+    ([2048] * 20, True),  # above the truth is the FLOPs bound's business (0.3x full's here), never unsafe
+])
+def test_a_run_that_trains_below_the_truths_window_fails_the_two_sided_cost_goal(windows: list[int], met: bool) -> None:
+    goals = _goals(*_results(0.49, 0.35, (-0.03, 0.01), adwin_flops=0.3, adwin_windows=windows))
+    lg = goals["chain_long"]
+    below = sum(w < t for w, t in zip(windows, FOLLOWS_TRUTH, strict=True))
+    assert lg["flops_ok"] and lg["below_truth"]["below"] == below and lg["below_truth"]["steps"] == 20
+    assert lg["below_truth"]["share"] == pytest.approx(below / 20) and lg["met"] is met
+    line = goal_lines(goals)[2]
+    assert f"steps below the truth's window {below}/20 = {below / 20:.2f} ≤ 0.10: {'yes' if met else 'no'}" in line
+    assert line.endswith(" MET") and ("NOT MET" in line) is not met
+
+
+def test_the_long_quality_goal_reads_teacher_forced_line_skill_with_its_paired_ci() -> None:
+    # the suite's measured case: lines_right reads ~0 for everyone, teacher-forced line skill puts ADWIN below full
+    goals = _goals(*_results(0.49, 0.35, (-0.001, 0.005), 0.8,
+                             long_diffs={"forced_lines": (-0.041, -0.017)}))
+    lg = goals["chain_long"]
+    assert lg["measures"] == ["forced_lines", "accuracy"] and not lg["not_resolved_below"] and not lg["met"]
+    assert lg["diff_to_full"]["forced_lines"]["hi"] == -0.017
+    assert "forced_lines -0.029 [-0.041, -0.017]" in goal_lines(goals)[2]
+    # and the other way round: a prefix that wins lines_right while line skill holds does not fail the goal
+    goals = _goals(*_results(0.49, 0.35, (-0.01, 0.02), 0.8, long_diffs={"lines_right": (-0.05, -0.01)}))
+    assert goals["chain_long"]["not_resolved_below"] and goals["chain_long"]["met"]
+
+
+def test_every_goal_states_its_power_beside_its_verdict() -> None:
+    goals = _goals(*_results(0.49, 0.35, (-0.03, 0.01), 0.8, seeds=3))
+    mde = 0.01 * (1.959963984540054 + 0.8416212335729143) / 1.959963984540054  # from the paired half-width 0.01
+    lg, st = goals["chain_long"], goals["short_tasks"]
+    for m in ("forced_lines", "accuracy"):
+        assert lg["power"][m]["halfwidth"] == 0.01 and lg["power"][m]["mde80"] == pytest.approx(mde)
+    assert lg["power"]["below_share"]["n"] == 60  # 3 seeds x 20 steps, binomial at the 0.10 bound
+    assert lg["power"]["below_share"]["halfwidth"] == pytest.approx(1.96 * math.sqrt(0.1 * 0.9 / 60), rel=1e-3)
+    assert 0 < lg["power"]["flops_ratio"]["halfwidth"] < 0.2  # 10 % spread over 3 seeds, both methods
+    assert all(0 < v["power"]["wall_ratio"]["halfwidth"] < 0.1 for v in st["tasks"].values())
+    assert all(v["power"]["quality"]["mde80"] == pytest.approx(mde) for v in st["tasks"].values())
+    assert goals["regret"]["power"]["halfwidth"] == 0.01
+    shares = [0.05] * 5 + [0.04, 0.05, 0.06]  # every task's first run, then chain-long's three ADWIN runs
+    assert goals["decision_share"]["power"]["n"] == len(shares)
+    assert goals["decision_share"]["power"]["halfwidth"] == pytest.approx(
+        1.96 * statistics.stdev(shares) / math.sqrt(len(shares)), rel=1e-3)
+    for line in goal_lines(goals):
+        assert "power" in line and "±" in line
+    # one seed: the FLOPs ratio has no spread, and the line says so instead of printing a number
+    one = _goals(*_results(0.49, 0.35, (-0.03, 0.01), 0.8, seeds=1))
+    assert math.isnan(one["chain_long"]["power"]["flops_ratio"]["halfwidth"])
+    assert "FLOPs" in goal_lines(one)[2] and "no spread to resolve with" in goal_lines(one)[2]
 
 
 def test_regret_within_the_lowest_ones_ci_is_met() -> None:
@@ -254,7 +323,9 @@ def test_tiny_suite_runs_the_five_tasks_with_their_shapes(tmp_path: Path, monkey
     assert out.index("sizing: tiny") < out.index("decision share: max over runs")
     # the regret and the long goal read each task's measure; the headline is per task, the goal lines under it
     assert suite["measures"] == {t: suite_measure(t) for t in SUITE_TASKS}
-    assert suite["measures"]["chain-long"] == "lines_right" and suite["goals"]["chain_long"]["measure"] == "lines_right"
+    assert suite["measures"]["chain-long"] == "lines_right"  # the regret's; the goal's quality: line skill
+    assert suite["goals"]["chain_long"]["measures"] == ["forced_lines", "accuracy"]
+    assert suite["goals"]["chain_long"]["diff_to_full"]["forced_lines"] is not None
     head = (folder / "headline.md").read_text()
     for task in SUITE_TASKS:
         assert f"**{task}** (measure: {suite_measure(task)};" in head
@@ -262,6 +333,7 @@ def test_tiny_suite_runs_the_five_tasks_with_their_shapes(tmp_path: Path, monkey
     assert [x.split(" | ")[0] for x in table.splitlines() if x.startswith("| ") and "---" not in x][1:] == \
         ["| full", "| linear", f"| fixed-{res['meta']['candidates'][1]}", "| adwin-0.7"]
     assert "Δ lines_right vs full [paired 95% CI]" in table and "accuracy [95% CI]" in table
+    assert "Δ forced_lines vs full [paired 95% CI]" in table  # what the chain-long goal reads
     assert all(f"- {line}" in head for line in suite["goal_lines"])
 
 
