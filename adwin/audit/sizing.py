@@ -58,8 +58,11 @@ class EvidenceSizer:
                                       min_z=self.min_z, resolve_samples=self.resolve_samples)
         self.batches = batches_needed(self.samples, probe_batch=self.probe_batch, depth=self.depth)
 
-    def state_dict(self) -> dict[str, float]:
-        return {"samples": self.samples, "batches": float(self.batches)}
+    def state_dict(self) -> dict[str, float | None]:
+        # None before a measurement: a saved state equals itself (nan does not) and stays plain JSON
+        return {"samples": None if math.isnan(self.samples) else self.samples, "batches": float(self.batches)}
 
-    def load_state_dict(self, state: dict[str, float]) -> None:
-        self.samples, self.batches = float(state.get("samples", math.nan)), int(state.get("batches", 1))
+    def load_state_dict(self, state: dict[str, float | None]) -> None:
+        samples = state.get("samples")
+        self.samples = math.nan if samples is None else float(samples)
+        self.batches = int(state.get("batches") or 1)

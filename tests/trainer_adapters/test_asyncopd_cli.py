@@ -116,9 +116,12 @@ def test_repeated_non_finite_updates_stop_the_run_at_max_bad_steps_with_a_checkp
                                                                                       capsys) -> None:
     """As in the synchronous trainer: every update is skipped, and the run stops with exit code 3 after
     ``optim.max_bad_steps`` of them, leaving a checkpoint of the last good state (the initial student)."""
-    real_logits, real_score = Teachers.logits, Teachers.score
+    real_logits, real_score, real_actions = Teachers.logits, Teachers.score, Teachers.actions
     monkeypatch.setattr(Teachers, "logits", lambda self, *a: real_logits(self, *a) * float("inf"))
     monkeypatch.setattr(Teachers, "score", lambda self, *a: real_score(self, *a) * float("inf"))
+    # the OAPL learner reads realized and action logprobs in one pass: poison both
+    monkeypatch.setattr(Teachers, "actions",
+                        lambda self, *a: tuple(x * float("inf") for x in real_actions(self, *a)))
     cfg = _config(tmp_path)
     capsys.readouterr()
     rc = main(["train", "--config", str(cfg), "--scheduler", "asyncopd", "--steps", "6", "--name", "doomed",
