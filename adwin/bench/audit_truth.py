@@ -115,9 +115,9 @@ def main(args: argparse.Namespace) -> int:
                                                         cadence=args.cadence,
                                                         # pools saved before S was recorded: the suite's S = 5
                                                         max_age=ck.get("meta", meta).get("staleness_limit", 5))
-                                     | {"step": ck["step"], "pool": ck["pool"],
+                                     | {"step": ck["step"], "pool": ck["pool"], "label": _label(ck, checkpoints),
                                         "trained_windows": ck.get("trained_windows", [])})
-    cases = [f | {"where": f"step {ck['step']}" + (f", fold {i + 1}" if len(ck["folds"]) > 1 else "")}
+    cases = [f | {"where": ck["label"] + (f", fold {i + 1}" if len(ck["folds"]) > 1 else "")}
              for ck in report["checkpoints"] for i, f in enumerate(ck["folds"])]
     report["goals"] = [g for r in RULES for g in goals(cases, r.name)]
     (out_dir / "truth.json").write_text(json.dumps(report, indent=2))
@@ -200,7 +200,8 @@ def truth_markdown(report: Mapping[str, Any]) -> str:
         else:
             verdict = (f"**Truth's window (whole pool): {ck['truth_window']}** (surely admissible: "
                        f"{ck['surely_admissible_window']}).")
-        lines += [f"## Step {ck['step']}: {pool['rollouts']} full rollouts, mean {pool['mean_len']:.0f} tokens, "
+        label = ck.get("label") or f"step {ck['step']}"
+        lines += [f"## {label[0].upper() + label[1:]}: {pool['rollouts']} full rollouts, mean {pool['mean_len']:.0f} tokens, "
                   f"{100 * pool['at_horizon']:.0f} % at the horizon", "",
                   f"Noise scale tr(Sigma)/|mu|^2 {ck['noise_scale']:.1f}, effective dimension "
                   f"{ck['effective_dim']:.0f}. {verdict}", ""]
@@ -246,6 +247,12 @@ def trained_windows_line(ck: Mapping[str, Any], last: int = 5) -> list[str]:
 # ---------------------------------------------------------------------------------------------
 # Pools: sample, score, per-sample sketches, cross Gram
 # ---------------------------------------------------------------------------------------------
+
+
+def _label(ck: Mapping[str, Any], checkpoints: Sequence[Mapping[str, Any]]) -> str:
+    """``step N``; ``seed S, step N`` where the replayed pools come from runs of several training seeds."""
+    seeds = {c.get("meta", {}).get("seed") for c in checkpoints}
+    return (f"seed {ck.get('meta', {}).get('seed')}, " if len(seeds) > 1 else "") + f"step {ck['step']}"
 
 
 def _steps(text: str) -> list[int]:

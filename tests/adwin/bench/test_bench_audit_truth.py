@@ -127,3 +127,21 @@ def test_an_unknown_trajectory_is_refused(tmp_path: Path) -> None:
                  "--update-rollouts", "8", "--probe-batch", "2", "--replay-audits", "3", "--trajectory", "nope",
                  "--out", str(tmp_path)]) == 2
     assert not list(tmp_path.rglob("gram-*.npz"))
+
+
+def test_pools_of_several_training_seeds_replay_together_each_named_by_its_seed(tmp_path: Path) -> None:
+    paths = []
+    for seed in (0, 1):
+        h = _h([0.5, 0.8, 0.95, 0.99, 1.0], signal=4.0, seed=seed + 3)
+        meta = {"step": 5, "candidates": CANDS, "horizon": HORIZON, "threshold": 0.7, "seed": seed,
+                "pool": {"rollouts": 128, "mean_len": 900.0, "at_horizon": 0.1, "seconds": 1.0},
+                "probe_batch": 2, "initial": 512, "staleness_limit": 5, "trajectory": "adwin-0.7"}
+        paths.append(tmp_path / f"gram-seed{seed}.npz")
+        np.savez_compressed(paths[-1], h=h, lengths=np.full(128, 900.0), meta=json.dumps(meta))
+    assert main(["bench", "audit-truth", "--task", "chain-long", "--from-npz", *map(str, paths), "--sizes", "2",
+                 "--draws", "5", "--replay-audits", "4", "--replay-runs", "2", "--probe-batch", "2",
+                 "--out", str(tmp_path / "out")]) == 0
+    (run,) = (tmp_path / "out").iterdir()
+    report = json.loads((run / "truth.json").read_text())
+    assert [ck["label"] for ck in report["checkpoints"]] == ["seed 0, step 5", "seed 1, step 5"]
+    assert "## Seed 1, step 5:" in (run / "truth.md").read_text()
