@@ -10,8 +10,8 @@ that reads a teacher's logits:
   (``adwin.teacher.checkpoints.check_tokenizers``), so realized-token logprobs, top-k and dense logits are all
   normalised over the support the student's losses compare.
 - **No B x L x V log-softmax on the host.** The logits stay on the teacher's device in the model's dtype; the
-  float32 log-softmax, the realized tokens' gather, the top-k and the MC actions' gather run there a chunk of
-  positions at a time (at most ``CHUNK_ELEMENTS`` floats per chunk), and only (B, L) and (B, L, k) results
+  float32 log-softmax, the realized tokens' gather and rank, the top-k and the MC actions' gather run there a chunk
+  of positions at a time (at most ``CHUNK_ELEMENTS`` floats per chunk), and only (B, L) and (B, L, k) results
   reach the host.
 
 Positions follow ``adwin.objectives.logprobs``: the token at ``input_ids[b, i]`` is predicted by the logits at
@@ -44,6 +44,7 @@ class ScoredTokens:
     topk_ids: torch.Tensor | None = None  # (B, L, k) long, by rank
     topk_logprobs: torch.Tensor | None = None  # (B, L, k) float32; -inf in unfilled slots
     action_logprobs: torch.Tensor | None = None  # (B, L, m) float32: log q of each cached MC action
+    ranks: torch.Tensor | None = None  # (B, L) long: 1 + the columns scoring above the realized token; 0 at position 0
 
 
 def position_ids(attention_mask: torch.Tensor) -> torch.Tensor:
@@ -81,12 +82,14 @@ def chunk_positions(rows: int, vocab: int, chunk: int | None) -> int:
 
 
 def score_logits(logits: torch.Tensor, input_ids: torch.Tensor, *, k: int = 0, actions: torch.Tensor | None = None,
-                 chunk: int | None = None) -> ScoredTokens:
-    """Realized-token logprobs, and the top-``k`` and the MC ``actions``' logprobs when asked, from teacher logits.
+                 ranks: bool = False, chunk: int | None = None) -> ScoredTokens:
+    """Realized-token logprobs, and the top-``k``, the MC ``actions``' logprobs and the realized tokens' ``ranks``
+    when asked, from teacher logits.
 
     logits: (B, L, V) raw layout, on any device (the work runs there); input_ids: (B, L); actions: (B, L, m)
-    aligned with ``input_ids`` (negative ids, a padding sentinel, read token 0). ``k`` is capped at V; ``chunk``:
-    positions per chunk (None: ``chunk_positions``). Results on the host, as ``ScoredTokens``."""
+    aligned with ``input_ids`` (negative ids, a padding sentinel, read token 0). ``k`` is capped at V; a rank counts
+    ties in the realized token's favour (vLLM's); ``chunk``: positions per chunk (None: ``chunk_positions``).
+    Results on the host, as ``ScoredTokens``."""
     if logits.dim() != 3 or logits.shape[:2] != input_ids.shape:
         raise ScoringInputError(f"logits {tuple(logits.shape)} must be (B, L, V) over input_ids "
                                 f"{tuple(input_ids.shape)}")
@@ -104,11 +107,15 @@ def score_logits(logits: torch.Tensor, input_ids: torch.Tensor, *, k: int = 0, a
     top_lp = torch.full((B, L, k), -math.inf, dtype=torch.float32, device=dev) if k else None
     acts = actions.to(dev).long().clamp_min(0) if actions is not None else None  # (B, L, m)
     act_lp = torch.zeros(acts.shape, dtype=torch.float32, device=dev) if acts is not None else None
+    rank = torch.zeros((B, L), dtype=torch.long, device=dev) if ranks else None
     step = chunk_positions(B, V, chunk)
     for s in range(0, L - 1, step):
         e = min(s + step, L - 1)  # predictors s..e-1 score the tokens at s+1..e
         logp = torch.log_softmax(upcast(logits[:, s:e]), dim=-1)  # (B, c, V): one chunk, on the device
-        realized[:, s + 1 : e + 1] = logp.gather(-1, ids[:, s + 1 : e + 1, None]).squeeze(-1)
+        real = logp.gather(-1, ids[:, s + 1 : e + 1, None])  # (B, c, 1)
+        realized[:, s + 1 : e + 1] = real.squeeze(-1)
+        if rank is not None:
+            rank[:, s + 1 : e + 1] = 1 + (logp > real).sum(-1)
         if top_ids is not None and top_lp is not None:
             values, idx = logp.topk(kk, dim=-1)  # (B, c, kk) by rank
             top_lp[:, s + 1 : e + 1, :kk], top_ids[:, s + 1 : e + 1, :kk] = values, idx
@@ -116,7 +123,25 @@ def score_logits(logits: torch.Tensor, input_ids: torch.Tensor, *, k: int = 0, a
             act_lp[:, s + 1 : e + 1] = logp.gather(-1, acts[:, s + 1 : e + 1])
         del logp
     return ScoredTokens(realized.cpu(), None if top_ids is None else top_ids.cpu(),
-                        None if top_lp is None else top_lp.cpu(), None if act_lp is None else act_lp.cpu())
+                        None if top_lp is None else top_lp.cpu(), None if act_lp is None else act_lp.cpu(),
+                        None if rank is None else rank.cpu())
+
+
+def next_topk(logits: torch.Tensor, last: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """The top-``k`` of the distribution after each row's last real token (the next token's, which
+    ``score_logits`` does not read: it scores the rows' own tokens).
+
+    logits: (B, L, V) raw layout, on any device; last: (B,) the column of each row's last real token. Returns
+    (logprobs, ids), each (B, min(k, V)), by rank, on the host; one position per row, so one (B, V) log-softmax."""
+    if k < 1:
+        raise ScoringInputError(f"k must be >= 1, got {k}")
+    if logits.dim() != 3 or last.shape != logits.shape[:1]:
+        raise ScoringInputError(f"logits {tuple(logits.shape)} must be (B, L, V) with one last column per row, got "
+                                f"{tuple(last.shape)}")
+    rows = torch.arange(logits.shape[0], device=logits.device)
+    logp = torch.log_softmax(upcast(logits[rows, last.to(logits.device)]), dim=-1)  # (B, V)
+    values, idx = logp.topk(min(k, logp.shape[-1]), dim=-1)  # (B, k)
+    return values.cpu(), idx.cpu()
 
 
 @torch.no_grad()

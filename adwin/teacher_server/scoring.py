@@ -1,9 +1,10 @@
 """The teacher server's compute: one transformers model scoring token sequences, behind a dynamic batcher.
 
-``Scorer.score`` runs one forward over right-padded rows and reads, for every position, the log-probability of the
-realized token (``log_softmax`` of the raw logits, as ``adwin.teacher.local.Teachers.score`` computes it), its
-rank, and the top-k; the last position's distribution gives the next token (``max_tokens: 1``: the argmax, the
-server scores and does not sample).
+``Scorer.score`` scores right-padded rows on the one teacher-scoring path, ``adwin.teacher.scoring`` (as the
+in-process teachers do: one forward, read on the served ``vocab`` columns, a chunk of positions at a time on the
+model's device): for every position the log-probability of the realized token, its rank and the top-k; the
+distribution after the last token gives the next token (``max_tokens: 1``: the argmax, the server scores and does
+not sample).
 
 ``Batcher`` is the dynamic batching: requests put their rows on a queue; one worker thread takes the first
 request, then whatever else arrives within ``max_wait_s`` while the batch stays within ``max_rows`` rows and
@@ -24,7 +25,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from adwin.objectives.logprobs import upcast
+from adwin.teacher.scoring import ScoringInputError, next_topk, score_logits, teacher_logits
 
 log = logging.getLogger(__name__)
 
@@ -46,13 +47,22 @@ class Overloaded(RuntimeError):
 
 
 class Scorer:
-    """A frozen causal LM on ``device``; ``score`` is called from the batcher's one thread."""
+    """A frozen causal LM on ``device``, read on its first ``vocab`` output columns (default: all of them); ``score``
+    is called from the batcher's one thread.
 
-    def __init__(self, model: torch.nn.Module, pad_id: int = 0) -> None:
+    ``vocab``: the students' output width. A teacher padded wider than its tokenizer (Qwen2.5-7B's 152,064 rows
+    against 1.5B's 151,936) then answers as the unpadded one would: ids, top-k and the normalisation all lie on the
+    columns the students compare."""
+
+    def __init__(self, model: torch.nn.Module, pad_id: int = 0, vocab: int | None = None) -> None:
+        width = int(model.config.vocab_size)
+        if vocab is not None and not 1 <= vocab <= width:
+            raise ScoringInputError(f"vocab must be in 1 .. {width} (the model's output columns), got {vocab}")
         self.model = model.eval().requires_grad_(False)
-        self.pad_id = pad_id
         self.device = next(model.parameters()).device
-        self.vocab_size = int(model.config.vocab_size)
+        self.vocab_size = vocab or width
+        # rows are right-padded, so no real token attends a pad: any id on the read columns pads alike
+        self.pad_id = pad_id if 0 <= pad_id < self.vocab_size else 0
 
     @torch.no_grad()
     def score(self, seqs: Sequence[Sequence[int]], k: int) -> list[RowScores]:
@@ -62,19 +72,21 @@ class Scorer:
         for b, s in enumerate(seqs):
             ids[b, : len(s)] = torch.tensor(list(s), dtype=torch.long)
             mask[b, : len(s)] = 1
-        logits = self.model(input_ids=ids.to(self.device), attention_mask=mask.to(self.device)).logits  # (B, L, V)
-        logp = torch.log_softmax(upcast(logits), dim=-1).cpu()  # (B, L, V): position i predicts token i + 1
-        nxt = ids[:, 1:].clamp_max(logp.shape[-1] - 1)  # (B, L-1)
-        realized = logp[:, :-1].gather(-1, nxt[..., None])  # (B, L-1, 1)
-        ranks = 1 + (logp[:, :-1] > realized).sum(-1)  # (B, L-1)
-        top_lp, top_ids = logp.topk(min(max(k, 1), logp.shape[-1]), dim=-1)  # (B, L, k)
+        kk = min(k, self.vocab_size)
+        logits = teacher_logits(self.model, ids, mask, vocab=self.vocab_size)  # (B, L, V) on the model's device
+        scored = score_logits(logits, ids, k=kk, ranks=True)  # column j: token j, scored at j - 1
+        next_lp, next_ids = next_topk(logits, mask.sum(1) - 1, max(kk, 1))  # (B, max(kk, 1))
+        del logits
+        assert scored.ranks is not None
+        top_ids = scored.topk_ids if scored.topk_ids is not None else torch.zeros((len(seqs), L, 0), dtype=torch.long)
+        top_lp = scored.topk_logprobs if scored.topk_logprobs is not None else torch.zeros((len(seqs), L, 0))
         out = []
         for b, s in enumerate(seqs):
-            n = len(s)
-            last_lp, last_id = logp[b, n - 1].max(-1)
-            out.append(RowScores(realized[b, : n - 1, 0].tolist(), ranks[b, : n - 1].tolist(),
-                                 top_ids[b, :n, :k].tolist(), top_lp[b, :n, :k].tolist(), int(last_id),
-                                 float(last_lp)))
+            n = len(s)  # positions 1 .. n-1 (columns of score_logits), then the next token's distribution
+            out.append(RowScores(scored.realized[b, 1:n].tolist(), scored.ranks[b, 1:n].tolist(),
+                                 top_ids[b, 1:n].tolist() + [next_ids[b, :kk].tolist()],
+                                 top_lp[b, 1:n].tolist() + [next_lp[b, :kk].tolist()], int(next_ids[b, 0]),
+                                 float(next_lp[b, 0])))
         return out
 
 

@@ -40,6 +40,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--token", default=None, help=f"bearer token every /v1 route requires (default: ${TOKEN_ENV})")
     parser.add_argument("--device", default="cpu", help="torch device (cpu, cuda, cuda:1, ...)")
     parser.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"], help="weights' dtype")
+    parser.add_argument("--vocab-size", type=int, default=None, help="output columns served, the students' vocabulary "
+                        "size (default: all of the model's); a teacher padded wider then answers as the unpadded one")
     parser.add_argument("--max-len", type=int, default=None,
                         help="tokens per sequence, prompt + max_tokens (default: the model's positions)")
     parser.add_argument("--max-logprobs", type=int, default=20, help="most logprobs / prompt_logprobs a request may "
@@ -78,7 +80,7 @@ def build_service(args: argparse.Namespace) -> Any:
 
     if args.threads:
         torch.set_num_threads(args.threads)
-    for flag in ("max_logprobs", "max_batch_rows", "max_batch_tokens", "max_queue_rows", "max_body_bytes"):
+    for flag in ("vocab_size", "max_logprobs", "max_batch_rows", "max_batch_tokens", "max_queue_rows", "max_body_bytes"):
         value = getattr(args, flag)
         if value is not None and value < 1 and not (flag == "max_logprobs" and value == -1):
             raise ValueError(f"--{flag.replace('_', '-')} must be >= 1{' or -1' if flag == 'max_logprobs' else ''}, "
@@ -86,7 +88,7 @@ def build_service(args: argparse.Namespace) -> Any:
     path, tok_path = _checkpoint(args)
     return TeacherService.of(load_model(path, args.dtype, args.device), load_tokenizer(tok_path),
                              args.served_model_name or args.model, path=path, max_len=args.max_len,
-                             max_logprobs=args.max_logprobs, max_rows=args.max_batch_rows,
+                             max_logprobs=args.max_logprobs, vocab=args.vocab_size, max_rows=args.max_batch_rows,
                              max_tokens=args.max_batch_tokens, max_wait_s=args.max_wait_ms / 1000.0,
                              max_queue_rows=args.max_queue_rows)
 

@@ -44,14 +44,15 @@ class TeacherService:
 
     @classmethod
     def of(cls, model: Any, tokenizer: Any, name: str, *, path: str = "", max_len: int | None = None,
-           max_logprobs: int = DEFAULT_MAX_LOGPROBS, **batching: Any) -> TeacherService:
+           max_logprobs: int = DEFAULT_MAX_LOGPROBS, vocab: int | None = None, **batching: Any) -> TeacherService:
         """Serve ``model`` (a transformers causal LM) with ``tokenizer``'s spellings; ``batching``: ``Batcher``'s
-        limits. ``max_len`` defaults to the model's positions."""
+        limits. ``max_len`` defaults to the model's positions; ``vocab``, the output columns served (the students'
+        width), to all of the model's (``Scorer``)."""
         positions = getattr(model.config, "max_position_embeddings", None)
         max_len = max_len or positions or 4096
         if positions and max_len > positions:
             raise ValueError(f"--max-len {max_len} is over the model's {positions} positions")
-        scorer = Scorer(model, pad_id=int(tokenizer.pad_token_id or 0))
+        scorer = Scorer(model, pad_id=int(tokenizer.pad_token_id or 0), vocab=vocab)
         pieces, decoded = spellings(tokenizer, scorer.vocab_size)
         return cls(name, path, scorer, Batcher(scorer.score, **batching), pieces, decoded, max_len, max_logprobs)
 

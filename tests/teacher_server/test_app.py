@@ -6,13 +6,16 @@ from __future__ import annotations
 
 import threading
 import time
+from typing import Any
 
 import httpx
 import pytest
 import torch
+from tiny_models import make_tiny_llama, padded_copy
 from tiny_teacher import MAX_LEN, VOCAB, tiny_service
 
 from adwin.controller.app import serve_app_in_thread
+from adwin.tasks.tokenizer import build_tokenizer
 from adwin.teacher.client import ClientSettings, TeacherClient
 from adwin.teacher.local import Teachers
 from adwin.teacher_server.app import create_app
@@ -180,3 +183,43 @@ def test_concurrent_clients_are_all_answered_in_bounded_time(server: str, servic
     elapsed = time.perf_counter() - t0
     assert not failures and elapsed < 60
     assert service.batcher.stats.batches - before < clients * per_client  # requests shared forwards
+
+
+def _same_answer(a: Any, b: Any, where: str = "") -> None:
+    """Two JSON answers alike: the same keys, ids, ranks and spellings; numbers to float32 rounding."""
+    if isinstance(a, dict):
+        assert a.keys() == b.keys(), where
+        for key in a.keys() - {"id", "created"}:
+            _same_answer(a[key], b[key], f"{where}.{key}")
+    elif isinstance(a, list):
+        assert len(a) == len(b), where
+        for i, (x, y) in enumerate(zip(a, b, strict=True)):
+            _same_answer(x, y, f"{where}[{i}]")
+    elif isinstance(a, float):
+        assert a == pytest.approx(b, abs=1e-5, rel=0), where
+    else:
+        assert a == b, where
+
+
+def test_a_teacher_padded_past_the_students_vocabulary_answers_as_the_unpadded_one() -> None:
+    """Qwen2.5-7B's output is wider than 1.5B's: served on the students' 64 columns, a teacher with 32 large padding
+    rows lists the vocabulary, scores, ranks, top-k and the next token the unpadded teacher does."""
+    model = make_tiny_llama(vocab_size=VOCAB, seed=10)
+    kw: dict[str, Any] = {"max_len": MAX_LEN, "max_logprobs": 8}
+    services = {"narrow": TeacherService.of(model, build_tokenizer(), "t", **kw),
+                "padded": TeacherService.of(padded_copy(model, VOCAB + 32), build_tokenizer(), "t", vocab=VOCAB, **kw),
+                "unread": TeacherService.of(padded_copy(model, VOCAB + 32), build_tokenizer(), "t", **kw)}
+    bodies = [{"prompt": [SEQ, SEQ[:3]], "max_tokens": 1, "prompt_logprobs": 5},
+              {"prompt": SEQ, "max_tokens": 1, "echo": True, "logprobs": 3, "return_tokens_as_token_ids": True}]
+    answers: dict[str, list[Any]] = {}
+    for name, svc in services.items():
+        url, stop = serve_app_in_thread(create_app(svc), name=f"teacher-{name}")
+        try:
+            answers[name] = [httpx.get(f"{url}/v1/models").json()["data"][0]["vocab_size"]]
+            answers[name] += [_post(url, body).json() for body in bodies]
+        finally:
+            stop()
+            svc.batcher.close()
+    _same_answer(answers["padded"], answers["narrow"])
+    realized = [answers[n][1]["choices"][0]["prompt_logprobs"][2][str(SEQ[2])]["logprob"] for n in ("narrow", "unread")]
+    assert answers["unread"][0] == VOCAB + 32 and abs(realized[0] - realized[1]) > 1e-2  # the padding matters

@@ -9,9 +9,12 @@ from collections.abc import Sequence
 
 import pytest
 import torch
+from softmax_widths import softmax_widths
 from tiny_models import make_tiny_llama
 
+from adwin.teacher import scoring
 from adwin.teacher.local import Teachers
+from adwin.teacher.scoring import ScoringInputError
 from adwin.teacher_server.scoring import Batcher, Overloaded, RowScores, Scorer
 
 pytestmark = pytest.mark.numerics  # parity of numbers across code paths: rerun per CPU capability
@@ -46,6 +49,59 @@ def test_ranks_topk_and_the_next_token_match_a_single_row_reference() -> None:
             assert row.top_ids[j - 1] == logp[j - 1].topk(3).indices.tolist()
         assert row.next_id == int(logp[-1].argmax()) and row.next_logprob == pytest.approx(float(logp[-1].max()), abs=1e-5)
         assert len(row.top_ids) == len(seq)  # the prompt's positions 1..n-1, then the next token
+
+
+def _host_side_scores(model: torch.nn.Module, seqs: list[list[int]], k: int) -> list[RowScores]:
+    """What the server computed before it scored on the one path, kept as the reference its answers must equal:
+    one forward, then the whole batch's float32 log-softmax on the host, ranks and top-k read from it."""
+    L = max(len(s) for s in seqs)
+    ids = torch.zeros((len(seqs), L), dtype=torch.long)  # (B, L) right-padded
+    mask = torch.zeros((len(seqs), L), dtype=torch.long)  # (B, L)
+    for b, s in enumerate(seqs):
+        ids[b, : len(s)], mask[b, : len(s)] = torch.tensor(s), 1
+    with torch.no_grad():
+        logp = torch.log_softmax(model(input_ids=ids, attention_mask=mask).logits.float(), dim=-1)  # (B, L, V)
+    realized = logp[:, :-1].gather(-1, ids[:, 1:, None])  # (B, L-1, 1)
+    ranks = 1 + (logp[:, :-1] > realized).sum(-1)  # (B, L-1)
+    top_lp, top_ids = logp.topk(min(max(k, 1), logp.shape[-1]), dim=-1)  # (B, L, k)
+    out = []
+    for b, s in enumerate(seqs):
+        n = len(s)
+        last_lp, last_id = logp[b, n - 1].max(-1)
+        out.append(RowScores(realized[b, : n - 1, 0].tolist(), ranks[b, : n - 1].tolist(), top_ids[b, :n, :k].tolist(),
+                             top_lp[b, :n, :k].tolist(), int(last_id), float(last_lp)))
+    return out
+
+
+def _assert_same_rows(got: list[RowScores], ref: list[RowScores]) -> None:
+    """Ids and ranks exactly, logprobs to float32 rounding."""
+    assert len(got) == len(ref)
+    for g, r in zip(got, ref, strict=True):
+        assert (g.ranks, g.top_ids, g.next_id) == (r.ranks, r.top_ids, r.next_id)
+        assert g.realized == pytest.approx(r.realized, abs=1e-6, rel=0)
+        assert g.next_logprob == pytest.approx(r.next_logprob, abs=1e-6, rel=0)
+        for a, b in zip(g.top_logprobs, r.top_logprobs, strict=True):
+            assert a == pytest.approx(b, abs=1e-6, rel=0)
+
+
+@pytest.mark.parametrize("k", [0, 3, 64])
+def test_the_scorer_answers_as_the_host_side_log_softmax_did_a_chunk_of_positions_at_a_time(
+        k: int, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The server scores on the one path: its rows (realized, ranks, top-k, the next token) equal the old host-side
+    computation's, while no log-softmax normalises more than one chunk of positions (two, here) of the batch."""
+    monkeypatch.setattr(scoring, "CHUNK_ELEMENTS", 6 * 64 * 2)  # two positions of the (6, 14, 64) batch
+    model = make_tiny_llama(vocab_size=64, seed=10)
+    _, _, seqs = _rows(2)
+    seqs.append([7])  # a one-token prompt: nothing to score but the next token
+    with softmax_widths() as seen:
+        got = Scorer(model).score(seqs, k)
+    _assert_same_rows(got, _host_side_scores(model, seqs, k))
+    assert seen.sizes and max(seen.sizes) <= 6 * 2 * 64
+
+
+def test_a_scorer_reading_more_columns_than_the_model_has_is_refused_naming_vocab() -> None:
+    with pytest.raises(ScoringInputError, match="vocab"):
+        Scorer(make_tiny_llama(vocab_size=64), vocab=65)
 
 
 def _echo_score(calls: list[int], delay_s: float = 0.0):

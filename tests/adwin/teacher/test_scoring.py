@@ -15,7 +15,7 @@ from adwin.objectives.logprobs import action_logprobs, token_logprobs
 from adwin.objectives.logprobs import topk_logprobs as full_topk
 from adwin.sampling.rollout import layout
 from adwin.teacher import scoring
-from adwin.teacher.scoring import ScoringInputError, score_logits, score_rows, topk_logprobs
+from adwin.teacher.scoring import ScoringInputError, next_topk, score_logits, score_rows, topk_logprobs
 
 ROOT = Path(__file__).resolve().parents[3]
 
@@ -39,6 +39,35 @@ def test_chunked_scores_equal_the_whole_batch_log_softmax(chunk: int | None) -> 
     assert torch.equal(got.action_logprobs, action_logprobs(logits, actions))
     assert torch.equal(got.topk_ids[:, 1:], idx[:, 1:]) and torch.equal(got.topk_logprobs[:, 1:], values[:, 1:])
     assert (got.topk_logprobs[:, 0] == -torch.inf).all()  # position 0 has no predictor: unfilled slots
+
+
+@pytest.mark.parametrize("chunk", [1, 3, None])
+def test_a_realized_tokens_rank_counts_the_columns_above_it_ties_in_its_favour(chunk: int | None) -> None:
+    """The rank a teacher server lists (vLLM's): 1 + how many columns score strictly higher, whatever the chunk;
+    logits rounded to halves make ties common."""
+    g = torch.Generator().manual_seed(3)
+    logits = (torch.randn((3, 8, 16), generator=g) * 2).round() / 2  # (B, L, V)
+    ids = torch.randint(0, 16, (3, 8), generator=g)  # (B, L)
+    got = score_logits(logits, ids, ranks=True, chunk=chunk).ranks  # (B, L)
+    logp = torch.log_softmax(logits, dim=-1)  # (B, L, V): position i scores token i + 1
+    real = logp[:, :-1].gather(-1, ids[:, 1:, None])  # (B, L-1, 1)
+    assert torch.equal(got[:, 1:], 1 + (logp[:, :-1] > real).sum(-1)) and (got[:, 0] == 0).all()
+    ties = (logp[:, :-1] == real).sum(-1) > 1  # (B, L-1): the realized token shares its logit with another column
+    assert ties.any() and (got[:, 1:][ties] >= 1).all()
+
+
+def test_the_next_tokens_topk_is_read_after_each_rows_last_real_token() -> None:
+    """A right-padded batch: the next token's distribution is at each row's own last column, not the batch's."""
+    g = torch.Generator().manual_seed(4)
+    logits = torch.randn((3, 6, 20), generator=g) * 3  # (B, L, V)
+    last = torch.tensor([5, 2, 0])  # (B,)
+    values, idx = next_topk(logits, last, 25)
+    assert idx.shape == (3, 20)  # k is capped at V
+    for b, j in enumerate(last.tolist()):
+        ref_values, ref_idx = torch.log_softmax(logits[b, j], dim=-1).topk(20)  # (V,)
+        assert torch.equal(idx[b], ref_idx) and torch.allclose(values[b], ref_values, atol=1e-6, rtol=0)
+    with pytest.raises(ScoringInputError, match="k"):
+        next_topk(logits, last, 0)
 
 
 def test_topk_from_a_model_or_its_logits_agree_and_k_past_the_vocabulary_leaves_slots_unfilled() -> None:
@@ -101,9 +130,10 @@ def test_a_call_that_cannot_describe_a_batch_is_refused_naming_what(kwargs: dict
 # --- the one path ---------------------------------------------------------------------------------------------
 
 
-def _teacher_forwards(path: Path) -> list[int]:
-    """Lines where ``path`` runs a teacher model itself: a call of a ``*teacher*`` name with ``input_ids=`` or whose
-    ``.logits`` is read."""
+def _teacher_forwards(path: Path, teacher_module: bool = False) -> list[int]:
+    """Lines where ``path`` runs a teacher model itself: a call with ``input_ids=`` or whose ``.logits`` is read, of
+    a ``*teacher*`` name, or of any name in a ``teacher_module`` (one that serves a teacher: every model it holds
+    is one, ``self.model(...)`` included). Calls into the scoring path itself are its forwards, not the module's."""
     tree = ast.parse(path.read_text())
     reads_logits = {id(n.value) for n in ast.walk(tree) if isinstance(n, ast.Attribute) and n.attr == "logits"}
     lines = []
@@ -111,7 +141,9 @@ def _teacher_forwards(path: Path) -> list[int]:
         if not isinstance(node, ast.Call):
             continue
         name = node.func.id if isinstance(node.func, ast.Name) else getattr(node.func, "attr", "")
-        if "teacher" not in name.lower() or name.lower().endswith(("scorer", "scores")):
+        if name in vars(scoring) or name.lower().endswith(("scorer", "scores")):
+            continue
+        if "teacher" not in name.lower() and not teacher_module:
             continue
         if any(k.arg == "input_ids" for k in node.keywords) or id(node) in reads_logits:
             lines.append(node.lineno)
@@ -130,7 +162,7 @@ def test_no_module_outside_the_teacher_room_runs_a_teacher_forward_pass() -> Non
             rel = path.relative_to(ROOT).as_posix()
             if rel.startswith("adwin/teacher/") or rel in NOT_YET_ON_THE_PATH:
                 continue
-            if lines := _teacher_forwards(path):
+            if lines := _teacher_forwards(path, teacher_module="teacher" in rel):
                 offenders[rel] = lines
     assert offenders == {}
 
@@ -143,3 +175,15 @@ def test_the_forward_pass_finder_sees_a_teacher_called_directly(tmp_path: Path) 
                    "    b = trainer.teacher_model(ids).logits\n"
                    "    return teacher_scorer(teacher, vocab=3), a, b\n")
     assert _teacher_forwards(src) == [2, 3]
+
+
+def test_the_forward_pass_finder_sees_a_served_teachers_own_model_call(tmp_path: Path) -> None:
+    """The teacher server held its model as ``self.model`` and ran it beside the path: in a module that serves a
+    teacher any model call is found (the server's old form below), and a call into the path is not."""
+    src = tmp_path / "m.py"
+    src.write_text("class Scorer:\n"
+                   "    def score(self, ids, mask):\n"
+                   "        logits = self.model(input_ids=ids.to(self.device), attention_mask=mask).logits\n"
+                   "        return teacher_logits(self.model, ids, mask, vocab=self.vocab_size), logits\n")
+    assert _teacher_forwards(src, teacher_module=True) == [3]
+    assert _teacher_forwards(src) == []  # elsewhere a model is the student's until its name says otherwise
