@@ -79,6 +79,7 @@ class DecisionRecord:
         """Count an accepted audit, feed the schedule, follow the controller's decision; the ``audit/*`` metrics."""
         res = outcome.result
         self.counts["audits"] += 1
+        self.counts["audited"] += len(p.staleness)  # one staleness per probe the audit read
         self.last_out = out
         self.audit_s += res.elapsed_s
         spend(lambda b: b.record_seconds("audit", res.elapsed_s))

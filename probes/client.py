@@ -87,8 +87,8 @@ class ProbeClient:
     clock: Callable[[], float] = time.perf_counter  # the learner's decision seconds (a fake one in tests)
     pending: deque[Pending] = field(default_factory=deque)
     counts: dict[str, int] = field(default_factory=lambda: dict.fromkeys(
-        ("offered", "accepted", "reported", "completed", "forced", "audits", "rejected", "skipped", "expired",
-         "conflicts"), 0))
+        ("offered", "accepted", "reported", "completed", "forced", "audits", "audited", "rejected", "skipped",
+         "expired", "conflicts"), 0))
     # its collaborators, each with its own state: the conversation with the controller, the accepted audits'
     # bookkeeping, the staleness clean-ups, the batches held for a pooled audit
     link: ControllerLink = field(init=False)

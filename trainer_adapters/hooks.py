@@ -247,7 +247,7 @@ class ControllerWindowHooks:
     @property
     def counts(self) -> dict[str, int]:
         c = self.client.counts
-        return {k: c[k] for k in ("offered", "accepted", "reported", "audits", "conflicts", "expired")}
+        return {k: c[k] for k in ("offered", "accepted", "reported", "audits", "audited", "conflicts", "expired")}
 
     def on_sync(self, version: int) -> SyncDecision:
         """The window of the phase from ``version`` on; ``BadWindowAnswer`` (nothing changed) for an answer outside

@@ -131,7 +131,9 @@ KEYS: dict[str, str] = {
     "probe/worker_restarts": "probe workers restarted after a failure",
     "probe/evicted": "completed probes evicted past the staleness limit before an audit used them",
     "probe/dropped_stale": "unfinished probes dropped past the staleness limit (e.g. after a controller outage)",
-    "probe/expired": "completed probes a client forgot past the staleness limit (generic client, TRL)",
+    "probe/expired": "completed probes a client forgot past the staleness limit, so far (generic client, TRL, "
+                     "AsyncOPD)",
+    "probe/audited": "probes read by the audits submitted so far (AsyncOPD)",
     "probe/held": "probes the generic client / TRL callback holds",
     "probe/audits": "audits the generic client / TRL callback / verl adapter submitted so far",
     "probe/copies": "verl adapter: probe copies (a step's prompts again, at the horizon) its generation call carried",

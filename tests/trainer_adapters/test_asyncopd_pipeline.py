@@ -110,6 +110,12 @@ def test_asyncopd_run_bounds_permits_keeps_prefixes_and_audits_probes(tmp_path: 
     assert all(it.max_tokens == 12 for it in rec.probes)
     assert all(it.max_tokens == it.window for it in rec.consumed)
     assert len(tel.steps) == cfg.steps
+    # each row carries the probes' fate so far as the controller counts it; no training request is generated for
+    # no update
+    last = out["logged"][-1]
+    assert last["probe/audited"] == tel.probes["audited"] >= 2 and last["probe/expired"] >= 0
+    training = [e for e in rec.events if e.kind == "submit" and not e.detail["probe"]]
+    assert len(training) == B * cfg.steps == len(rec.consumed)
 
     # metrics: padded learner shapes never change, staleness and overlap are recorded
     assert out["learner_shapes"] == [(B, 8 + 12)]

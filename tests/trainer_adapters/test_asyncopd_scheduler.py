@@ -108,12 +108,14 @@ def test_sync_gate_keeps_released_permits_back_until_workers_have_weights() -> N
 
     def on_load(version: int) -> None:
         # The dispatcher released B permits and is waiting for this worker. Without the gate the feeder
-        # would take them, submit, and block again: wait until it blocks, then look at the permits.
-        assert sched.permits.wait_until_blocked(WAIT)
-        during.append((version, sched.permits.stats()))
+        # would take them, submit, and block again: wait until it blocks, then look at the permits. From sync 4 on
+        # the feeder has submitted all 5 updates' requests and stopped: nothing to block.
+        if version <= 3:
+            assert sched.permits.wait_until_blocked(WAIT)
+            during.append((version, sched.permits.stats()))
 
     sched, _, rec = make([3], B=2, tau=1, on_load=on_load)
-    out = sched.run(3)
+    out = sched.run(5)
     assert out["checks"]["gate_violations"] == 0
     assert [v for v, _ in during] == [1, 2, 3]
     for _, s in during:
@@ -203,7 +205,7 @@ def test_forced_probe_completes_at_once_with_current_weights() -> None:
         def on_sync(self, version: int) -> SyncDecision:
             d = super().on_sync(version)
             if version >= 1:  # the staleness limit: force every probe still in flight
-                d.force_complete = list(holder[0]._inflight_probes)
+                d.force_complete = holder[0].probes.in_flight()
             return d
 
     hooks = Forcing(3, 12, probe_every=4)
@@ -224,7 +226,7 @@ def test_forced_probe_completes_at_once_with_current_weights() -> None:
     # it resumed only once forced, and ran to the end in one go under a single (current) version
     (idx, v), = probe.version_breakpoints
     assert idx == 2 and v >= 1 and set(probe.token_versions[2:]) == {v}
-    assert probe.request_id not in sched._inflight_probes
+    assert probe.request_id not in sched.probes.in_flight()
 
 
 # ------------------------------------------------------------------------------------ FIFO, shutdown
@@ -237,6 +239,23 @@ def test_queues_are_fifo_from_submission_to_learner() -> None:
     flat = [s for b in learner.batches for s in b]
     assert flat == list(range(15))
     assert teacher.order == sorted(teacher.order)
+
+
+@pytest.mark.parametrize("probe_every", [0, 3])
+def test_a_run_submits_only_the_training_requests_its_updates_consume(probe_every: int) -> None:
+    """The feeder stops at ``steps * B`` training requests: none is generated for no update (probes aside)."""
+
+    def before_update(version: int) -> None:
+        if version == 3:  # the last update: let an unbounded feeder take every permit it can first
+            sched.permits.wait_until_blocked(1.0)
+
+    hooks = StaticWindowHooks(4, 16, probe_every=probe_every)
+    sched, _, rec = make([3, 5], B=2, tau=3, hooks=hooks, learner=StubLearner(before_update))
+    out = sched.run(4)
+    training = [e.detail["seq"] for e in rec.events if e.kind == "submit" and not e.detail["probe"]]
+    assert sorted(training) == sorted(it.seq for it in rec.consumed)
+    assert len(training) == 8 and out["submitted"] == 8 + sum(
+        1 for e in rec.events if e.kind == "submit" and e.detail["probe"])
 
 
 def test_run_stops_every_thread_and_leaves_no_waiter() -> None:
@@ -281,7 +300,7 @@ def retained_sizes(sched: AsyncOPDScheduler) -> dict[str, int]:
     """Length of every sized attribute of the scheduler and of its accumulators, by attribute path."""
     sizes: dict[str, int] = {}
     for owner, obj in [("sched", sched), ("timeline", sched.timeline), ("throughput", sched.throughput),
-                       ("checks", sched.checks), ("permits", sched.permits)]:
+                       ("checks", sched.checks), ("permits", sched.permits), ("probes", sched.probes)]:
         for name, val in vars(obj).items():
             if isinstance(val, (list, dict, set, tuple, queue.Queue)) or hasattr(val, "__len__"):
                 sizes[f"{owner}.{name}"] = val.qsize() if isinstance(val, queue.Queue) else len(val)

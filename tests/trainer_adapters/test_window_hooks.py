@@ -162,7 +162,8 @@ def test_completed_probes_are_reported_audited_in_controller_order_and_decide_th
     assert hooks.on_sync(2).window == 4
     tel = ctrl.telemetry(run)
     assert tel.probes["audited"] == 2 and len(tel.audits) == 1
-    assert hooks.counts == {"offered": 2, "accepted": 2, "reported": 2, "audits": 1, "conflicts": 0, "expired": 0}
+    assert hooks.counts == {"offered": 2, "accepted": 2, "reported": 2, "audits": 1, "audited": 2, "conflicts": 0,
+                            "expired": 0}
 
 
 def test_probes_at_the_staleness_limit_are_listed_for_forced_completion() -> None:

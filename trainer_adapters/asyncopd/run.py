@@ -110,11 +110,11 @@ class AsyncOPDRun:
 
 class UpdateReport:
     """What the pipeline tells the shell after each update (on the dispatcher thread): the token ledger's row
-    (this update's items, the probes completed since the previous one) and each stage's busy seconds since the
-    previous row."""
+    (this update's items, the probes completed since the previous one), each stage's busy seconds since the
+    previous row, and the probes' fate so far (``hooks``' counts: audited or expired past ``S``)."""
 
-    def __init__(self, shell: RunShell, scheduler: AsyncOPDScheduler) -> None:
-        self.shell, self.scheduler = shell, scheduler
+    def __init__(self, shell: RunShell, scheduler: AsyncOPDScheduler, hooks: ControllerWindowHooks) -> None:
+        self.shell, self.scheduler, self.hooks = shell, scheduler, hooks
         self._busy: dict[str, float] = {}
 
     def __call__(self, step: int, m: dict[str, float]) -> dict[str, float]:
@@ -132,6 +132,9 @@ class UpdateReport:
             total = m.get(f"pipeline/busy_{stage}_s", 0.0)
             out[f"time/{stage}"] = total - self._busy.get(stage, 0.0)
             self._busy[stage] = total
+        if self.hooks.probing:
+            counts = self.hooks.counts
+            out |= {"probe/audited": float(counts["audited"]), "probe/expired": float(counts["expired"])}
         return out
 
 
@@ -222,7 +225,7 @@ def run_asyncopd(cfg: TrainConfig, controller: ControllerAPI, *, parts: Parts | 
     shell = b.shell
     if evaluate:  # on the dispatcher thread, before the pipeline starts
         shell.initial_evaluation(initial_eval)
-    report = UpdateReport(shell, b.scheduler)
+    report = UpdateReport(shell, b.scheduler, b.hooks)
     started = time.perf_counter()
 
     def log_step(step: int, m: dict[str, float]) -> None:

@@ -1,21 +1,22 @@
 """The AsyncOPD streaming scheduler core (AsyncOPD section 7, Appendix G), model-agnostic.
 
-Stages run concurrently on threads and talk through FIFO queues::
+Stages run concurrently on threads and talk through FIFO queues (probes through their own lane, ``probe_lane.py``)::
 
     feeder --inbox--> rollout workers (N) --teacher_q--> teacher --learner_q--> train dispatcher
 
-- **Feeder**: for every request takes one permit from a ``PermitPool`` of ``(tau + 1) * B``, asks the
-  window hooks for its plan (cap ``max_tokens``, probe or not; a probe gives its permit back) and
-  submits it to the shared rollout inbox. A checkpoint pauses it between two submissions (``paused``).
-- **Rollout workers** (``worker.py``): continuous batching over up to ``worker_batch`` active requests, one
-  token per request per ``engine.step``. Between steps a worker installs pending weights (keep-mode: active
-  requests keep their prefix; the next token records a version breakpoint) and acknowledges.
+- **Feeder**: for every request takes one permit from a ``PermitPool`` of ``(tau + 1) * B``, asks the window
+  hooks for its plan (cap ``max_tokens``, probe or not; a probe gives its permit back) and submits it. A checkpoint
+  pauses it between two submissions (``paused``). It stops once it has submitted the training requests the
+  remaining updates consume, ``(steps - start) * B`` (with ``groups``: the permits alone bound it).
+- **Rollout workers** (``worker.py``): continuous batching over up to ``worker_batch`` active requests (probes
+  first), one token per request per ``engine.step``. Between steps a worker installs pending weights (keep-mode:
+  active requests keep their prefix; the next token records a version breakpoint) and acknowledges.
 - **Teacher**: scores completed items in arrival order, in batches of what is queued (<= ``teacher_batch``).
-- **Train dispatcher** (the thread that calls ``run``): takes items in FIFO order; probes go to the hooks
-  (they never count toward a training batch), training items are consumed ``B`` at a time by one learner
-  update. Then the weight sync: close the gate, release the ``B`` permits (deferred by the gate), push
-  the learner's weights to every worker and wait for all acknowledgements, read the next window through
-  the hooks, open the gate. Probe audits run after the gate opened, off the feeder's critical path.
+- **Train dispatcher** (the thread that calls ``run``): training items in FIFO order, ``B`` at a time per learner
+  update; before and after each update every scored probe goes to the hooks (never into a training batch).
+  Then the weight sync: close the gate, release the ``B`` permits (deferred by the gate), push the learner's
+  weights to every worker and wait for all acknowledgements, read the next window through the hooks, open the
+  gate. Probe audits run after the gate opened, off the feeder's critical path.
 
 **Lag** (``sync_every = L``): the weights go to the workers only after every ``L``-th update, so the
 inference policy lags up to ``L - 1`` updates behind the learner; between two syncs the permits of an
@@ -63,6 +64,7 @@ from adwin.trainer_adapters.asyncopd.metrics import (
     staleness_summary,
 )
 from adwin.trainer_adapters.asyncopd.permits import PermitPool
+from adwin.trainer_adapters.asyncopd.probe_lane import ProbeLane
 from adwin.trainer_adapters.asyncopd.requests import Request, RequestStream
 from adwin.trainer_adapters.asyncopd.worker import RolloutWorker
 from adwin.trainer_adapters.hooks import WindowHooks
@@ -149,16 +151,17 @@ class AsyncOPDScheduler:
         self.staleness: Counter[int] = Counter()  # consumed samples per staleness value
         self.last_update: UpdateDelta | None = None
         self._probes_since: list[StreamItem] = []  # completed since the last update (handed out with it)
-        self.n_probes_completed = 0
+        self.probes = ProbeLane()
         self.n_breakpoint_samples = 0
         self.version = 0
         self.inference_version = 0  # the weights the rollout workers hold (pi_inf)
         self.window = 0
         self.groups = GroupBuffer() if cfg.groups else None
         self._submitted = 0
+        self._training_submitted = 0
+        self._training_quota: int | None = None  # set by ``run``: training requests its updates consume
         self._elock = threading.Lock()
         self._error: BaseException | None = None
-        self._inflight_probes: dict[str, StreamItem] = {}
         self.workers = [worker_factory(i, e, self) for i, e in enumerate(engines)]
         self._threads = [threading.Thread(target=self._guard, args=(self._feed,), name="asyncopd-feeder", daemon=True),
                          threading.Thread(target=self._guard, args=(self._score,), name="asyncopd-teacher", daemon=True)]
@@ -206,7 +209,7 @@ class AsyncOPDScheduler:
 
     def _feed(self) -> None:
         training: Counter[int] = Counter()  # training requests of each open group so far
-        while True:
+        while self._training_quota is None or self._training_submitted < self._training_quota:
             ticket = self.permits.acquire(timeout=self.cfg.poll_s * 5)
             while ticket is None:
                 self._check()
@@ -223,10 +226,8 @@ class AsyncOPDScheduler:
         item = StreamItem(rid, req.seq, spec.prompt_id, list(spec.prompt_ids), spec.route, plan.window,
                           plan.max_tokens, plan.is_probe, version, group=-1 if plan.is_probe else req.group,
                           answer=spec.answer)
-        if plan.is_probe:
-            with self._elock:
-                self._inflight_probes[rid] = item
         training[req.group] += int(not plan.is_probe)
+        self._training_submitted += int(not plan.is_probe)
         if req.closes_group:
             n_train = training.pop(req.group)
             if self.groups is not None:
@@ -234,7 +235,7 @@ class AsyncOPDScheduler:
         self.requests.submitted(req, plan.is_probe)
         self._submitted += 1
         self._log("submit", version, seq=req.seq, request_id=rid, probe=plan.is_probe, ticket=ticket)
-        self.inbox.put(item)
+        (self.probes.submit if plan.is_probe else self.inbox.put)(item)
 
     @contextmanager
     def paused(self) -> Iterator[None]:
@@ -255,7 +256,7 @@ class AsyncOPDScheduler:
             self.teacher.score(batch)
             self.timeline.record("teacher", t0, time.perf_counter())
             for it in batch:
-                self.learner_q.put(it)
+                (self.probes.scored if it.is_probe else self.learner_q.put)(it)
 
     # ---------------------------------------------------------------------------------- dispatcher
 
@@ -286,11 +287,7 @@ class AsyncOPDScheduler:
         self.inference_version = version
         decision = self.hooks.on_sync(version)
         self.window = decision.window
-        with self._elock:
-            for pid in decision.force_complete:
-                it = self._inflight_probes.get(pid)
-                if it is not None:
-                    it.force = True
+        self.probes.force(decision.force_complete)
         self.version = version  # the feeder stamps new requests with it
         # logged before the gate opens: no submit can precede it
         self._log("sync_done", version, window=decision.window, released=consumed)
@@ -301,6 +298,8 @@ class AsyncOPDScheduler:
             start: int = 0) -> dict[str, Any]:
         """Run learner updates ``start .. steps - 1``, then stop every stage; returns the scheduler summary. From a
         checkpoint of ``start > 0`` updates the workers get the learner's weights (version ``start``) first."""
+        if self.groups is None:  # FIFO: every submitted training request is consumed, so these are all it takes
+            self._training_quota = max(0, steps - start) * self.cfg.batch_size
         if start:
             weights = self.learner.weights()
             for w in self.workers:  # their threads have not started: no request sees older weights
@@ -326,21 +325,17 @@ class AsyncOPDScheduler:
             raise RuntimeError(f"an AsyncOPD stage failed: {self._error!r}") from self._error
         return self.summary(updates)
 
-    def _probe_done(self, it: StreamItem) -> None:
-        with self._elock:
-            self._inflight_probes.pop(it.request_id, None)
-        self.requests.done(it.seq)
-        self.n_probes_completed += 1
-        self._probes_since.append(it)
-        self.hooks.on_probe_complete(it, self.version)
+    def _hand_out_probes(self) -> None:
+        """Every scored probe to the hooks now: its audit must not wait behind a training batch."""
+        for it in self.probes.take_scored():
+            self.requests.done(it.seq)
+            self._probes_since.append(it)
+            self.hooks.on_probe_complete(it, self.version)
 
     def _fifo_batch(self) -> list[StreamItem]:
         batch: list[StreamItem] = []
         while len(batch) < self.cfg.batch_size:
             it = self._get(self.learner_q, "scored sample")
-            if it.is_probe:
-                self._probe_done(it)
-                continue
             batch.append(it)
             self.requests.done(it.seq)
             self._log("consume", self.version, seq=it.seq)
@@ -372,19 +367,16 @@ class AsyncOPDScheduler:
                         from None
                 continue
             deadline = time.monotonic() + self.cfg.wait_timeout_s
-            if it.is_probe:
-                self._probe_done(it)
-            else:
-                groups.add(it)
+            groups.add(it)
 
     def _one_update(self, step: int, *, last: bool = False) -> dict[str, float]:
+        self._hand_out_probes()
         batch = self._fifo_batch() if self.groups is None else self._group_batch(self.groups)
         self.hooks.offer_complete(batch, self.version)  # finished / full-length items may be complete probes
         stale = [self.version - it.behavior_version for it in batch]
         self.staleness.update(stale)
         self.n_breakpoint_samples += sum(1 for it in batch if it.version_breakpoints)
-        delta = UpdateDelta(step, self.version, batch, self._probes_since)
-        self._probes_since = []
+        version = self.version
         t0 = time.perf_counter()
         m = dict(self.learner.update(batch, self.version))
         t1 = time.perf_counter()
@@ -393,6 +385,9 @@ class AsyncOPDScheduler:
         self.throughput.record(n_tokens, t1)
         self._log("update", self.version + 1, tokens=n_tokens)
         m |= self._after_update(self.version + 1, len(batch))
+        self._hand_out_probes()  # those completed during the update, at the version they are audited at
+        delta = UpdateDelta(step, version, batch, self._probes_since)
+        self._probes_since = []
         m |= self.hooks.poll_audit(self.version, last=last)
         ps = self.permits.stats()
         m |= {"async/staleness_mean": sum(stale) / len(stale), "async/staleness_max": float(max(stale)),
@@ -435,7 +430,7 @@ class AsyncOPDScheduler:
             "permits": {"capacity": ps.capacity, "max_outstanding": ps.max_outstanding,
                         "blocked_waits": ps.blocked_waits, "acquired": ps.acquired_total},
             "submitted": self._submitted,
-            "probes_completed": self.n_probes_completed,
+            "probes_completed": self.probes.completed,
             "breakpoint_samples": self.n_breakpoint_samples,
             "sync_every": self.cfg.sync_every,
             "discarded": None if self.groups is None else {

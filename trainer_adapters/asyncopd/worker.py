@@ -1,7 +1,7 @@
 """A rollout worker of the AsyncOPD scheduler: one thread around its own ``StreamingEngine`` snapshot.
 
-Continuous batching over up to ``worker_batch`` active requests, one token per request per
-``engine.step``. Between steps the worker installs pending weights and acknowledges them: in keep-mode
+Continuous batching over up to ``worker_batch`` active requests (probes admitted before training requests),
+one token per request per ``engine.step``. Between steps the worker installs pending weights and acknowledges them: in keep-mode
 (AsyncOPD) active requests keep their prefix and the next token records a version breakpoint; with
 ``restart_on_sync`` (OAPL) training requests that already have tokens leave as ``stale`` instead.
 Forced probes (staleness limit) run alone to EOS or the horizon with the current weights.
@@ -66,10 +66,12 @@ class RolloutWorker:
     def _admit(self) -> None:
         s = self.sched
         while len(self.active) < s.cfg.worker_batch:
-            try:
-                item = s.inbox.get(timeout=s.cfg.poll_s) if not self.active else s.inbox.get_nowait()
-            except queue.Empty:
-                return
+            item = s.probes.admit()  # a probe's staleness runs from its submission: it never queues behind training
+            if item is None:
+                try:
+                    item = s.inbox.get(timeout=s.cfg.poll_s) if not self.active else s.inbox.get_nowait()
+                except queue.Empty:
+                    return
             self.active.append(item)
 
     def _loop(self) -> None:
