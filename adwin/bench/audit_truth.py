@@ -75,6 +75,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--out", default="bench/audit-truth", help="results go to OUT/<task>-<date>/")
     p.add_argument("--from-npz", nargs="+", default=None, metavar="NPZ",
                    help="replay saved checkpoints (gram-<step>.npz) instead of sampling new pools")
+    p.add_argument("--combine", nargs="+", default=None, metavar="TRUTH_JSON",
+                   help="judge the goals over the checkpoints of several reports (truth.json, e.g. one per training "
+                        "seed) as they were replayed, and sum the windows their runs trained under; samples nothing")
 
 
 def main(args: argparse.Namespace) -> int:
@@ -82,6 +85,8 @@ def main(args: argparse.Namespace) -> int:
 
     from adwin.bench.audit_scores import goals
 
+    if args.combine:
+        return combine(args)
     at = _steps(args.at)
     sizes = [int(s) for s in str(args.sizes).split(",") if s.strip()]
     if args.rollouts < max(sizes + [args.update_rollouts + 2]):
@@ -229,6 +234,48 @@ def truth_markdown(report: Mapping[str, Any]) -> str:
         lines.append("")
     lines += goals_markdown(report.get("goals", []), SHIPPED)
     return "\n".join(lines)
+
+
+def combine(args: argparse.Namespace) -> int:
+    """``--combine``: the goals over every checkpoint of several reports, each named by its seed, and the share of
+    the trajectories' training steps that ran below their checkpoint's truth (the whole pool's)."""
+    from rich.console import Console
+
+    from adwin.bench.audit_report import goals_markdown
+    from adwin.bench.audit_scores import goals
+
+    reports = [json.loads(Path(p).read_text()) for p in args.combine]
+    cases, below, judged, lines = [], 0, 0, []
+    for r in reports:
+        seed = r["meta"].get("seed")
+        for ck in r["checkpoints"]:
+            where = f"seed {seed}, step {ck['step']}"
+            cases += [f | {"where": where + (f", fold {i + 1}" if len(ck["folds"]) > 1 else "")}
+                      for i, f in enumerate(ck["folds"])]
+            won = [int(w) for w in ck.get("trained_windows", [])][-5:]
+            if won and ck.get("truth_window") is not None:
+                judged += len(won)
+                below += sum(w < int(ck["truth_window"]) for w in won)
+    rules = list(dict.fromkeys(name for c in cases for p in c["replay"].values() for name in p
+                               if name in {r.name for r in RULES}))
+    combined = [g for rule in rules for g in goals(cases, rule)]
+    meta = reports[0]["meta"]
+    lines += [f"# Audit truth, combined: {meta.get('task')} ({len(reports)} reports, {len(cases)} checkpoint folds)", "",
+              "Reports: " + ", ".join(f"`{p}` (seed {r['meta'].get('seed')}, commit {r['meta'].get('commit')}, "
+                                      f"trajectory {r['meta'].get('trajectory', 'full')})"
+                                      for p, r in zip(args.combine, reports, strict=True)), ""]
+    if judged:
+        lines += [f"The runs' own windows, the 5 steps before each checkpoint with a truth: below the truth's window "
+                  f"on {below} of {judged} steps ({100 * below / judged:.0f} %).", ""]
+    lines += goals_markdown(combined, SHIPPED)
+    text = "\n".join(lines)
+    out_dir = Path(args.out) / f"{meta.get('task')}-combined-{dt.datetime.now().strftime('%Y-%m-%d-%H%M')}"
+    out_dir.mkdir(parents=True, exist_ok=True)
+    (out_dir / "combined.json").write_text(json.dumps({"reports": list(args.combine), "goals": combined,
+                                                       "trained_below": below, "trained_judged": judged}, indent=2))
+    (out_dir / "combined.md").write_text(text)
+    Console(width=300).print(text, markup=False)
+    return 0
 
 
 def trained_windows_line(ck: Mapping[str, Any], last: int = 5) -> list[str]:

@@ -120,6 +120,19 @@ def test_checkpoints_on_adwins_own_trajectory_carry_the_windows_that_run_chose(t
     # the windows travel with the saved pool
     with np.load(run / "gram-2.npz") as z:
         assert json.loads(str(z["meta"]))["trained_windows"] == ck["trained_windows"]
+    # two reports (as of two seeds) judged together, as replayed: nothing sampled
+    other = json.loads((run / "truth.json").read_text())
+    other["meta"]["seed"] = 7
+    (tmp_path / "other.json").write_text(json.dumps(other))
+    assert main(["bench", "audit-truth", "--combine", str(run / "truth.json"), str(tmp_path / "other.json"),
+                 "--out", str(tmp_path / "combined")]) == 0
+    (comb,) = (tmp_path / "combined").iterdir()
+    combined = json.loads((comb / "combined.json").read_text())
+    assert {(g["rule"], g["P"]) for g in combined["goals"]} == {(r.name, 2) for r in RULES}
+    truth = ck["truth_window"]
+    assert combined["trained_judged"] == (4 if truth is not None else 0)
+    assert combined["trained_below"] == (2 * sum(w < truth for w in ck["trained_windows"]) if truth else 0)
+    assert "seed 7" in (comb / "combined.md").read_text()
 
 
 def test_an_unknown_trajectory_is_refused(tmp_path: Path) -> None:
