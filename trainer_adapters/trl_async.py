@@ -22,7 +22,9 @@ request itself:
   (``trainer_adapters.trl_async_driver``);
 - versions are counted in weight syncs, TRL's unit: adwin's version of a row is TRL's ``model_version`` at dispatch
   minus one (TRL's cold sync at train begin is version 0, the initial weights), so TRL's ``max_staleness`` and
-  adwin's ``staleness_limit`` compare the same numbers.
+  adwin's ``staleness_limit`` compare the same numbers;
+- a row whose teacher scored an id past the student's output width (a padded teacher not served on the student's
+  columns) stops the worker with ``TeacherVocabTooWide``: TRL's loss would index the student's logits there.
 
 ``AdwinCallback.attach(trainer)`` binds the worker to the trainer and the run; before that, ``start`` refuses.
 """
@@ -61,6 +63,12 @@ class TeacherMissedToken(ValueError):
     """A teacher server's top-k answer for a probe lacks the realized token (vLLM always lists it)."""
 
 
+class TeacherVocabTooWide(ValueError):
+    """A teacher server scored a token id past the student's vocabulary: its output is wider (padded) than the
+    student's, so its logprobs are normalised over columns the student lacks and TRL's loss would index past the
+    student's logits. ``adwin teacher serve --vocab-size`` serves only the student's columns."""
+
+
 @dataclass
 class _Value:
     """The ``.value`` holder TRL's loop reads its shared version and heartbeat from (an ``mp.Value`` in its child)."""
@@ -82,6 +90,7 @@ class AdwinRolloutWorker:
         self.probe_rows: queue.Queue[StreamItem] = queue.Queue()  # full-length probes, drained by AdwinCallback
         self.hooks: Any = None  # ControllerWindowHooks, set by bind
         self.loop: Any = None  # TRL's _AsyncRolloutLoop, built by bind
+        self.vocab = 0  # the student's output width, set by bind
         self._version = _Value(0)  # TRL's model_version (weight syncs)
         self._heartbeat = _Value(time.time())
         self._failed = threading.Event()
@@ -102,8 +111,9 @@ class AdwinRolloutWorker:
             raise UnsupportedSetting("train_dataset", "AdwinRolloutWorker needs a non-empty dataset with a "
                                      "'prompt' column")
         self.trainer, self.hooks = trainer, hooks
-        self.rollout_buffer.maxsize = max(0, int(args.queue_maxsize))  # TRL's own worker's bound
         model = trainer.accelerator.unwrap_model(trainer.model)
+        self.vocab = int(model.get_output_embeddings().weight.shape[0])  # the student's logits' width
+        self.rollout_buffer.maxsize = max(0, int(args.queue_maxsize))  # TRL's own worker's bound
         self.loop = _AsyncRolloutLoop(
             model_name=get_config_model_id(model.config),
             lora_name=trainer._lora_name if getattr(trainer, "_lora_sync", False) else None,
@@ -203,6 +213,11 @@ class AdwinRolloutWorker:
         plan = self.hooks.plan_request(request, prompt, version)
         loop.max_tokens = plan.max_tokens  # read by TRL's request before its first await: this request's cap
         sample = await loop._generate_and_score_one(prompt_id, row)
+        widest = int(sample.teacher_topk_ids.max(initial=-1))  # (L, k + 1), -1 where no candidate
+        if widest >= self.vocab:  # before TRL's loss gathers the student's logits there (a device assert on GPU)
+            raise TeacherVocabTooWide(f"the teacher {sample.teacher_id!r} scored token id {widest}, past the "
+                                      f"student's vocabulary of {self.vocab}: serve it on the student's columns "
+                                      f"(adwin teacher serve --vocab-size {self.vocab})")
         if plan.is_probe:
             self.probe_rows.put(probe_row(sample, request, prompt, version, plan.window, plan.max_tokens,
                                           loop.eos_token_ids))

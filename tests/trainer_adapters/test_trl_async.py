@@ -3,11 +3,13 @@ on CPU with tiny code-built models, generating on a stand-in of the student's vL
 server (``adwin teacher serve``), both on 127.0.0.1: requests carry the window as ``max_tokens``, probe rows reach
 full length scored by the teacher server and are never trained on, a dead controller leaves the last window, a bad
 window answer is a typed error that loses nothing, staleness is one limit in weight syncs, TRL's default
-``token_budget=None`` runs, and the documented recipe runs."""
+``token_budget=None`` runs, a padded teacher served on the student's vocabulary trains as the unpadded one, and the
+documented recipe runs."""
 
 from __future__ import annotations
 
 import copy
+import functools
 import inspect
 import re
 from collections import Counter
@@ -36,11 +38,17 @@ pytest.importorskip("trl.experimental.async_distillation")
 from adwin.trainer_adapters import trl_async_driver  # noqa: E402
 from adwin.trainer_adapters.hooks import BadWindowAnswer  # noqa: E402
 from adwin.trainer_adapters.trl import AdwinCallback  # noqa: E402
-from adwin.trainer_adapters.trl_async import AdwinRolloutWorker, RolloutWorkerFailed, UnsupportedSetting  # noqa: E402
+from adwin.trainer_adapters.trl_async import (  # noqa: E402
+    AdwinRolloutWorker,
+    RolloutWorkerFailed,
+    TeacherVocabTooWide,
+    UnsupportedSetting,
+)
 
 pytestmark = [pytest.mark.timeout(300)]
 
 STEPS, P = 4, 4
+VOCAB = 64  # make_tiny_llama's: the student's output width
 DOC = Path(__file__).resolve().parents[2] / "docs" / "trl-async.md"
 
 
@@ -150,12 +158,28 @@ def test_the_callbacks_audit_cosines_are_adwins_audit_of_the_served_rows(tmp_pat
     rec = Recorder(cb, monkeypatch)
     trainer.train()
     assert len(rec.jobs) == len(cb.decisions) >= 2
+    _assert_audits_are_adwins_of_the_unpadded_teacher(rec, cb)
+
+
+@functools.cache
+def _unpadded_teacher() -> Any:
+    return make_tiny_llama(seed=1)  # the served teacher (trl_fixtures.save_teacher), unpadded
+
+
+def _unpadded_teacher_logprobs(ids: torch.Tensor, mask: torch.Tensor | None = None) -> torch.Tensor:
+    """(B, L, VOCAB) log-softmax of the unpadded teacher, in process."""
+    with torch.no_grad():
+        return torch.log_softmax(_unpadded_teacher()(ids, attention_mask=mask).logits.float(), dim=-1)
+
+
+def _assert_audits_are_adwins_of_the_unpadded_teacher(rec: Recorder, cb: AdwinCallback) -> None:
+    """Every audit the callback ran has the cosines adwin's own audit gives on the same probe rows scored by the
+    unpadded teacher in process, under the student's weights of that audit."""
     by_tokens = {tuple(item.prompt_ids + item.tokens): item for item in rec.probes}
-    cfg, teacher = AuditConfig(), make_tiny_llama(seed=1)  # the served teacher
+    cfg = AuditConfig()
 
     def score(ids: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:  # (B, L) realized-token logprobs, in process
-        with torch.no_grad():
-            logp = torch.log_softmax(teacher(ids, attention_mask=mask).logits.float(), dim=-1)  # (B, L, V)
+        logp = _unpadded_teacher_logprobs(ids, mask)  # (B, L, V)
         out = torch.zeros(ids.shape)
         out[:, 1:] = logp[:, :-1].gather(-1, ids[:, 1:, None]).squeeze(-1)
         return out
@@ -171,6 +195,40 @@ def test_the_callbacks_audit_cosines_are_adwins_audit_of_the_served_rows(tmp_pat
         assert out.cosines is not None and set(out.cosines) == {4, 8}
         for c in (4, 8):
             assert abs(out.cosines[c] - mine.cosines[c]) <= 1e-5
+
+
+@pytest.mark.numerics
+@pytest.mark.parametrize("served", [VOCAB, None])  # --vocab-size: the student's columns / all the teacher's rows
+def test_a_padded_teacher_served_on_the_students_vocabulary_trains_as_the_unpadded_one(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, served: int | None) -> None:
+    """A teacher with 32 output rows past the student's vocabulary, large enough to take most of a softmax's mass:
+    served on the student's columns, TRL trains on the unpadded teacher's top-k and the audits read its logprobs;
+    served whole, the worker stops at the first row, before TRL's loss indexes past the student's logits."""
+    with async_servers(tmp_path, teacher_rows=VOCAB + 32, vocab=served) as servers:
+        trainer, cb, _ = _attach(tmp_path, servers, Controller(), steps=2)
+        rec = Recorder(cb, monkeypatch)
+        if served is None:
+            with pytest.raises(RolloutWorkerFailed) as err:
+                trainer.train()
+            assert isinstance(err.value.__cause__, TeacherVocabTooWide)
+            assert trainer.state.global_step == 0 and rec.samples == [], "nothing trained on the wide teacher"
+            return
+        trainer.train()
+    assert trainer.state.global_step == 2 and rec.samples and rec.probes
+    for item in rec.probes:  # the realized tokens' logprobs the audits read
+        logp = _unpadded_teacher_logprobs(torch.tensor([item.prompt_ids + item.tokens]))[0]  # (L, VOCAB)
+        n = len(item.prompt_ids)
+        mine = [float(logp[n - 1 + j, t]) for j, t in enumerate(item.tokens)]
+        assert item.teacher_logprobs == pytest.approx(mine, abs=1e-5)
+    k = trainer.args.teacher_top_k
+    for s in rec.samples:  # the top-k TRL's loss trains on: row i scores input_ids[i] given the tokens before it
+        logp = _unpadded_teacher_logprobs(torch.tensor([s.input_ids.tolist()]))[0]  # (L, VOCAB)
+        for i in range(int(len(s.input_ids) - s.completion_mask.sum()), len(s.input_ids)):
+            ids = s.teacher_topk_ids[i][s.teacher_topk_ids[i] >= 0]
+            assert set(ids.tolist()) == set(logp[i - 1].topk(k).indices.tolist()) | {int(s.input_ids[i])}
+            assert s.teacher_topk_logprobs[i][: len(ids)] == pytest.approx(logp[i - 1, ids].tolist(), abs=1e-5)
+    assert len(rec.jobs) == len(cb.decisions) >= 1
+    _assert_audits_are_adwins_of_the_unpadded_teacher(rec, cb)
 
 
 class _StopAt(TrainerCallback):

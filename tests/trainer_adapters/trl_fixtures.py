@@ -68,12 +68,17 @@ def make_server_trainer(tmp_path: Path, url: str, steps: int, *, batch: int = 4,
                                      processing_class=tokenizer())
 
 
-def save_teacher(path: Path) -> Path:
+def save_teacher(path: Path, rows: int | None = None) -> Path:
     """A tiny teacher checkpoint (``make_tiny_llama(seed=1)``, the local teacher of ``make_trainer``) with the
-    student's tokenizer, for ``adwin teacher serve``."""
+    student's tokenizer, for ``adwin teacher serve``; ``rows``: its output padded to that many rows
+    (``tiny_models.padded_copy``: large logits past the student's vocabulary)."""
+    from tiny_models import padded_copy
     from trainer_fixtures import save_tiny
 
-    save_tiny(path, seed=1, with_tokenizer=False)
+    if rows is None:
+        save_tiny(path, seed=1, with_tokenizer=False)
+    else:
+        padded_copy(make_tiny_llama(seed=1), rows).save_pretrained(path)
     tokenizer().save_pretrained(str(path))
     return path
 
@@ -110,13 +115,16 @@ class AsyncServers:
 
 
 @contextlib.contextmanager
-def async_servers(tmp_path: Path, *, max_model_len: int = 64) -> Iterator[AsyncServers]:
+def async_servers(tmp_path: Path, *, max_model_len: int = 64, teacher_rows: int | None = None,
+                  vocab: int | None = None) -> Iterator[AsyncServers]:
+    """``teacher_rows``: the teacher padded to that many output rows; ``vocab``: the columns its server serves
+    (``adwin teacher serve --vocab-size``; default all)."""
     import teacher_servers
     from vllm_standin import StandInServer, serving
 
     standin = StandInServer(make_tiny_llama(seed=0), [2], 0, max_model_len=max_model_len)
-    teacher = save_teacher(tmp_path / "teacher")
-    with serving(standin) as url, teacher_servers.in_thread(teacher) as t:
+    teacher = save_teacher(tmp_path / "teacher", teacher_rows)
+    with serving(standin) as url, teacher_servers.in_thread(teacher, vocab=vocab) as t:
         yield AsyncServers(standin, url, t.removesuffix("/v1"))
 
 
