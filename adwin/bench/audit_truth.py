@@ -252,10 +252,10 @@ def combine(args: argparse.Namespace) -> int:
             where = f"seed {seed}, step {ck['step']}"
             cases += [f | {"where": where + (f", fold {i + 1}" if len(ck["folds"]) > 1 else "")}
                       for i, f in enumerate(ck["folds"])]
-            won = [int(w) for w in ck.get("trained_windows", [])][-5:]
-            if won and ck.get("truth_window") is not None:
+            won, under = trained_below(ck)
+            if under is not None:
                 judged += len(won)
-                below += sum(w < int(ck["truth_window"]) for w in won)
+                below += under
     rules = list(dict.fromkeys(name for c in cases for p in c["replay"].values() for name in p
                                if name in {r.name for r in RULES}))
     combined = [g for rule in rules for g in goals(cases, rule)]
@@ -278,15 +278,23 @@ def combine(args: argparse.Namespace) -> int:
     return 0
 
 
+def trained_below(ck: Mapping[str, Any], last: int = 5) -> tuple[list[int], int | None]:
+    """The windows of the ``last`` training steps before the checkpoint, and how many lie below its truth's window
+    (None where the pool has no truth or the run recorded no windows)."""
+    won = [int(w) for w in ck.get("trained_windows", [])][-last:]
+    if not won or ck.get("truth_window") is None:
+        return won, None
+    return won, sum(w < int(ck["truth_window"]) for w in won)
+
+
 def trained_windows_line(ck: Mapping[str, Any], last: int = 5) -> list[str]:
     """What the trajectory's own run chose in the ``last`` steps that led to the checkpoint, against its truth: the
     on-trajectory reading of an adaptive method's decisions (full OPD always trains at the horizon)."""
-    won = [int(w) for w in ck.get("trained_windows", [])][-last:]
+    won, below = trained_below(ck, last)
     if not won:
         return []
     text = f"Windows the run trained under in its last {len(won)} steps: {', '.join(f'{w:,}' for w in won)}"
-    if ck.get("truth_window") is not None:
-        below = sum(w < int(ck["truth_window"]) for w in won)
+    if below is not None:
         text += f"; below the truth's window on {below} of {len(won)}"
     return [text + ".", ""]
 
