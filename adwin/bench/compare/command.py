@@ -121,7 +121,9 @@ def main(args: argparse.Namespace) -> int:
 
     run = setup(args)
     mode, tasks, seeds, config_path, base = run.mode, run.tasks, run.seeds, run.config_path, run.base
-    if args.truth and len(tasks) < 2:
+    # the suite's goals are read even from one of its tasks (``--suite --tasks chain-long``)
+    cross = bool(args.suite) or len(tasks) > 1
+    if args.truth and not cross:
         raise ValueError("--truth feeds the cross-task goals: give it with --suite or several --tasks")
     truth = read_truth(args.truth or [])  # read before any run: a bad file fails now, not after the suite
     shaped, seeds_of, planned, notes = run.shaped, run.seeds_of, run.planned, run.notes
@@ -151,8 +153,8 @@ def main(args: argparse.Namespace) -> int:
 
     per_task: dict[str, dict[str, Any]] = {}
     for task, task_base, chosen in shaped:
-        # one task keeps the single-task layout; several get a folder each and a cross-task page
-        task_dir = out_dir if len(tasks) == 1 else out_dir / task
+        # one task keeps the single-task layout; several, or the suite, get a folder each and a cross-task page
+        task_dir = out_dir / task if cross else out_dir
         task_dir.mkdir(parents=True, exist_ok=True)
         started = time.perf_counter()
         runs = run_all(task_base, chosen, seeds_of[task], args, task_dir)
@@ -166,7 +168,7 @@ def main(args: argparse.Namespace) -> int:
                             "models": task_models(task_base, task, args),
                             "total_s": time.perf_counter() - started}
         per_task[task] = finish(task_meta, chosen, runs, task_dir, plots=not args.no_plots)
-    if len(tasks) > 1:
+    if cross:
         finish_suite(meta | {"machine": machine_info()}, {t: m for t, _, m in shaped}, per_task, out_dir,
                      plots=not args.no_plots, truth=truth)
     return 0

@@ -362,6 +362,23 @@ def test_truth_files_are_read_per_task_and_a_bad_one_is_refused_before_any_run(t
     out = tmp_path / "out"
     assert main(["bench", "compare", "--profile", "tiny", "--tasks", "chain,chain-long", "--truth", str(bad),
                  "--out", str(out)]) == 2
-    # one task has no cross-task goals: a truth given there would be read by nothing
+    # one task outside the suite has no cross-task goals: a truth given there would be read by nothing
     assert main(["bench", "compare", "--profile", "tiny", "--truth", str(good), "--out", str(out)]) == 2
     assert not (out.exists() and any(out.iterdir()))
+
+
+def test_one_suite_task_reads_its_goal_with_the_truth(tmp_path: Path, monkeypatch, capsys) -> None:
+    """``--suite --tasks chain-long --truth ...``: the long task's goal alone, cost bounds included."""
+    monkeypatch.setenv("ADWIN_HOME", str(tmp_path / "home"))
+    truth = tmp_path / "truth.json"
+    truth.write_text(json.dumps({"meta": {"task": "chain-long"}, "checkpoints": [{"step": 0, "truth_window": 4096}]}))
+    rc = main(["bench", "compare", "--suite", "--tasks", "chain-long", "--methods", "full,adwin-0.7", "--profile",
+               "tiny", "--truth", str(truth), "--out", str(tmp_path / "out"), "--no-plots"])
+    assert rc == 0
+    (folder,) = (tmp_path / "out").iterdir()
+    suite = json.loads((folder / "suite.json").read_text())
+    assert (folder / "chain-long" / "results.json").exists()
+    goal = suite["goals"]["chain_long"]
+    assert goal["evaluated"] and goal["cost_evaluated"]  # the truth at the horizon: full's FLOPs bound it
+    assert goal["below_truth"]["steps"] > 0
+    assert "chain-long: adwin-0.7 − full" in capsys.readouterr().out
