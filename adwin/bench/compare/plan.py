@@ -93,6 +93,12 @@ def regime(task: BuiltinTask) -> str:
     return "long" if task.horizon > MAX_RESPONSE_TOKENS else "short"
 
 
+# the window a long task's unresolved audits follow (window.unresolved): its initial window is a guess below most
+# responses and its audits rarely resolve at the suite's probe batch, so holding it trains below the truth; the
+# rule deciding on its cosines does not (docs/decisions.md, "Unresolved audits", "Which fallback")
+UNRESOLVED_BY_REGIME: dict[str, str] = {"short": "hold", "long": "decide"}
+
+
 def task_shape(task: BuiltinTask, profile: str) -> tuple[int, list[int]]:
     """The horizon and candidate ladder of ``task``'s runs: its own, or on the tiny profile the tiny chain
     shape scaled by the task's horizon over chain's (the tiny models never stop: short rollouts keep it fast)."""
@@ -115,8 +121,8 @@ def scaled_initial(initial: int | None, base_horizon: int, horizon: int, candida
 def task_config(base: Any, task: str, profile: str, fixed_keys: Sequence[str] = (),
                 eval_problems: int | None = None, prompts_per_step: int | None = None,
                 eval_batch: int | None = None) -> Any:
-    """``base`` for ``task``: its built-in task, horizon, ladder and scaled initial window, its evaluation
-    size, and its prompts per step with the probe batch P at the base's share of the rollout batch (at least 2).
+    """``base`` for ``task``: its built-in task, horizon, ladder and scaled initial window, its regime's fallback for
+    unresolved audits (``UNRESOLVED_BY_REGIME``), its evaluation size, and its prompts per step with the probe batch P at the base's share of the rollout batch (at least 2).
     Keys in ``fixed_keys`` (the user's ``--set``) keep the base's value."""
     t = get_task(task)
     horizon, candidates = task_shape(t, profile)
@@ -128,6 +134,8 @@ def task_config(base: Any, task: str, profile: str, fixed_keys: Sequence[str] = 
         if "window.initial" not in fixed_keys:
             window["initial"] = scaled_initial(base.window.initial, base.rollout.max_response_len, horizon,
                                                candidates)
+    if "window.unresolved" not in fixed_keys:
+        window["unresolved"] = UNRESOLVED_BY_REGIME[regime(t)]
     probes: dict[str, Any] = {}
     if prompts_per_step is not None and "rollout.prompts_per_step" not in fixed_keys:
         rollout["prompts_per_step"] = prompts_per_step
