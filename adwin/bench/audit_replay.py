@@ -47,12 +47,13 @@ class Rule:
     resolve_samples: float = 1.0  # window.resolve_samples
 
 
-SHIPPED = "batch, point, 8 audits pooled (decay 0.9)"  # the rule the presets ship: the one the goals judge
+SHIPPED = "batch, point, 8 audits pooled (decay 0.9)"  # the rule the short presets ship: the one the goals judge
+SHIPPED_LONG = "batch, point, 8 audits pooled (decay 0.9), no fallback"  # the long ones': unresolved audits decide
 RULES: tuple[Rule, ...] = (
     Rule("paper (batch, point)", "batch", confidence=False),
     Rule("batch, point, 4 audits pooled", "batch", confidence=False, pool=4),
     Rule(SHIPPED, "batch", confidence=False, pool=8, decay=0.9, unresolved="hold"),
-    Rule("batch, point, 8 audits pooled (decay 0.9), no fallback", "batch", confidence=False, pool=8, decay=0.9),
+    Rule(SHIPPED_LONG, "batch", confidence=False, pool=8, decay=0.9),
     Rule("batch, point, 8 audits pooled (decay 0.9), unresolved: horizon", "batch", confidence=False, pool=8,
          decay=0.9, unresolved="horizon"),
     Rule("batch, point, 8 audits pooled (decay 0.9), unresolved: noise rule", "batch", confidence=False, pool=8,
@@ -71,6 +72,17 @@ RULES: tuple[Rule, ...] = (
     Rule("debiased, confidence, noise hold (z >= 2), 8 audits pooled", "debiased", confidence=True,
          noise_hold=True, signal_z=2.0, pool=8, decay=0.9),
 )
+
+
+def shipped_rule(task: str) -> str:
+    """The rule the presets ship for ``task``'s regime: the pooled point rule with the regime's fallback for unresolved
+    audits (``adwin.bench.compare.plan.UNRESOLVED_BY_REGIME``); a task that is not built in gets the default preset's."""
+    from adwin.bench.compare.plan import UNRESOLVED_BY_REGIME, regime
+    from adwin.tasks.suite import TASK_NAMES, get_task
+
+    if task not in TASK_NAMES:
+        return SHIPPED
+    return SHIPPED_LONG if UNRESOLVED_BY_REGIME[regime(get_task(task))] == "decide" else SHIPPED
 
 
 @dataclass

@@ -39,7 +39,7 @@ from typing import Any
 
 import numpy as np
 
-from adwin.bench.audit_replay import RULES, SHIPPED, SPLITS, Rule, held_out
+from adwin.bench.audit_replay import RULES, SPLITS, Rule, held_out, shipped_rule
 
 log = logging.getLogger(__name__)
 
@@ -232,7 +232,7 @@ def truth_markdown(report: Mapping[str, Any]) -> str:
         for i, fold in enumerate(ck["folds"]):
             lines += fold_markdown(fold, cands, i, len(ck["folds"]))
         lines.append("")
-    lines += goals_markdown(report.get("goals", []), SHIPPED)
+    lines += goals_markdown(report.get("goals", []), shipped_rule(str(meta.get("task"))))
     return "\n".join(lines)
 
 
@@ -267,7 +267,7 @@ def combine(args: argparse.Namespace) -> int:
     if judged:
         lines += [f"The runs' own windows, the 5 steps before each checkpoint with a truth: below the truth's window "
                   f"on {below} of {judged} steps ({100 * below / judged:.0f} %).", ""]
-    lines += goals_markdown(combined, SHIPPED)
+    lines += goals_markdown(combined, shipped_rule(str(meta.get("task"))))
     text = "\n".join(lines)
     out_dir = Path(args.out) / f"{meta.get('task')}-combined-{dt.datetime.now().strftime('%Y-%m-%d-%H%M')}"
     out_dir.mkdir(parents=True, exist_ok=True)

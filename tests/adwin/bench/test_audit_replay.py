@@ -126,8 +126,9 @@ def test_the_presets_rule_holds_while_the_pool_is_unresolved_and_then_lands_on_t
     assert (w[POOLED_POINT.name][:, -4:] == held[:, -4:]).all()
 
 
-@pytest.mark.parametrize("preset", ["default", "long", "suite"])
-def test_the_rule_the_replay_calls_the_presets_is_the_one_the_adwin_presets_ship(preset: str) -> None:
+@pytest.mark.parametrize("preset, task", [("default", "chain"), ("long", "chain-long"), ("suite", "chain")])
+def test_the_rule_the_replay_calls_the_presets_is_the_one_the_adwin_presets_ship(preset: str, task: str) -> None:
+    from adwin.bench.audit_replay import shipped_rule
     from adwin.config import load_config
     from adwin.config.loading import preset_path
 
@@ -136,7 +137,8 @@ def test_the_rule_the_replay_calls_the_presets_is_the_one_the_adwin_presets_ship
                    grow_to=cfg.window.grow_to, signal_z=cfg.window.signal_z, pool=cfg.audit.evidence_audits,
                    decay=cfg.audit.evidence_decay, unresolved=cfg.window.unresolved,
                    resolve_samples=cfg.window.resolve_samples)
-    assert cfg.window.policy == "adwin" and shipped == dataclasses.replace(PRESETS, name="shipped")
+    (replayed,) = [r for r in RULES if r.name == shipped_rule(task)]
+    assert cfg.window.policy == "adwin" and shipped == dataclasses.replace(replayed, name="shipped")
 
 
 def test_the_batch_estimator_at_small_p_is_held_above_the_true_window_by_its_bias() -> None:
@@ -262,3 +264,15 @@ def test_a_pure_noise_half_has_no_truth_and_scores_no_share() -> None:
     for s in fold["replay"]["8"].values():
         assert s["exact"] is None and s["admissible"] is None and s["cost"] is not None
     assert TRUTHS_SCHEDULE not in fold["replay"]["8"]
+
+
+def test_the_goals_judge_the_rule_each_regimes_presets_ship() -> None:
+    from adwin.bench.audit_replay import SHIPPED_LONG, shipped_rule
+    from adwin.bench.compare.plan import UNRESOLVED_BY_REGIME
+
+    by_name = {r.name: r for r in RULES}
+    assert shipped_rule("chain") == SHIPPED and shipped_rule("chain-late") == SHIPPED
+    assert shipped_rule("chain-long") == SHIPPED_LONG and shipped_rule("chain-late-long") == SHIPPED_LONG
+    # the replayed rule falls back as the regime's runs do
+    assert by_name[SHIPPED].unresolved == UNRESOLVED_BY_REGIME["short"]
+    assert by_name[SHIPPED_LONG].unresolved == UNRESOLVED_BY_REGIME["long"]

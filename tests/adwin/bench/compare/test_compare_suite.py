@@ -83,6 +83,21 @@ def test_a_user_set_batch_wins_over_the_sizing() -> None:
     assert cfg.rollout.prompts_per_step == 8 and cfg.probes.batch_size == 8
 
 
+@pytest.mark.parametrize("task", SUITE_TASKS)
+def test_each_regime_follows_its_own_fallback_for_unresolved_audits(task: str) -> None:
+    # held out, the long tasks' initial window sits below the truth's: holding it there trains below the truth
+    cfg = task_config(_suite_base(), task, "default")
+    assert _suite_base().window.unresolved == "hold"
+    assert cfg.window.unresolved == ("decide" if regime(get_task(task)) == "long" else "hold")
+    kept = task_config(_suite_base(), task, "default", fixed_keys=["window.unresolved"])
+    assert kept.window.unresolved == "hold"  # the user's --set wins
+
+
+def test_the_long_preset_lets_unresolved_audits_decide() -> None:
+    assert load_config(resolve_config("long").path).window.unresolved == "decide"
+    assert load_config(resolve_config("default").path).window.unresolved == "hold"
+
+
 def test_long_rollouts_cost_more_than_their_window_share() -> None:
     from adwin.bench.compare.plan import rollout_s
 
