@@ -247,9 +247,10 @@ def combine(args: argparse.Namespace) -> int:
     reports = [json.loads(Path(p).read_text()) for p in args.combine]
     cases, below, judged, lines = [], 0, 0, []
     for r in reports:
-        seed = r["meta"].get("seed")
         for ck in r["checkpoints"]:
-            where = f"seed {seed}, step {ck['step']}"
+            # a report replayed from several seeds' pools already names each checkpoint's seed in its label
+            label = ck.get("label", "")
+            where = label if label.startswith("seed ") else f"seed {r['meta'].get('seed')}, step {ck['step']}"
             cases += [f | {"where": where + (f", fold {i + 1}" if len(ck["folds"]) > 1 else "")}
                       for i, f in enumerate(ck["folds"])]
             won, under = trained_below(ck)

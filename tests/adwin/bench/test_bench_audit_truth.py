@@ -133,6 +133,14 @@ def test_checkpoints_on_adwins_own_trajectory_carry_the_windows_that_run_chose(t
     assert combined["trained_judged"] == (4 if truth is not None else 0)
     assert combined["trained_below"] == (2 * sum(w < truth for w in ck["trained_windows"]) if truth else 0)
     assert "seed 7" in (comb / "combined.md").read_text()
+    # a report replayed from several seeds' pools keeps each checkpoint's own seed
+    several = json.loads((run / "truth.json").read_text())
+    several["checkpoints"][0]["label"] = "seed 3, step 2"
+    (tmp_path / "several.json").write_text(json.dumps(several))
+    assert main(["bench", "audit-truth", "--combine", str(run / "truth.json"), str(tmp_path / "several.json"),
+                 "--out", str(tmp_path / "combined2")]) == 0
+    (comb,) = (tmp_path / "combined2").iterdir()
+    assert "seed 3, step 2" in (comb / "combined.md").read_text()
 
 
 def test_an_unknown_trajectory_is_refused(tmp_path: Path) -> None:
