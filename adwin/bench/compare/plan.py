@@ -163,10 +163,12 @@ def rollout_s(window: float, r: str) -> float:
     return TOKEN_S * window
 
 
-def rollout_cost(method: Method, horizon: int, steps: int, r: str, initial: int | None = None) -> float:
+def rollout_cost(method: Method, horizon: int, steps: int, r: str, initial: int | None = None,
+                 initial_steps: int | None = None) -> float:
     """Seconds one rollout of ``method`` costs, on average over ``steps`` (a batch runs to its window: some row
-    nearly always does); ADWIN stays at its ``initial`` window (None: the horizon) and adds its probes' full
-    rollouts (P = 1/16 of the batch, extended to the horizon and audited: counted twice)."""
+    nearly always does); ADWIN trains at its ``initial`` window (None: the horizon) for ``initial_steps`` steps (None:
+    all of them), at the horizon after, and adds its probes' full rollouts (P = 1/16 of the batch, extended to the
+    horizon and audited: counted twice)."""
     policy = method.overrides.get("window.policy")
     if policy == "fixed":
         return rollout_s(min(method.overrides["window.window"], horizon), r)
@@ -176,7 +178,10 @@ def rollout_cost(method: Method, horizon: int, steps: int, r: str, initial: int 
         linear = LinearWindow(method.overrides["window.start"], method.overrides["window.step"], horizon)
         return sum(rollout_s(linear.window(i), r) for i in range(steps)) / max(steps, 1)
     if policy == "adwin":
-        return rollout_s(min(initial or horizon, horizon), r) + 2 * rollout_s(horizon, r) / 16
+        start = steps if initial_steps is None else min(initial_steps, steps)
+        trained = (start * rollout_s(min(initial or horizon, horizon), r)
+                   + (steps - start) * rollout_s(horizon, r)) / max(steps, 1)
+        return trained + 2 * rollout_s(horizon, r) / 16
     return rollout_s(horizon, r)
 
 
@@ -222,7 +227,10 @@ def plan(tasks: Sequence[tuple[str, Any, Sequence[Method]]], seeds: int | Mappin
             horizon = cfg.rollout.max_response_len
             batch = cfg.rollout.prompts_per_step * cfg.rollout.samples_per_prompt
             evaluation = cfg.eval.n_problems * cfg.eval.k * EVAL_PROBLEM_S[r] + RUN_OVERHEAD_S
-            runs = [evaluation + cfg.steps * batch * rollout_cost(m, horizon, cfg.steps, r, cfg.window.initial)
+            # a long task's audits that decide take its window to the truth's, the horizon there, from the first
+            # decision, about S steps in (docs/audit-truth.md); elsewhere ADWIN is charged at its initial window
+            first = cfg.probes.staleness_limit if r == "long" and cfg.window.unresolved == "decide" else None
+            runs = [evaluation + cfg.steps * batch * rollout_cost(m, horizon, cfg.steps, r, cfg.window.initial, first)
                     for m in methods]
             per_task[name] = n_seeds * (sum(runs) + evaluation)
             task_wall[name] = max(per_task[name] / max(jobs, 1), max(runs, default=0.0))

@@ -118,7 +118,7 @@ def shape_task(base: Any, task: str, args: argparse.Namespace, mode: str, size: 
                           window_policy=cfg.window.policy)
     cands = list(cfg.window.candidates)
     default_keys = ((suite_quick_keys(cands) if args.suite else quick_keys(cands)) if mode != "default"
-                    else suite_keys(cands) if n_tasks > 1 else None)
+                    else suite_keys(cands) if args.suite or n_tasks > 1 else None)
     try:
         return cfg, select_methods(args.methods, methods, default_keys)
     except ValueError as e:

@@ -282,6 +282,28 @@ def test_regret_within_the_lowest_ones_ci_is_met() -> None:
     assert r["met"]
 
 
+def test_adwin_on_a_long_task_whose_audits_decide_is_charged_the_horizon_after_its_first_decision() -> None:
+    from adwin.bench.compare.plan import rollout_cost, rollout_s
+
+    (adwin,) = select_methods("adwin-0.7", all_methods(2048, [64, 128, 256, 512, 1024]), None)[1:]
+    probes = 2 * rollout_s(2048, "long") / 16
+    held = rollout_cost(adwin, 2048, 20, "long", 512)
+    assert held == pytest.approx(rollout_s(512, "long") + probes)
+    decided = rollout_cost(adwin, 2048, 20, "long", 512, initial_steps=5)
+    assert decided == pytest.approx((5 * rollout_s(512, "long") + 15 * rollout_s(2048, "long")) / 20 + probes)
+    base = _suite_base()
+    cfg = task_config(base, "chain-long", "default").model_copy(update={"steps": 20})
+    kept = task_config(base, "chain-long", "default", fixed_keys=["window.unresolved"]).model_copy(update={"steps": 20})
+    assert cfg.window.unresolved == "decide" and kept.window.unresolved == "hold"
+    runs = [adwin]
+    assert plan([("chain-long", cfg, runs)], 1, 2)["total_core_s"] > plan([("chain-long", kept, runs)], 1, 2)["total_core_s"]
+
+
+def test_the_suite_on_one_task_plans_the_goals_methods(capsys) -> None:
+    assert main(["bench", "compare", "--suite", "--tasks", "chain-long", "--plan"]) == 0
+    assert "chain-long: 20 steps of 32 rollouts x 3 seed(s), 8 methods" in capsys.readouterr().out
+
+
 def test_planned_cost_grows_with_steps_seeds_and_problems_and_names_the_runs() -> None:
     base = _suite_base()
     shaped = []
