@@ -122,7 +122,8 @@ def task_config(base: Any, task: str, profile: str, fixed_keys: Sequence[str] = 
                 eval_problems: int | None = None, prompts_per_step: int | None = None,
                 eval_batch: int | None = None) -> Any:
     """``base`` for ``task``: its built-in task, horizon, ladder and scaled initial window, its regime's fallback for
-    unresolved audits (``UNRESOLVED_BY_REGIME``), its evaluation size, and its prompts per step with the probe batch P at the base's share of the rollout batch (at least 2).
+    unresolved audits (``UNRESOLVED_BY_REGIME``), its evaluation size, and its prompts per step with the probe batch P
+    at the base's share of the rollout batch (at least 2).
     Keys in ``fixed_keys`` (the user's ``--set``) keep the base's value."""
     t = get_task(task)
     horizon, candidates = task_shape(t, profile)
